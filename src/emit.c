@@ -1,0 +1,467 @@
+/*-------------------------------------------------------------------------
+ *
+ * emit.c
+ *	  outbox_emit(): validate an event, assign its aggregate version and
+ *	  write it to the outbox in the caller's transaction.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include <sys/time.h>
+
+#include "access/htup_details.h"
+#include "access/xact.h"
+#include "catalog/pg_type.h"
+#include "common/pg_prng.h"
+#include "executor/spi.h"
+#include "fmgr.h"
+#include "funcapi.h"
+#include "lib/stringinfo.h"
+#include "miscadmin.h"
+#include "port/pg_bswap.h"
+#include "utils/builtins.h"
+#include "utils/jsonb.h"
+#include "utils/lsyscache.h"
+#include "utils/snapmgr.h"
+#include "utils/timestamp.h"
+#include "utils/uuid.h"
+
+#include "outbox.h"
+
+PG_FUNCTION_INFO_V1(outbox_emit);
+PG_FUNCTION_INFO_V1(outbox_uuid_v7);
+
+/* Kafka's own limit on topic names (Topic.MAX_NAME_LENGTH). */
+#define KAFKA_TOPIC_MAX_LEN 249
+
+/* Headers the publisher sets itself from the event's identity. */
+static const char *const reserved_headers[] = {
+	"event_id", "event_type", "aggregate_type", "aggregate_id",
+	"aggregate_version"
+};
+
+/*
+ * Plans are prepared once per backend, for the schema the extension lives
+ * in; a re-created extension in another schema gets new plans.
+ */
+static Oid	plans_nspid = InvalidOid;
+static SPIPlanPtr last_version_plan = NULL;
+static SPIPlanPtr event_exists_plan = NULL;
+static SPIPlanPtr insert_plan = NULL;
+
+/*
+ * RFC 9562 version 7: 48 bits of Unix milliseconds, then random bits.
+ * Within one backend the 12 bits after the timestamp count sub-millisecond
+ * calls so that ids from one session sort in creation order.
+ */
+static void
+generate_uuid_v7(pg_uuid_t *uuid)
+{
+	static uint64 last_ms = 0;
+	static uint16 seq = 0;
+	struct timeval tv;
+	uint64		ms;
+	uint64		ms_be;
+
+	gettimeofday(&tv, NULL);
+	ms = (uint64) tv.tv_sec * 1000 + tv.tv_usec / 1000;
+	if (ms <= last_ms)
+	{
+		/* Same millisecond (or clock stepped back): keep ids increasing. */
+		if (++seq > 0x0fff)
+		{
+			seq = 0;
+			last_ms++;
+		}
+		ms = last_ms;
+	}
+	else
+	{
+		last_ms = ms;
+		seq = (uint16) (pg_prng_uint32(&pg_global_prng_state) & 0x07ff);
+	}
+
+	if (!pg_strong_random(uuid->data + 8, UUID_LEN - 8))
+		ereport(ERROR,
+				(errcode(ERRCODE_INTERNAL_ERROR),
+				 errmsg("could not generate random values")));
+
+	ms_be = pg_hton64(ms << 16);
+	memcpy(uuid->data, &ms_be, 6);
+	uuid->data[6] = 0x70 | ((seq >> 8) & 0x0f);
+	uuid->data[7] = seq & 0xff;
+	uuid->data[8] = (uuid->data[8] & 0x3f) | 0x80;	/* RFC 4122 variant */
+}
+
+Datum
+outbox_uuid_v7(PG_FUNCTION_ARGS)
+{
+	pg_uuid_t  *uuid = palloc(sizeof(pg_uuid_t));
+
+	generate_uuid_v7(uuid);
+	PG_RETURN_UUID_P(uuid);
+}
+
+static char *
+required_text_arg(FunctionCallInfo fcinfo, int argno, const char *name)
+{
+	char	   *value;
+
+	if (PG_ARGISNULL(argno))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("outbox_emit: %s must not be NULL", name)));
+	value = text_to_cstring(PG_GETARG_TEXT_PP(argno));
+	if (value[0] == '\0')
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("outbox_emit: %s must not be empty", name)));
+	return value;
+}
+
+/* Reject what a Kafka broker would reject, before anything is written. */
+static void
+validate_topic(const char *topic, const char *origin)
+{
+	size_t		len = strlen(topic);
+
+	if (len == 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("outbox_emit: topic must not be empty")));
+	if (len > KAFKA_TOPIC_MAX_LEN)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("outbox_emit: topic name is too long (%zu characters)", len),
+				 errdetail("Kafka topic names have at most %d characters.",
+						   KAFKA_TOPIC_MAX_LEN),
+				 errhint("The topic came from %s.", origin)));
+	if (strcmp(topic, ".") == 0 || strcmp(topic, "..") == 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("outbox_emit: \"%s\" is not a valid topic name", topic),
+				 errhint("The topic came from %s.", origin)));
+	for (const char *p = topic; *p; p++)
+	{
+		unsigned char c = (unsigned char) *p;
+
+		if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+			  (c >= '0' && c <= '9') || c == '.' || c == '_' || c == '-'))
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("outbox_emit: topic name \"%s\" contains an illegal character",
+							topic),
+					 errdetail("Kafka topic names may contain only ASCII letters, digits, '.', '_' and '-'."),
+					 errhint("The topic came from %s.", origin)));
+	}
+}
+
+/* The default topic: outbox.default_topic with {aggregate_type} replaced. */
+static char *
+default_topic(const char *aggregate_type)
+{
+	static const char placeholder[] = "{aggregate_type}";
+	StringInfoData buf;
+	const char *p = outbox_default_topic;
+	const char *hit;
+
+	initStringInfo(&buf);
+	while ((hit = strstr(p, placeholder)) != NULL)
+	{
+		appendBinaryStringInfo(&buf, p, hit - p);
+		appendStringInfoString(&buf, aggregate_type);
+		p = hit + strlen(placeholder);
+	}
+	appendStringInfoString(&buf, p);
+	return buf.data;
+}
+
+/*
+ * Headers travel as Kafka record headers: a flat map of names to strings.
+ * The identity headers are the publisher's, so callers may not set them.
+ */
+static void
+validate_headers(Jsonb *headers)
+{
+	JsonbIterator *it;
+	JsonbValue	v;
+	JsonbIteratorToken tok;
+	char	   *key = NULL;
+
+	if (!JB_ROOT_IS_OBJECT(headers) || JB_ROOT_IS_SCALAR(headers))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("outbox_emit: headers must be a JSON object"),
+				 errdetail("Headers are sent as Kafka record headers: names mapped to string values.")));
+
+	it = JsonbIteratorInit(&headers->root);
+	while ((tok = JsonbIteratorNext(&it, &v, true)) != WJB_DONE)
+	{
+		if (tok == WJB_KEY)
+		{
+			key = pnstrdup(v.val.string.val, v.val.string.len);
+			if (key[0] == '\0')
+				ereport(ERROR,
+						(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+						 errmsg("outbox_emit: header names must not be empty")));
+			for (int i = 0; i < lengthof(reserved_headers); i++)
+				if (strcmp(key, reserved_headers[i]) == 0)
+					ereport(ERROR,
+							(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+							 errmsg("outbox_emit: header \"%s\" is reserved", key),
+							 errdetail("The publisher sets event_id, event_type, aggregate_type, aggregate_id and aggregate_version itself.")));
+		}
+		else if (tok == WJB_VALUE && v.type != jbvString)
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("outbox_emit: header \"%s\" must have a string value", key),
+					 errhint("Convert numbers and booleans to strings, e.g. with to_jsonb(x::text).")));
+	}
+}
+
+static void
+prepare_plans(Oid nspid)
+{
+	const char *nsp = quote_identifier(get_namespace_name(nspid));
+	Oid			one_text[1] = {TEXTOID};
+	Oid			insert_types[8] = {TEXTOID, TEXTOID, TEXTOID, INT8OID,
+	TEXTOID, TEXTOID, JSONBOID, JSONBOID};
+	SPIPlanPtr	plan;
+
+	if (last_version_plan)
+		SPI_freeplan(last_version_plan);
+	if (event_exists_plan)
+		SPI_freeplan(event_exists_plan);
+	if (insert_plan)
+		SPI_freeplan(insert_plan);
+	last_version_plan = event_exists_plan = insert_plan = NULL;
+	plans_nspid = InvalidOid;
+
+	/*
+	 * The last version lives in the outbox while any row of the aggregate is
+	 * kept, and in aggregate_publication once retention deleted them all
+	 * (only published rows are ever deleted).
+	 */
+	plan = SPI_prepare(psprintf("SELECT GREATEST("
+								"(SELECT max(o.aggregate_version) FROM %s.outbox o WHERE o.aggregate_id = $1), "
+								"(SELECT p.last_published_version FROM %s.aggregate_publication p WHERE p.aggregate_id = $1))",
+								nsp, nsp),
+					   1, one_text);
+	if (plan == NULL)
+		elog(ERROR, "SPI_prepare failed: %s", SPI_result_code_string(SPI_result));
+	SPI_keepplan(plan);
+	last_version_plan = plan;
+
+	plan = SPI_prepare(psprintf("SELECT o.aggregate_id, o.aggregate_version FROM %s.outbox o WHERE o.event_id = $1",
+								nsp),
+					   1, one_text);
+	if (plan == NULL)
+		elog(ERROR, "SPI_prepare failed: %s", SPI_result_code_string(SPI_result));
+	SPI_keepplan(plan);
+	event_exists_plan = plan;
+
+	plan = SPI_prepare(psprintf("INSERT INTO %s.outbox (event_id, aggregate_type, aggregate_id, "
+								"aggregate_version, event_type, topic, headers, payload) "
+								"VALUES ($1, $2, $3, $4, $5, $6, $7, $8) RETURNING id",
+								nsp),
+					   8, insert_types);
+	if (plan == NULL)
+		elog(ERROR, "SPI_prepare failed: %s", SPI_result_code_string(SPI_result));
+	SPI_keepplan(plan);
+	insert_plan = plan;
+
+	plans_nspid = nspid;
+}
+
+/* The aggregate's last emitted version as seen by a snapshot; 0 if none. */
+static int64
+last_version(Datum aggregate_id, Snapshot snapshot)
+{
+	Datum		values[1] = {aggregate_id};
+	bool		isnull;
+	Datum		d;
+	int			rc;
+
+	if (snapshot != InvalidSnapshot)
+		rc = SPI_execute_snapshot(last_version_plan, values, NULL, snapshot,
+								  InvalidSnapshot, true, false, 1);
+	else
+		rc = SPI_execute_plan(last_version_plan, values, NULL, false, 1);
+	if (rc != SPI_OK_SELECT || SPI_processed != 1)
+		elog(ERROR, "outbox_emit: could not read the last version");
+	d = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
+	return isnull ? 0 : DatumGetInt64(d);
+}
+
+/*
+ * outbox_emit(aggregate_type, aggregate_id, event_type, payload,
+ *			   topic, headers, event_id, aggregate_version)
+ */
+Datum
+outbox_emit(PG_FUNCTION_ARGS)
+{
+	char	   *aggregate_type = required_text_arg(fcinfo, 0, "aggregate_type");
+	char	   *aggregate_id = required_text_arg(fcinfo, 1, "aggregate_id");
+	char	   *event_type = required_text_arg(fcinfo, 2, "event_type");
+	Jsonb	   *payload = PG_ARGISNULL(3) ? NULL : PG_GETARG_JSONB_P(3);
+	Jsonb	   *headers = PG_ARGISNULL(5) ? NULL : PG_GETARG_JSONB_P(5);
+	char	   *topic;
+	char	   *event_id;
+	bool		version_given = !PG_ARGISNULL(7);
+	int64		version = version_given ? PG_GETARG_INT64(7) : 0;
+	int64		last;
+	Oid			nspid = get_func_namespace(fcinfo->flinfo->fn_oid);
+	Datum		values[8];
+	char		nulls[8];
+	LOCKTAG		tag;
+	TupleDesc	tupdesc;
+	Datum		result[4];
+	bool		result_nulls[4] = {false, false, false, false};
+	int64		row_id;
+	bool		isnull;
+
+	if (get_call_result_type(fcinfo, NULL, &tupdesc) != TYPEFUNC_COMPOSITE)
+		elog(ERROR, "outbox_emit must return a composite type");
+
+	if (PG_ARGISNULL(4))
+	{
+		topic = default_topic(aggregate_type);
+		validate_topic(topic, "outbox.default_topic and the aggregate type");
+	}
+	else
+	{
+		topic = text_to_cstring(PG_GETARG_TEXT_PP(4));
+		validate_topic(topic, "the topic argument");
+	}
+
+	if (headers != NULL)
+		validate_headers(headers);
+
+	if (payload != NULL)
+	{
+		char	   *json = JsonbToCString(NULL, &payload->root, VARSIZE(payload));
+		size_t		len = strlen(json);
+
+		if (len > (size_t) outbox_max_payload_bytes)
+			ereport(ERROR,
+					(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
+					 errmsg("outbox_emit: payload is too large (%zu bytes)", len),
+					 errdetail("outbox.max_payload_bytes is %d bytes.",
+							   outbox_max_payload_bytes),
+					 errhint("Raise outbox.max_payload_bytes only together with the broker's and topic's message size limits.")));
+		pfree(json);
+	}
+
+	if (version_given && version <= 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("outbox_emit: aggregate_version must be positive, not " INT64_FORMAT,
+						version)));
+
+	if (PG_ARGISNULL(6))
+	{
+		pg_uuid_t	uuid;
+
+		generate_uuid_v7(&uuid);
+		event_id = DatumGetCString(DirectFunctionCall1(uuid_out,
+													   UUIDPGetDatum(&uuid)));
+	}
+	else
+	{
+		event_id = text_to_cstring(PG_GETARG_TEXT_PP(6));
+		if (event_id[0] == '\0')
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("outbox_emit: event_id must not be empty")));
+	}
+
+	/*
+	 * Serialize emitters of this aggregate until commit, so that versions
+	 * are assigned in commit order and a rollback leaves no hole.
+	 */
+	outbox_aggregate_locktag(&tag, aggregate_id, strlen(aggregate_id),
+							 OUTBOX_LOCKSPACE_EMIT);
+	(void) LockAcquire(&tag, ExclusiveLock, false, false);
+
+	if (SPI_connect() != SPI_OK_CONNECT)
+		elog(ERROR, "SPI_connect failed");
+	if (plans_nspid != nspid)
+		prepare_plans(nspid);
+
+	values[0] = CStringGetTextDatum(event_id);
+	if (!PG_ARGISNULL(6))
+	{
+		if (SPI_execute_plan(event_exists_plan, values, NULL, false, 1) != SPI_OK_SELECT)
+			elog(ERROR, "outbox_emit: could not look up event_id");
+		if (SPI_processed > 0)
+			ereport(ERROR,
+					(errcode(ERRCODE_UNIQUE_VIOLATION),
+					 errmsg("outbox_emit: event_id \"%s\" was already emitted", event_id),
+					 errdetail("It is version %s of aggregate \"%s\".",
+							   SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2),
+							   SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1)),
+					 errhint("A retried transaction whose first attempt committed emits the same event_id twice.")));
+	}
+
+	/*
+	 * Under READ COMMITTED this query takes a snapshot after the lock was
+	 * granted, so it sees every version committed before.  A transaction
+	 * snapshot can be older than the commit that released the lock: then a
+	 * newer version exists that this transaction cannot see, and only a
+	 * retry of the whole transaction can assign the next one.
+	 */
+	values[1] = CStringGetTextDatum(aggregate_id);
+	last = last_version(values[1], InvalidSnapshot);
+	if (IsolationUsesXactSnapshot())
+	{
+		int64		latest = last_version(values[1], GetLatestSnapshot());
+
+		if (latest != last)
+			ereport(ERROR,
+					(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
+					 errmsg("could not serialize access due to concurrent outbox_emit"),
+					 errdetail("Aggregate \"%s\" reached version " INT64_FORMAT " in a transaction that committed after this one's snapshot was taken.",
+							   aggregate_id, latest),
+					 errhint("The transaction might succeed if retried.")));
+	}
+
+	if (!version_given)
+		version = last + 1;
+	else if (version <= last)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("outbox_emit: aggregate_version " INT64_FORMAT " is not above the last emitted version " INT64_FORMAT " of aggregate \"%s\"",
+						version, last, aggregate_id),
+				 errhint("Omit aggregate_version to have the next version assigned.")));
+
+	values[0] = CStringGetTextDatum(event_id);
+	values[2] = CStringGetTextDatum(aggregate_type);
+	values[3] = Int64GetDatum(version);
+	values[4] = CStringGetTextDatum(event_type);
+	values[5] = CStringGetTextDatum(topic);
+	values[6] = headers ? JsonbPGetDatum(headers) : (Datum) 0;
+	values[7] = payload ? JsonbPGetDatum(payload) : (Datum) 0;
+	memset(nulls, ' ', sizeof(nulls));
+	if (!headers)
+		nulls[6] = 'n';
+	if (!payload)
+		nulls[7] = 'n';
+	/* values[1] is still the aggregate_id */
+
+	if (SPI_execute_plan(insert_plan, values, nulls, false, 1) != SPI_OK_INSERT_RETURNING ||
+		SPI_processed != 1)
+		elog(ERROR, "outbox_emit: insert failed");
+	row_id = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],
+										 SPI_tuptable->tupdesc, 1, &isnull));
+	SPI_finish();
+
+	outbox_note_emit();
+
+	result[0] = Int64GetDatum(row_id);
+	result[1] = CStringGetTextDatum(event_id);
+	result[2] = Int64GetDatum(version);
+	result[3] = CStringGetTextDatum(topic);
+	tupdesc = BlessTupleDesc(tupdesc);
+	PG_RETURN_DATUM(HeapTupleGetDatum(heap_form_tuple(tupdesc, result, result_nulls)));
+}

@@ -1,0 +1,47 @@
+/*-------------------------------------------------------------------------
+ *
+ * kafka.h
+ *	  The publisher's Kafka producer.
+ *
+ *-------------------------------------------------------------------------
+ */
+#ifndef OUTBOX_KAFKA_H
+#define OUTBOX_KAFKA_H
+
+#include <librdkafka/rdkafka.h>
+
+#include "datatype/timestamp.h"
+
+/* One message's fate, filled in by the delivery report callback. */
+typedef struct DeliveryResult
+{
+	bool		done;
+	rd_kafka_resp_err_t err;
+	rd_kafka_msg_status_t status;
+	int32		partition;
+	int64		offset;
+	TimestampTz acked_at;
+} DeliveryResult;
+
+/*
+ * Delivery reports are matched to the current batch by a generation number
+ * carried in the message opaque, so that reports of an abandoned batch
+ * (delivered after the worker stopped waiting for them) are only counted.
+ */
+typedef struct DeliveryTracker
+{
+	uint32		generation;
+	DeliveryResult *results;
+	int			nresults;
+	int			outstanding;	/* of the current batch */
+	int64		stale_reports;
+} DeliveryTracker;
+
+extern char *outbox_kafka_properties_check(const char *properties);
+extern rd_kafka_t *outbox_producer_create(DeliveryTracker *tracker);
+extern void outbox_producer_destroy(rd_kafka_t *rk);
+extern bool outbox_kafka_error_is_permanent(rd_kafka_resp_err_t err);
+extern bool outbox_producer_fatal_pending(void);
+extern void *outbox_delivery_opaque(uint32 generation, int index);
+
+#endif							/* OUTBOX_KAFKA_H */

@@ -1,0 +1,325 @@
+/*-------------------------------------------------------------------------
+ *
+ * outbox.c
+ *	  Module load: settings, shared memory, worker registration, and the
+ *	  commit callback that wakes the publisher.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "access/xact.h"
+#include "common/hashfn.h"
+#include "fmgr.h"
+#include "miscadmin.h"
+#include "postmaster/bgworker.h"
+#include "storage/ipc.h"
+#include "storage/lwlock.h"
+#include "storage/shmem.h"
+#include "utils/guc.h"
+#include "utils/memutils.h"
+
+#include "outbox.h"
+#include "kafka.h"
+
+PG_MODULE_MAGIC;
+
+void		_PG_init(void);
+
+OutboxShared *outbox_shared = NULL;
+
+char	   *outbox_database = NULL;
+char	   *outbox_role = NULL;
+char	   *outbox_brokers = NULL;
+char	   *outbox_kafka_properties = NULL;
+char	   *outbox_default_topic = NULL;
+int			outbox_workers = 1;
+int			outbox_max_payload_bytes = 1024 * 1024;
+int			outbox_batch_events = 10000;
+int			outbox_batch_aggregates = 2000;
+int			outbox_poll_interval_ms = 1000;
+int			outbox_delivery_timeout_ms = 10000;
+int			outbox_max_attempts = 5;
+
+static bool emitted_in_xact = false;
+static bool xact_callback_registered = false;
+
+#if PG_VERSION_NUM >= 150000
+static shmem_request_hook_type prev_shmem_request_hook = NULL;
+#endif
+static shmem_startup_hook_type prev_shmem_startup_hook = NULL;
+
+static Size
+outbox_shmem_size(void)
+{
+	return MAXALIGN(sizeof(OutboxShared));
+}
+
+#if PG_VERSION_NUM >= 150000
+static void
+outbox_shmem_request(void)
+{
+	if (prev_shmem_request_hook)
+		prev_shmem_request_hook();
+	RequestAddinShmemSpace(outbox_shmem_size());
+}
+#endif
+
+static void
+outbox_shmem_startup(void)
+{
+	bool		found;
+
+	if (prev_shmem_startup_hook)
+		prev_shmem_startup_hook();
+
+	LWLockAcquire(AddinShmemInitLock, LW_EXCLUSIVE);
+	outbox_shared = ShmemInitStruct("outbox", outbox_shmem_size(), &found);
+	if (!found)
+	{
+		memset(outbox_shared, 0, outbox_shmem_size());
+		pg_atomic_init_u64(&outbox_shared->commits_emitted, 0);
+		outbox_stats_init(&outbox_shared->stats);
+	}
+	LWLockRelease(AddinShmemInitLock);
+}
+
+/*
+ * Wake every publisher when a transaction that emitted commits: the event is
+ * visible from this moment, and waiting for the fallback poll would add its
+ * whole interval to the latency.
+ */
+static void
+outbox_xact_callback(XactEvent event, void *arg)
+{
+	switch (event)
+	{
+		case XACT_EVENT_COMMIT:
+		case XACT_EVENT_PARALLEL_COMMIT:
+			if (emitted_in_xact && outbox_shared != NULL)
+			{
+				pg_atomic_fetch_add_u64(&outbox_shared->commits_emitted, 1);
+				for (int i = 0; i < OUTBOX_MAX_WORKERS; i++)
+				{
+					Latch	   *latch = outbox_shared->workers[i].latch;
+
+					if (latch != NULL)
+						SetLatch(latch);
+				}
+			}
+			emitted_in_xact = false;
+			break;
+		case XACT_EVENT_ABORT:
+		case XACT_EVENT_PARALLEL_ABORT:
+			emitted_in_xact = false;
+			break;
+		default:
+			break;
+	}
+}
+
+void
+outbox_note_emit(void)
+{
+	if (!xact_callback_registered)
+	{
+		RegisterXactCallback(outbox_xact_callback, NULL);
+		xact_callback_registered = true;
+	}
+	emitted_in_xact = true;
+}
+
+/*
+ * The lock tag of an aggregate in one of our advisory key spaces.  Two
+ * aggregates whose 64-bit hashes collide share a lock: that costs
+ * parallelism, never correctness.
+ */
+void
+outbox_aggregate_locktag(LOCKTAG *tag, const char *aggregate_id, int len,
+						 uint16 space)
+{
+	uint64		h = hash_bytes_extended((const unsigned char *) aggregate_id,
+										len, 0);
+
+	SET_LOCKTAG_ADVISORY(*tag, MyDatabaseId, (uint32) (h >> 32),
+						 (uint32) h, space);
+}
+
+static bool
+check_kafka_properties(char **newval, void **extra, GucSource source)
+{
+	char	   *err = outbox_kafka_properties_check(*newval);
+
+	if (err != NULL)
+	{
+		GUC_check_errdetail("%s", err);
+		pfree(err);
+		return false;
+	}
+	return true;
+}
+
+static bool
+check_default_topic(char **newval, void **extra, GucSource source)
+{
+	if (*newval == NULL || (*newval)[0] == '\0')
+	{
+		GUC_check_errdetail("The default topic must not be empty.");
+		return false;
+	}
+	return true;
+}
+
+static void
+define_settings(void)
+{
+	DefineCustomStringVariable("outbox.database",
+							   "Database whose outbox the publisher serves.",
+							   NULL,
+							   &outbox_database,
+							   "postgres",
+							   PGC_POSTMASTER,
+							   0,
+							   NULL, NULL, NULL);
+
+	DefineCustomStringVariable("outbox.role",
+							   "Role the publisher connects as (empty: the bootstrap superuser).",
+							   "The role needs SELECT and UPDATE on outbox and INSERT, SELECT and UPDATE on aggregate_publication.",
+							   &outbox_role,
+							   "",
+							   PGC_POSTMASTER,
+							   0,
+							   NULL, NULL, NULL);
+
+	DefineCustomIntVariable("outbox.workers",
+							"Number of publisher workers.",
+							"0 disables publishing.",
+							&outbox_workers,
+							1, 0, OUTBOX_MAX_WORKERS,
+							PGC_POSTMASTER,
+							0,
+							NULL, NULL, NULL);
+
+	DefineCustomStringVariable("outbox.brokers",
+							   "Kafka bootstrap servers (host:port, comma-separated).",
+							   NULL,
+							   &outbox_brokers,
+							   "localhost:9092",
+							   PGC_SIGHUP,
+							   0,
+							   NULL, NULL, NULL);
+
+	DefineCustomStringVariable("outbox.kafka_properties",
+							   "librdkafka producer properties, as key=value pairs separated by semicolons.",
+							   "For example security.protocol=SASL_SSL;sasl.mechanism=PLAIN;sasl.username=u;sasl.password=p. "
+							   "Visible to superusers only.",
+							   &outbox_kafka_properties,
+							   "",
+							   PGC_SIGHUP,
+							   GUC_SUPERUSER_ONLY,
+							   check_kafka_properties, NULL, NULL);
+
+	DefineCustomStringVariable("outbox.default_topic",
+							   "Topic of events emitted without one; {aggregate_type} is replaced.",
+							   "The default routes like Debezium's outbox event router.",
+							   &outbox_default_topic,
+							   "outbox.event.{aggregate_type}",
+							   PGC_SUSET,
+							   0,
+							   check_default_topic, NULL, NULL);
+
+	DefineCustomIntVariable("outbox.max_payload_bytes",
+							"Largest payload outbox_emit() accepts, as JSON text.",
+							NULL,
+							&outbox_max_payload_bytes,
+							1024 * 1024, 1, MaxAllocSize / 2,
+							PGC_SUSET,
+							GUC_UNIT_BYTE,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("outbox.batch_events",
+							"Most events one publisher transaction sends.",
+							NULL,
+							&outbox_batch_events,
+							10000, 1, 1000000,
+							PGC_SIGHUP,
+							0,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("outbox.batch_aggregates",
+							"Most aggregates one publisher transaction takes.",
+							NULL,
+							&outbox_batch_aggregates,
+							2000, 1, 100000,
+							PGC_SIGHUP,
+							0,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("outbox.poll_interval",
+							"Fallback poll interval of an idle publisher.",
+							"Commits of emitting transactions wake the publisher at once; "
+							"the poll catches events committed while it was not running.",
+							&outbox_poll_interval_ms,
+							1000, 10, 3600 * 1000,
+							PGC_SIGHUP,
+							GUC_UNIT_MS,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("outbox.delivery_timeout",
+							"How long a publisher transaction waits for Kafka's acknowledgements.",
+							"Unacknowledged events stay pending and are sent again later; "
+							"librdkafka itself never gives up on a message.",
+							&outbox_delivery_timeout_ms,
+							10000, 100, 3600 * 1000,
+							PGC_SIGHUP,
+							GUC_UNIT_MS,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("outbox.max_attempts",
+							"Attempts at an event failing with a permanent error before the poison policy applies.",
+							"Retriable errors (broker down, timeouts) never count.",
+							&outbox_max_attempts,
+							5, 1, 1000,
+							PGC_SIGHUP,
+							0,
+							NULL, NULL, NULL);
+
+	MarkGUCPrefixReserved("outbox");
+}
+
+void
+_PG_init(void)
+{
+	BackgroundWorker worker;
+
+	define_settings();
+
+	if (!process_shared_preload_libraries_in_progress)
+		return;
+
+#if PG_VERSION_NUM >= 150000
+	prev_shmem_request_hook = shmem_request_hook;
+	shmem_request_hook = outbox_shmem_request;
+#else
+	RequestAddinShmemSpace(outbox_shmem_size());
+#endif
+	prev_shmem_startup_hook = shmem_startup_hook;
+	shmem_startup_hook = outbox_shmem_startup;
+
+	memset(&worker, 0, sizeof(worker));
+	worker.bgw_flags = BGWORKER_SHMEM_ACCESS |
+		BGWORKER_BACKEND_DATABASE_CONNECTION;
+	worker.bgw_start_time = BgWorkerStart_RecoveryFinished;
+	/* After an unexpected exit, wait a little: never crash-loop. */
+	worker.bgw_restart_time = 5;
+	snprintf(worker.bgw_library_name, BGW_MAXLEN, "outbox");
+	snprintf(worker.bgw_function_name, BGW_MAXLEN, "outbox_worker_main");
+	snprintf(worker.bgw_type, BGW_MAXLEN, "outbox publisher");
+
+	for (int i = 0; i < outbox_workers; i++)
+	{
+		snprintf(worker.bgw_name, BGW_MAXLEN, "outbox publisher %d", i);
+		worker.bgw_main_arg = Int32GetDatum(i);
+		RegisterBackgroundWorker(&worker);
+	}
+}

@@ -1,0 +1,72 @@
+/*-------------------------------------------------------------------------
+ *
+ * outbox.h
+ *	  Declarations shared by the outbox extension's source files.
+ *
+ *-------------------------------------------------------------------------
+ */
+#ifndef OUTBOX_H
+#define OUTBOX_H
+
+#include "postgres.h"
+
+#include "port/atomics.h"
+#include "storage/latch.h"
+#include "storage/lock.h"
+
+#include "stats.h"
+
+#define OUTBOX_MAX_WORKERS 16
+
+/*
+ * Advisory lock key spaces of our own: the fourth field of an advisory
+ * LOCKTAG, which the SQL-level advisory lock functions set to 1 or 2 only,
+ * so these can never collide with an application's advisory locks.
+ * Emitters and the publisher lock the same aggregate in different spaces,
+ * so a publisher never makes an emitter wait.
+ */
+#define OUTBOX_LOCKSPACE_EMIT		0x4f45	/* "OE" */
+#define OUTBOX_LOCKSPACE_PUBLISH	0x4f50	/* "OP" */
+
+/* Per-worker state published in shared memory for the status views. */
+typedef struct OutboxWorkerSlot
+{
+	pid_t		pid;
+	Latch	   *latch;			/* set on commit of an emitting transaction */
+	TimestampTz last_batch_at;
+	char		state[64];
+} OutboxWorkerSlot;
+
+typedef struct OutboxShared
+{
+	/* Bumped by each commit that emitted: lets a worker count wake-ups. */
+	pg_atomic_uint64 commits_emitted;
+	OutboxStats stats;
+	OutboxWorkerSlot workers[OUTBOX_MAX_WORKERS];
+} OutboxShared;
+
+extern OutboxShared *outbox_shared;
+
+/* GUCs */
+extern char *outbox_database;
+extern char *outbox_role;
+extern char *outbox_brokers;
+extern char *outbox_kafka_properties;
+extern char *outbox_default_topic;
+extern int	outbox_workers;
+extern int	outbox_max_payload_bytes;
+extern int	outbox_batch_events;
+extern int	outbox_batch_aggregates;
+extern int	outbox_poll_interval_ms;
+extern int	outbox_delivery_timeout_ms;
+extern int	outbox_max_attempts;
+
+/* outbox.c */
+extern void outbox_note_emit(void);
+extern void outbox_aggregate_locktag(LOCKTAG *tag, const char *aggregate_id,
+									 int len, uint16 space);
+
+/* worker.c */
+extern PGDLLEXPORT void outbox_worker_main(Datum main_arg);
+
+#endif							/* OUTBOX_H */

@@ -1,0 +1,138 @@
+/*-------------------------------------------------------------------------
+ *
+ * stats.c
+ *	  Publisher counters and the latency histogram, and the SQL functions
+ *	  that expose them.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "fmgr.h"
+#include "funcapi.h"
+#include "miscadmin.h"
+#include "utils/builtins.h"
+#include "utils/float.h"
+
+#include "outbox.h"
+#include "stats.h"
+
+PG_FUNCTION_INFO_V1(outbox_counters);
+PG_FUNCTION_INFO_V1(outbox_latency_histogram);
+
+const char *const outbox_counter_names[OC_NUM_COUNTERS] = {
+	[OC_EVENTS_PUBLISHED] = "events_published",
+	[OC_EVENTS_DEAD_LETTERED] = "events_dead_lettered",
+	[OC_EVENTS_SKIPPED] = "events_skipped",
+	[OC_BATCHES] = "batches",
+	[OC_DELIVERY_ERRORS_RETRIABLE] = "delivery_errors_retriable",
+	[OC_DELIVERY_ERRORS_PERMANENT] = "delivery_errors_permanent",
+	[OC_DELIVERY_ERRORS_FATAL] = "delivery_errors_fatal",
+	[OC_DELIVERY_TIMEOUTS] = "delivery_timeouts",
+	[OC_RETRIES] = "retries",
+	[OC_PRODUCER_CREATIONS] = "producer_creations",
+	[OC_WAKEUPS] = "wakeups",
+	[OC_POLLS] = "polls",
+	[OC_AGGREGATES_LOCK_SKIPPED] = "aggregates_lock_skipped",
+	[OC_ORDER_GUARD_STOPS] = "order_guard_stops",
+	[OC_ORDER_VIOLATIONS] = "order_violations",
+	[OC_STALE_REPORTS] = "stale_reports",
+	[OC_WORKER_ERRORS] = "worker_errors",
+	[OC_RETENTION_DELETED] = "retention_deleted",
+	[OC_INBOX_RETENTION_DELETED] = "inbox_retention_deleted",
+};
+
+const double outbox_latency_bounds_ms[OUTBOX_LATENCY_BUCKETS] = {
+	1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 30000,
+	60000, 300000
+};
+
+void
+outbox_stats_init(OutboxStats *stats)
+{
+	for (int i = 0; i < OC_NUM_COUNTERS; i++)
+		pg_atomic_init_u64(&stats->counters[i], 0);
+	for (int i = 0; i <= OUTBOX_LATENCY_BUCKETS; i++)
+		pg_atomic_init_u64(&stats->latency[i], 0);
+	pg_atomic_init_u64(&stats->latency_sum_us, 0);
+}
+
+void
+outbox_count(OutboxCounter c, uint64 n)
+{
+	if (outbox_shared != NULL && n > 0)
+		pg_atomic_fetch_add_u64(&outbox_shared->stats.counters[c], n);
+}
+
+void
+outbox_observe_latency(int64 usec)
+{
+	int			i;
+
+	if (outbox_shared == NULL)
+		return;
+	if (usec < 0)
+		usec = 0;
+	for (i = 0; i < OUTBOX_LATENCY_BUCKETS; i++)
+		if (usec <= outbox_latency_bounds_ms[i] * 1000.0)
+			break;
+	pg_atomic_fetch_add_u64(&outbox_shared->stats.latency[i], 1);
+	pg_atomic_fetch_add_u64(&outbox_shared->stats.latency_sum_us, (uint64) usec);
+}
+
+static void
+require_shared_memory(void)
+{
+	if (outbox_shared == NULL)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("outbox must be loaded via shared_preload_libraries")));
+}
+
+/* outbox_counters() RETURNS TABLE (name text, value bigint) */
+Datum
+outbox_counters(PG_FUNCTION_ARGS)
+{
+	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+
+	require_shared_memory();
+	InitMaterializedSRF(fcinfo, 0);
+	for (int i = 0; i < OC_NUM_COUNTERS; i++)
+	{
+		Datum		values[2];
+		bool		nulls[2] = {false, false};
+
+		values[0] = CStringGetTextDatum(outbox_counter_names[i]);
+		values[1] = Int64GetDatum((int64) pg_atomic_read_u64(&outbox_shared->stats.counters[i]));
+		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
+	}
+	return (Datum) 0;
+}
+
+/*
+ * outbox_latency_histogram() RETURNS TABLE (le_ms float8, count bigint)
+ * Cumulative, as Prometheus histograms are; the last row's le_ms is
+ * 'Infinity'.
+ */
+Datum
+outbox_latency_histogram(PG_FUNCTION_ARGS)
+{
+	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+	uint64		cumulative = 0;
+
+	require_shared_memory();
+	InitMaterializedSRF(fcinfo, 0);
+	for (int i = 0; i <= OUTBOX_LATENCY_BUCKETS; i++)
+	{
+		Datum		values[2];
+		bool		nulls[2] = {false, false};
+
+		cumulative += pg_atomic_read_u64(&outbox_shared->stats.latency[i]);
+		values[0] = Float8GetDatum(i < OUTBOX_LATENCY_BUCKETS
+								   ? outbox_latency_bounds_ms[i]
+								   : get_float8_infinity());
+		values[1] = Int64GetDatum((int64) cumulative);
+		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
+	}
+	return (Datum) 0;
+}

@@ -1,0 +1,872 @@
+/*-------------------------------------------------------------------------
+ *
+ * worker.c
+ *	  The publisher: a background worker that sends each aggregate's
+ *	  pending events to Kafka in version order.
+ *
+ * One batch is one transaction:
+ *
+ *	1. read the oldest pending events (ORDER BY id: per aggregate that is
+ *	   version order, since emitters of an aggregate are serialized until
+ *	   commit), skipping paused, blocked and backing-off aggregates;
+ *	2. try-lock each aggregate in the publish key space; one that another
+ *	   worker holds is skipped, that worker publishes its events;
+ *	3. produce every event of the locked aggregates, each aggregate's in
+ *	   version order, and wait for all delivery reports;
+ *	4. mark each aggregate's acknowledged prefix published, record the
+ *	   first failure, and commit once.
+ *
+ * No snapshot is held while waiting for Kafka, only the aggregates' advisory
+ * locks, which emitters never take.  Nothing is marked before Kafka
+ * acknowledged it, so a crash anywhere means re-sending (duplicates), never
+ * loss.  Because one producer delivers a prefix of what it is given, and a
+ * batch starts at the first unpublished version, every re-send starts at or
+ * below what a consumer has already seen: after dropping re-deliveries it
+ * sees each version once, in order.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "access/xact.h"
+#include "catalog/pg_type.h"
+#include "common/hashfn.h"
+#include "executor/spi.h"
+#include "fmgr.h"
+#include "lib/stringinfo.h"
+#include "miscadmin.h"
+#include "pgstat.h"
+#include "postmaster/bgworker.h"
+#include "postmaster/interrupt.h"
+#include "storage/ipc.h"
+#include "storage/latch.h"
+#include "storage/proc.h"
+#include "tcop/tcopprot.h"
+#include "utils/array.h"
+#include "utils/builtins.h"
+#include "utils/guc.h"
+#include "utils/hsearch.h"
+#include "utils/jsonb.h"
+#include "utils/memutils.h"
+#include "utils/snapmgr.h"
+#include "utils/timestamp.h"
+
+#include "outbox.h"
+#include "kafka.h"
+
+/* Backoff of the whole worker after an error, and of a failing aggregate. */
+#define WORKER_ERROR_BACKOFF_MS 1000
+#define WORKER_ERROR_BACKOFF_MAX_MS 30000
+
+typedef struct BatchEvent
+{
+	int64		id;
+	char	   *event_id;
+	char	   *aggregate_type;
+	char	   *aggregate_id;
+	int64		version;
+	char	   *event_type;
+	char	   *topic;
+	Jsonb	   *headers;
+	char	   *payload;		/* JSON text, NULL for a null payload */
+	TimestampTz created_at;
+	int			attempts;
+	bool		produced;
+	int			next;			/* next event of the same aggregate, or -1 */
+} BatchEvent;
+
+typedef enum AggregateState
+{
+	AGG_ACTIVE,					/* locked by us, events being produced */
+	AGG_SKIPPED,				/* another worker holds it, or over the limit */
+	AGG_STOPPED					/* an event failed to enqueue: send no more */
+} AggregateState;
+
+typedef struct BatchAggregate
+{
+	char	   *aggregate_id;	/* hash key: must be first */
+	AggregateState state;
+	int			head;
+	int			tail;
+} BatchAggregate;
+
+/* Set by SIGHUP, handled at the top of the loop. */
+static int	worker_index;
+static rd_kafka_t *producer = NULL;
+static DeliveryTracker tracker;
+static bool draining = false;
+static char *producer_brokers = NULL;
+static char *producer_properties = NULL;
+static MemoryContext batch_context = NULL;
+
+static Oid	plans_nspid = InvalidOid;
+static SPIPlanPtr fetch_plan = NULL;
+static SPIPlanPtr mark_plan = NULL;
+static SPIPlanPtr progress_plan = NULL;
+static SPIPlanPtr fail_event_plan = NULL;
+static SPIPlanPtr fail_aggregate_plan = NULL;
+
+static char last_logged_error[256];
+
+static void
+set_state(const char *state)
+{
+	OutboxWorkerSlot *slot = &outbox_shared->workers[worker_index];
+
+	strlcpy(slot->state, state, sizeof(slot->state));
+	pgstat_report_activity(STATE_RUNNING, state);
+}
+
+static void
+worker_exit(int code, Datum arg)
+{
+	OutboxWorkerSlot *slot = &outbox_shared->workers[worker_index];
+
+	slot->latch = NULL;
+	slot->pid = 0;
+	strlcpy(slot->state, "stopped", sizeof(slot->state));
+	outbox_producer_destroy(producer);
+	producer = NULL;
+}
+
+static uint32
+aggregate_hash(const void *key, Size keysize)
+{
+	const char *s = *(const char *const *) key;
+
+	return hash_bytes((const unsigned char *) s, strlen(s));
+}
+
+static int
+aggregate_match(const void *key1, const void *key2, Size keysize)
+{
+	return strcmp(*(const char *const *) key1, *(const char *const *) key2);
+}
+
+/* Schema of the extension in this database, or NULL if not installed. */
+static char *
+extension_schema(Oid *nspid)
+{
+	bool		isnull;
+	int			rc;
+
+	rc = SPI_execute("SELECT e.extnamespace, n.nspname FROM pg_catalog.pg_extension e "
+					 "JOIN pg_catalog.pg_namespace n ON n.oid = e.extnamespace "
+					 "WHERE e.extname = 'outbox'", true, 1);
+	if (rc != SPI_OK_SELECT)
+		elog(ERROR, "could not look up the outbox extension");
+	if (SPI_processed == 0)
+		return NULL;
+	*nspid = DatumGetObjectId(SPI_getbinval(SPI_tuptable->vals[0],
+											SPI_tuptable->tupdesc, 1, &isnull));
+	return SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2);
+}
+
+static SPIPlanPtr
+prepare_kept(const char *query, int nargs, Oid *argtypes)
+{
+	SPIPlanPtr	plan = SPI_prepare(query, nargs, argtypes);
+
+	if (plan == NULL)
+		elog(ERROR, "SPI_prepare failed for \"%s\": %s", query,
+			 SPI_result_code_string(SPI_result));
+	SPI_keepplan(plan);
+	return plan;
+}
+
+static void
+prepare_plans(Oid nspid, const char *schema)
+{
+	const char *s = quote_identifier(schema);
+	Oid			fetch_types[3] = {INT4OID, INT4OID, INT4OID};
+	Oid			mark_types[4] = {TIMESTAMPTZOID, INT8ARRAYOID, INT4ARRAYOID, INT8ARRAYOID};
+	Oid			progress_types[3] = {TIMESTAMPTZOID, TEXTARRAYOID, INT8ARRAYOID};
+	Oid			fail_event_types[2] = {INT8OID, TEXTOID};
+	Oid			fail_aggregate_types[5] = {TEXTOID, INT4OID, TEXTOID, INT4OID, INT8OID};
+
+	if (fetch_plan)
+	{
+		SPI_freeplan(fetch_plan);
+		SPI_freeplan(mark_plan);
+		SPI_freeplan(progress_plan);
+		SPI_freeplan(fail_event_plan);
+		SPI_freeplan(fail_aggregate_plan);
+		fetch_plan = NULL;
+	}
+	plans_nspid = InvalidOid;
+
+	fetch_plan = prepare_kept(psprintf(
+									   "SELECT o.id, o.event_id, o.aggregate_type, o.aggregate_id, "
+									   "o.aggregate_version, o.event_type, o.topic, o.headers, "
+									   "o.payload::text, o.created_at, o.attempts "
+									   "FROM %s.outbox o "
+									   "WHERE o.published_at IS NULL "
+									   "AND ($2 = 1 OR (pg_catalog.hashtext(o.aggregate_id) & 2147483647) %% $2 = $3) "
+									   "AND NOT EXISTS (SELECT 1 FROM %s.aggregate_publication p "
+									   "WHERE p.aggregate_id = o.aggregate_id "
+									   "AND (p.paused OR p.blocked_version IS NOT NULL "
+									   "OR p.next_attempt_at > pg_catalog.now())) "
+									   "ORDER BY o.id LIMIT $1", s, s),
+							  3, fetch_types);
+
+	mark_plan = prepare_kept(psprintf(
+									  "UPDATE %s.outbox o SET published_at = $1, disposition = 'published', "
+									  "attempts = o.attempts + 1, last_error = NULL, "
+									  "kafka_partition = u.p, kafka_offset = u.off "
+									  "FROM pg_catalog.unnest($2, $3, $4) AS u(id, p, off) "
+									  "WHERE o.id = u.id AND o.published_at IS NULL", s),
+							 4, mark_types);
+
+	progress_plan = prepare_kept(psprintf(
+										  "INSERT INTO %s.aggregate_publication AS a "
+										  "(aggregate_id, last_published_version, last_published_at, updated_at) "
+										  "SELECT u.id, u.v, $1, $1 FROM pg_catalog.unnest($2, $3) AS u(id, v) "
+										  "ON CONFLICT (aggregate_id) DO UPDATE SET "
+										  "last_published_version = GREATEST(a.last_published_version, excluded.last_published_version), "
+										  "last_published_at = excluded.last_published_at, "
+										  "attempts = 0, last_error = NULL, next_attempt_at = NULL, "
+										  "updated_at = excluded.updated_at", s),
+								 3, progress_types);
+
+	fail_event_plan = prepare_kept(psprintf(
+											"UPDATE %s.outbox SET attempts = attempts + 1, last_error = $2 "
+											"WHERE id = $1 RETURNING attempts", s),
+								   2, fail_event_types);
+
+	/*
+	 * A permanent error backs the aggregate off exponentially; after
+	 * max_attempts it is blocked at that version until an operator acts.
+	 */
+	fail_aggregate_plan = prepare_kept(psprintf(
+												"INSERT INTO %s.aggregate_publication AS a "
+												"(aggregate_id, attempts, last_error, next_attempt_at, "
+												"blocked_version, blocked_at, updated_at) "
+												"VALUES ($1, $2, $3, pg_catalog.clock_timestamp() + "
+												"pg_catalog.make_interval(secs => LEAST(60, 2 ^ ($2 - 1))), "
+												"CASE WHEN $2 >= $4 THEN $5 END, "
+												"CASE WHEN $2 >= $4 THEN pg_catalog.clock_timestamp() END, "
+												"pg_catalog.clock_timestamp()) "
+												"ON CONFLICT (aggregate_id) DO UPDATE SET "
+												"attempts = excluded.attempts, last_error = excluded.last_error, "
+												"next_attempt_at = excluded.next_attempt_at, "
+												"blocked_version = excluded.blocked_version, "
+												"blocked_at = excluded.blocked_at, updated_at = excluded.updated_at", s),
+									   5, fail_aggregate_types);
+	plans_nspid = nspid;
+}
+
+static rd_kafka_headers_t *
+build_headers(BatchEvent *ev)
+{
+	rd_kafka_headers_t *hdrs = rd_kafka_headers_new(8);
+	char		version[32];
+
+	if (ev->headers != NULL)
+	{
+		JsonbIterator *it = JsonbIteratorInit(&ev->headers->root);
+		JsonbValue	v;
+		JsonbIteratorToken tok;
+		char	   *key = NULL;
+		int			keylen = 0;
+
+		while ((tok = JsonbIteratorNext(&it, &v, true)) != WJB_DONE)
+		{
+			if (tok == WJB_KEY)
+			{
+				key = v.val.string.val;
+				keylen = v.val.string.len;
+			}
+			else if (tok == WJB_VALUE && v.type == jbvString)
+				rd_kafka_header_add(hdrs, key, keylen, v.val.string.val,
+									v.val.string.len);
+		}
+	}
+	snprintf(version, sizeof(version), INT64_FORMAT, ev->version);
+	rd_kafka_header_add(hdrs, "event_id", -1, ev->event_id, -1);
+	rd_kafka_header_add(hdrs, "event_type", -1, ev->event_type, -1);
+	rd_kafka_header_add(hdrs, "aggregate_type", -1, ev->aggregate_type, -1);
+	rd_kafka_header_add(hdrs, "aggregate_id", -1, ev->aggregate_id, -1);
+	rd_kafka_header_add(hdrs, "aggregate_version", -1, version, -1);
+	return hdrs;
+}
+
+/*
+ * Hand one event to librdkafka.  Returns the error if it could not be
+ * enqueued (then nothing later of its aggregate may be sent in this batch).
+ */
+static rd_kafka_resp_err_t
+produce_event(BatchEvent *ev, int index, TimestampTz deadline)
+{
+	for (;;)
+	{
+		rd_kafka_headers_t *hdrs = build_headers(ev);
+		rd_kafka_resp_err_t err;
+
+		err = rd_kafka_producev(producer,
+								RD_KAFKA_V_TOPIC(ev->topic),
+								RD_KAFKA_V_KEY(ev->aggregate_id, strlen(ev->aggregate_id)),
+								RD_KAFKA_V_VALUE(ev->payload,
+												 ev->payload ? strlen(ev->payload) : 0),
+								RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY),
+								RD_KAFKA_V_HEADERS(hdrs),
+								RD_KAFKA_V_OPAQUE(outbox_delivery_opaque(tracker.generation, index)),
+								RD_KAFKA_V_END);
+		if (err == RD_KAFKA_RESP_ERR_NO_ERROR)
+		{
+			ev->produced = true;
+			tracker.outstanding++;
+			return err;
+		}
+		rd_kafka_headers_destroy(hdrs);
+		if (err != RD_KAFKA_RESP_ERR__QUEUE_FULL ||
+			GetCurrentTimestamp() >= deadline)
+			return err;
+		/* Let delivery reports drain the queue, then try again. */
+		rd_kafka_poll(producer, 10);
+		CHECK_FOR_INTERRUPTS();
+	}
+}
+
+/* Wait for the current batch's delivery reports, up to the deadline. */
+static bool
+await_deliveries(TimestampTz deadline)
+{
+	while (tracker.outstanding > 0)
+	{
+		long		remaining = TimestampDifferenceMilliseconds(GetCurrentTimestamp(),
+																deadline);
+
+		if (remaining <= 0)
+			return false;
+		/* rd_kafka_poll returns as soon as a report arrives. */
+		rd_kafka_poll(producer, (int) Min(remaining, 100));
+		CHECK_FOR_INTERRUPTS();
+	}
+	return true;
+}
+
+static Datum
+int8_array(int64 *v, int n)
+{
+	Datum	   *d = palloc(sizeof(Datum) * Max(n, 1));
+
+	for (int i = 0; i < n; i++)
+		d[i] = Int64GetDatum(v[i]);
+	return PointerGetDatum(construct_array(d, n, INT8OID, 8, FLOAT8PASSBYVAL,
+										   TYPALIGN_DOUBLE));
+}
+
+static Datum
+int4_array(int32 *v, int n)
+{
+	Datum	   *d = palloc(sizeof(Datum) * Max(n, 1));
+
+	for (int i = 0; i < n; i++)
+		d[i] = Int32GetDatum(v[i]);
+	return PointerGetDatum(construct_array(d, n, INT4OID, 4, true, TYPALIGN_INT));
+}
+
+static Datum
+text_array(char **v, int n)
+{
+	Datum	   *d = palloc(sizeof(Datum) * Max(n, 1));
+
+	for (int i = 0; i < n; i++)
+		d[i] = CStringGetTextDatum(v[i]);
+	return PointerGetDatum(construct_array(d, n, TEXTOID, -1, false, TYPALIGN_INT));
+}
+
+/* Record a permanent failure of one event and back its aggregate off. */
+static void
+record_failure(BatchEvent *ev, rd_kafka_resp_err_t err)
+{
+	char	   *msg = psprintf("%s: %s", rd_kafka_err2name(err), rd_kafka_err2str(err));
+	Datum		ev_args[2] = {Int64GetDatum(ev->id), CStringGetTextDatum(msg)};
+	Datum		agg_args[5];
+	bool		isnull;
+	int32		attempts;
+
+	if (SPI_execute_plan(fail_event_plan, ev_args, NULL, false, 1) != SPI_OK_UPDATE_RETURNING ||
+		SPI_processed != 1)
+		elog(ERROR, "could not record the failure of event " INT64_FORMAT, ev->id);
+	attempts = DatumGetInt32(SPI_getbinval(SPI_tuptable->vals[0],
+										   SPI_tuptable->tupdesc, 1, &isnull));
+
+	agg_args[0] = CStringGetTextDatum(ev->aggregate_id);
+	agg_args[1] = Int32GetDatum(attempts);
+	agg_args[2] = CStringGetTextDatum(msg);
+	agg_args[3] = Int32GetDatum(outbox_max_attempts);
+	agg_args[4] = Int64GetDatum(ev->version);
+	if (SPI_execute_plan(fail_aggregate_plan, agg_args, NULL, false, 0) != SPI_OK_INSERT)
+		elog(ERROR, "could not record the failure of aggregate \"%s\"", ev->aggregate_id);
+
+	if (attempts >= outbox_max_attempts)
+		ereport(LOG,
+				(errmsg("outbox: aggregate \"%s\" blocked at version " INT64_FORMAT " after %d attempts",
+						ev->aggregate_id, ev->version, attempts),
+				 errdetail("Event %s to topic \"%s\" failed: %s.", ev->event_id, ev->topic, msg),
+				 errhint("Fix the cause, then SELECT outbox_retry('%s'), or skip or dead-letter the event.",
+						 ev->aggregate_id)));
+}
+
+static void
+ensure_producer(void)
+{
+	if (producer != NULL &&
+		(strcmp(producer_brokers, outbox_brokers) != 0 ||
+		 strcmp(producer_properties, outbox_kafka_properties) != 0))
+	{
+		ereport(LOG, (errmsg("outbox: Kafka settings changed, recreating the producer")));
+		outbox_producer_destroy(producer);
+		producer = NULL;
+		draining = false;
+	}
+	if (producer == NULL)
+	{
+		producer = outbox_producer_create(&tracker);
+		outbox_count(OC_PRODUCER_CREATIONS, 1);
+		if (producer_brokers)
+			pfree(producer_brokers);
+		if (producer_properties)
+			pfree(producer_properties);
+		producer_brokers = MemoryContextStrdup(TopMemoryContext, outbox_brokers);
+		producer_properties = MemoryContextStrdup(TopMemoryContext, outbox_kafka_properties);
+	}
+}
+
+static void
+copy_row(BatchEvent *ev, HeapTuple tup, TupleDesc desc)
+{
+	bool		isnull;
+	Datum		d;
+
+	ev->id = DatumGetInt64(SPI_getbinval(tup, desc, 1, &isnull));
+	ev->event_id = SPI_getvalue(tup, desc, 2);
+	ev->aggregate_type = SPI_getvalue(tup, desc, 3);
+	ev->aggregate_id = SPI_getvalue(tup, desc, 4);
+	ev->version = DatumGetInt64(SPI_getbinval(tup, desc, 5, &isnull));
+	ev->event_type = SPI_getvalue(tup, desc, 6);
+	ev->topic = SPI_getvalue(tup, desc, 7);
+	d = SPI_getbinval(tup, desc, 8, &isnull);
+	ev->headers = isnull ? NULL : DatumGetJsonbPCopy(d);
+	ev->payload = SPI_getvalue(tup, desc, 9);
+	ev->created_at = DatumGetTimestampTz(SPI_getbinval(tup, desc, 10, &isnull));
+	ev->attempts = DatumGetInt32(SPI_getbinval(tup, desc, 11, &isnull));
+	ev->produced = false;
+	ev->next = -1;
+}
+
+/*
+ * One batch.  Returns the number of events read (0 when there is nothing to
+ * do, -1 when the extension is not installed).
+ */
+static int
+run_batch(void)
+{
+	MemoryContext oldcxt;
+	HTAB	   *aggregates;
+	HASHCTL		hctl;
+	BatchEvent *events;
+	int			nevents;
+	int			naggregates = 0;
+	char	   *schema;
+	Oid			nspid = InvalidOid;
+	Datum		fetch_args[3];
+	TimestampTz deadline;
+	bool		complete;
+	int64	   *mark_ids;
+	int32	   *mark_partitions;
+	int64	   *mark_offsets;
+	int			nmarks = 0;
+	char	  **progress_ids;
+	int64	   *progress_versions;
+	int			nprogress = 0;
+	HASH_SEQ_STATUS seq;
+	BatchAggregate *agg;
+	TimestampTz now;
+
+	MemoryContextReset(batch_context);
+
+	set_state("reading pending events");
+	SetCurrentStatementStartTimestamp();
+	StartTransactionCommand();
+	if (SPI_connect() != SPI_OK_CONNECT)
+		elog(ERROR, "SPI_connect failed");
+	PushActiveSnapshot(GetTransactionSnapshot());
+
+	schema = extension_schema(&nspid);
+	if (schema == NULL)
+	{
+		PopActiveSnapshot();
+		SPI_finish();
+		CommitTransactionCommand();
+		return -1;
+	}
+	if (nspid != plans_nspid)
+		prepare_plans(nspid, schema);
+
+	fetch_args[0] = Int32GetDatum(outbox_batch_events);
+	fetch_args[1] = Int32GetDatum(outbox_workers);
+	fetch_args[2] = Int32GetDatum(worker_index);
+	if (SPI_execute_plan(fetch_plan, fetch_args, NULL, true, outbox_batch_events) != SPI_OK_SELECT)
+		elog(ERROR, "could not read pending events");
+	nevents = (int) SPI_processed;
+	if (nevents == 0)
+	{
+		PopActiveSnapshot();
+		SPI_finish();
+		CommitTransactionCommand();
+		return 0;
+	}
+
+	ensure_producer();
+
+	/* A new generation: reports of earlier batches are stale from now on. */
+	oldcxt = MemoryContextSwitchTo(batch_context);
+	events = palloc(sizeof(BatchEvent) * nevents);
+	tracker.generation++;
+	tracker.results = palloc0(sizeof(DeliveryResult) * nevents);
+	tracker.nresults = nevents;
+	tracker.outstanding = 0;
+
+	memset(&hctl, 0, sizeof(hctl));
+	hctl.keysize = sizeof(char *);
+	hctl.entrysize = sizeof(BatchAggregate);
+	hctl.hash = aggregate_hash;
+	hctl.match = aggregate_match;
+	hctl.hcxt = batch_context;
+	aggregates = hash_create("outbox batch aggregates", 1024, &hctl,
+							 HASH_ELEM | HASH_FUNCTION | HASH_COMPARE | HASH_CONTEXT);
+
+	for (int i = 0; i < nevents; i++)
+		copy_row(&events[i], SPI_tuptable->vals[i], SPI_tuptable->tupdesc);
+	MemoryContextSwitchTo(oldcxt);
+
+	/* Release the snapshot: nothing below needs one until marking. */
+	PopActiveSnapshot();
+
+	set_state("producing");
+	deadline = TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
+										   outbox_delivery_timeout_ms);
+	for (int i = 0; i < nevents; i++)
+	{
+		BatchEvent *ev = &events[i];
+		bool		found;
+		rd_kafka_resp_err_t err;
+
+		agg = hash_search(aggregates, &ev->aggregate_id, HASH_ENTER, &found);
+		if (!found)
+		{
+			LOCKTAG		tag;
+
+			agg->head = agg->tail = i;
+			if (naggregates >= outbox_batch_aggregates)
+				agg->state = AGG_SKIPPED;
+			else
+			{
+				outbox_aggregate_locktag(&tag, ev->aggregate_id,
+										 strlen(ev->aggregate_id),
+										 OUTBOX_LOCKSPACE_PUBLISH);
+				if (LockAcquire(&tag, ExclusiveLock, false, true) == LOCKACQUIRE_NOT_AVAIL)
+				{
+					agg->state = AGG_SKIPPED;
+					outbox_count(OC_AGGREGATES_LOCK_SKIPPED, 1);
+				}
+				else
+				{
+					agg->state = AGG_ACTIVE;
+					naggregates++;
+				}
+			}
+		}
+		else
+		{
+			events[agg->tail].next = i;
+			agg->tail = i;
+		}
+
+		if (agg->state != AGG_ACTIVE)
+			continue;
+		if (ev->attempts > 0)
+			outbox_count(OC_RETRIES, 1);
+		err = produce_event(ev, i, deadline);
+		if (err != RD_KAFKA_RESP_ERR_NO_ERROR)
+		{
+			/* Later versions must not overtake this one. */
+			agg->state = AGG_STOPPED;
+			tracker.results[i].done = true;
+			tracker.results[i].err = err;
+		}
+	}
+
+	set_state("awaiting acknowledgements");
+	complete = await_deliveries(deadline);
+	if (!complete)
+	{
+		outbox_count(OC_DELIVERY_TIMEOUTS, 1);
+		draining = true;
+	}
+	now = GetCurrentTimestamp();
+
+	/* Each aggregate's acknowledged prefix, and its first failure. */
+	set_state("marking published");
+	PushActiveSnapshot(GetTransactionSnapshot());
+	oldcxt = MemoryContextSwitchTo(batch_context);
+	mark_ids = palloc(sizeof(int64) * nevents);
+	mark_partitions = palloc(sizeof(int32) * nevents);
+	mark_offsets = palloc(sizeof(int64) * nevents);
+	progress_ids = palloc(sizeof(char *) * (naggregates + 1));
+	progress_versions = palloc(sizeof(int64) * (naggregates + 1));
+	MemoryContextSwitchTo(oldcxt);
+
+	hash_seq_init(&seq, aggregates);
+	while ((agg = hash_seq_search(&seq)) != NULL)
+	{
+		int64		last_acked = 0;
+		BatchEvent *failed = NULL;
+		int			i;
+
+		if (agg->state == AGG_SKIPPED)
+			continue;
+		for (i = agg->head; i >= 0; i = events[i].next)
+		{
+			DeliveryResult *r = &tracker.results[i];
+
+			if (!events[i].produced && !r->done)
+				break;			/* never sent: the aggregate stopped earlier */
+			if (!r->done || r->err != RD_KAFKA_RESP_ERR_NO_ERROR)
+			{
+				failed = &events[i];
+				break;
+			}
+			mark_ids[nmarks] = events[i].id;
+			mark_partitions[nmarks] = r->partition;
+			mark_offsets[nmarks] = r->offset;
+			nmarks++;
+			last_acked = events[i].version;
+			outbox_observe_latency(r->acked_at - events[i].created_at);
+		}
+		if (last_acked > 0)
+		{
+			progress_ids[nprogress] = agg->aggregate_id;
+			progress_versions[nprogress] = last_acked;
+			nprogress++;
+		}
+		if (failed == NULL)
+			continue;
+
+		/* Anything acknowledged after the failure overtook it. */
+		for (int j = failed->next; j >= 0; j = events[j].next)
+			if (tracker.results[j].done &&
+				tracker.results[j].err == RD_KAFKA_RESP_ERR_NO_ERROR)
+			{
+				outbox_count(OC_ORDER_VIOLATIONS, 1);
+				ereport(WARNING,
+						(errmsg("outbox: version " INT64_FORMAT " of aggregate \"%s\" was acknowledged although version " INT64_FORMAT " failed",
+								events[j].version, agg->aggregate_id, failed->version),
+						 errhint("The broker accepted an out-of-sequence batch; with a real cluster and enable.idempotence this cannot happen.")));
+				break;
+			}
+
+		{
+			DeliveryResult *r = &tracker.results[failed - events];
+
+			if (!r->done)
+				continue;		/* still in flight: timed out, retried later */
+			if (outbox_kafka_error_is_permanent(r->err))
+			{
+				outbox_count(OC_DELIVERY_ERRORS_PERMANENT, 1);
+				record_failure(failed, r->err);
+			}
+			else if (r->err == RD_KAFKA_RESP_ERR__FATAL)
+				outbox_count(OC_DELIVERY_ERRORS_FATAL, 1);
+			else
+				outbox_count(OC_DELIVERY_ERRORS_RETRIABLE, 1);
+			if (failed->next >= 0 || r->err != RD_KAFKA_RESP_ERR_NO_ERROR)
+				outbox_count(OC_ORDER_GUARD_STOPS, 1);
+		}
+	}
+
+	if (nmarks > 0)
+	{
+		Datum		args[4];
+
+		args[0] = TimestampTzGetDatum(now);
+		args[1] = int8_array(mark_ids, nmarks);
+		args[2] = int4_array(mark_partitions, nmarks);
+		args[3] = int8_array(mark_offsets, nmarks);
+		if (SPI_execute_plan(mark_plan, args, NULL, false, 0) != SPI_OK_UPDATE)
+			elog(ERROR, "could not mark events published");
+
+		args[1] = text_array(progress_ids, nprogress);
+		args[2] = int8_array(progress_versions, nprogress);
+		if (SPI_execute_plan(progress_plan, args, NULL, false, 0) != SPI_OK_INSERT)
+			elog(ERROR, "could not record aggregate progress");
+	}
+
+	PopActiveSnapshot();
+	SPI_finish();
+	CommitTransactionCommand();
+
+	outbox_count(OC_BATCHES, 1);
+	outbox_count(OC_EVENTS_PUBLISHED, nmarks);
+	outbox_shared->workers[worker_index].last_batch_at = now;
+
+	if (outbox_producer_fatal_pending() || rd_kafka_fatal_error(producer, NULL, 0))
+	{
+		char		reason[512];
+		rd_kafka_resp_err_t err = rd_kafka_fatal_error(producer, reason, sizeof(reason));
+
+		ereport(LOG,
+				(errmsg("outbox: fatal Kafka producer error, recreating the producer"),
+				 errdetail("%s: %s", rd_kafka_err2name(err), reason)));
+		outbox_producer_destroy(producer);
+		producer = NULL;
+		draining = false;
+	}
+	return nevents;
+}
+
+/*
+ * After a batch gave up waiting, the producer still holds its messages and
+ * keeps retrying them.  Wait for them to settle before handing it more, so
+ * an outage does not pile up copies of the same events.
+ */
+static void
+drain_producer(void)
+{
+	set_state("waiting for Kafka (deliveries outstanding)");
+	while (producer != NULL && rd_kafka_outq_len(producer) > 0)
+	{
+		rd_kafka_poll(producer, 100);
+		CHECK_FOR_INTERRUPTS();
+		if (ConfigReloadPending)
+			return;
+		if (outbox_producer_fatal_pending())
+			return;
+	}
+	draining = false;
+}
+
+static void
+log_worker_error(void)
+{
+	ErrorData  *edata;
+	MemoryContext oldcxt = MemoryContextSwitchTo(batch_context);
+
+	edata = CopyErrorData();
+	MemoryContextSwitchTo(oldcxt);
+	FlushErrorState();
+
+	/* Once per condition: repeats of the same message go to DEBUG1. */
+	if (strncmp(last_logged_error, edata->message, sizeof(last_logged_error) - 1) != 0)
+	{
+		ereport(LOG,
+				(errmsg("outbox: publisher error: %s", edata->message),
+				 edata->detail ? errdetail_internal("%s", edata->detail) : 0,
+				 errhint("The publisher retries with backoff.")));
+		strlcpy(last_logged_error, edata->message, sizeof(last_logged_error));
+	}
+	else
+		elog(DEBUG1, "outbox: publisher error (repeated): %s", edata->message);
+	outbox_count(OC_WORKER_ERRORS, 1);
+}
+
+void
+outbox_worker_main(Datum main_arg)
+{
+	OutboxWorkerSlot *slot;
+	int			error_backoff_ms = WORKER_ERROR_BACKOFF_MS;
+	bool		logged_missing = false;
+
+	worker_index = DatumGetInt32(main_arg);
+
+	pqsignal(SIGHUP, SignalHandlerForConfigReload);
+	pqsignal(SIGTERM, die);
+	BackgroundWorkerUnblockSignals();
+
+	BackgroundWorkerInitializeConnection(outbox_database,
+										 outbox_role[0] ? outbox_role : NULL, 0);
+	/* Every name in our queries resolves in pg_catalog or is qualified. */
+	SetConfigOption("search_path", "pg_catalog, pg_temp", PGC_SUSET, PGC_S_OVERRIDE);
+
+	batch_context = AllocSetContextCreate(TopMemoryContext, "outbox batch",
+										  ALLOCSET_DEFAULT_SIZES);
+	slot = &outbox_shared->workers[worker_index];
+	slot->pid = MyProcPid;
+	slot->latch = MyLatch;
+	on_shmem_exit(worker_exit, (Datum) 0);
+
+	ereport(LOG,
+			(errmsg("outbox publisher %d started for database \"%s\"",
+					worker_index, outbox_database)));
+
+	for (;;)
+	{
+		int			n = 0;
+		bool		failed = false;
+		long		wait_ms;
+		int			rc;
+
+		CHECK_FOR_INTERRUPTS();
+		if (ConfigReloadPending)
+		{
+			ConfigReloadPending = false;
+			ProcessConfigFile(PGC_SIGHUP);
+		}
+
+		if (draining)
+			drain_producer();
+
+		PG_TRY();
+		{
+			n = run_batch();
+		}
+		PG_CATCH();
+		{
+			HOLD_INTERRUPTS();
+			log_worker_error();
+			AbortCurrentTransaction();
+			RESUME_INTERRUPTS();
+			failed = true;
+		}
+		PG_END_TRY();
+
+		if (failed)
+		{
+			wait_ms = error_backoff_ms;
+			error_backoff_ms = Min(error_backoff_ms * 2, WORKER_ERROR_BACKOFF_MAX_MS);
+		}
+		else
+		{
+			error_backoff_ms = WORKER_ERROR_BACKOFF_MS;
+			last_logged_error[0] = '\0';
+			if (n < 0 && !logged_missing)
+			{
+				ereport(LOG,
+						(errmsg("outbox: extension \"outbox\" is not installed in database \"%s\"; waiting",
+								outbox_database)));
+				logged_missing = true;
+			}
+			else if (n >= 0)
+				logged_missing = false;
+			/* A full batch means more is probably waiting. */
+			if (n >= outbox_batch_events)
+				continue;
+			wait_ms = outbox_poll_interval_ms;
+		}
+
+		set_state("idle");
+		pgstat_report_activity(STATE_IDLE, NULL);
+		rc = WaitLatch(MyLatch,
+					   WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
+					   wait_ms, PG_WAIT_EXTENSION);
+		ResetLatch(MyLatch);
+		if (rc & WL_LATCH_SET)
+			outbox_count(OC_WAKEUPS, 1);
+		else
+			outbox_count(OC_POLLS, 1);
+		if (producer != NULL)
+			rd_kafka_poll(producer, 0);
+	}
+}
