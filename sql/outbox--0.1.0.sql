@@ -30,7 +30,7 @@ CREATE TABLE @extschema@.outbox (
 	attempts integer NOT NULL DEFAULT 0,
 	last_error text,
 	CONSTRAINT outbox_position_unique UNIQUE (aggregate_id, aggregate_version),
-	CONSTRAINT outbox_disposition_check CHECK ((published_at IS NULL) = (disposition IS NULL))
+	CONSTRAINT outbox_published_consistent CHECK ((published_at IS NULL) = (disposition IS NULL))
 );
 
 -- The publisher's work queue: pending rows only, in emit order.  Small,

@@ -261,7 +261,7 @@ prepare_plans(Oid nspid)
 	SPI_keepplan(plan);
 	event_exists_plan = plan;
 
-	plan = SPI_prepare(psprintf("INSERT INTO %s.outbox (event_id, aggregate_type, aggregate_id, "
+	plan = SPI_prepare(psprintf("INSERT INTO %s.outbox (event_id, aggregate_id, aggregate_type, "
 								"aggregate_version, event_type, topic, headers, payload) "
 								"VALUES ($1, $2, $3, $4, $5, $6, $7, $8) RETURNING id",
 								nsp),
@@ -447,7 +447,7 @@ outbox_emit(PG_FUNCTION_ARGS)
 		nulls[6] = 'n';
 	if (!payload)
 		nulls[7] = 'n';
-	/* values[1] is still the aggregate_id */
+	/* values[1], the aggregate_id, was set above */
 
 	if (SPI_execute_plan(insert_plan, values, nulls, false, 1) != SPI_OK_INSERT_RETURNING ||
 		SPI_processed != 1)

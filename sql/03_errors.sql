@@ -1,0 +1,90 @@
+SET search_path = ob, public;
+\pset format unaligned
+\pset tuples_only on
+
+-- Each statement's outcome: 'ok', or SQLSTATE, message, detail and hint.
+CREATE FUNCTION pg_temp.try(stmt text) RETURNS text LANGUAGE plpgsql AS $$
+DECLARE
+	st text; msg text; det text; hnt text;
+BEGIN
+	EXECUTE stmt;
+	RETURN 'ok';
+EXCEPTION WHEN OTHERS THEN
+	GET STACKED DIAGNOSTICS st = RETURNED_SQLSTATE, msg = MESSAGE_TEXT,
+		det = PG_EXCEPTION_DETAIL, hnt = PG_EXCEPTION_HINT;
+	RETURN st || ': ' || msg || coalesce(E'\n  DETAIL: ' || nullif(det, ''), '')
+		|| coalesce(E'\n  HINT: ' || nullif(hnt, ''), '');
+END
+$$;
+
+-- Required text arguments.
+SELECT pg_temp.try($$SELECT outbox_emit(NULL, 'a', 't', '{}')$$);
+SELECT pg_temp.try($$SELECT outbox_emit('', 'a', 't', '{}')$$);
+SELECT pg_temp.try($$SELECT outbox_emit('order', NULL, 't', '{}')$$);
+SELECT pg_temp.try($$SELECT outbox_emit('order', '', 't', '{}')$$);
+SELECT pg_temp.try($$SELECT outbox_emit('order', 'a', NULL, '{}')$$);
+SELECT pg_temp.try($$SELECT outbox_emit('order', 'a', '', '{}')$$);
+
+-- Headers: an object of string values, no reserved names.
+SELECT pg_temp.try($$SELECT outbox_emit('order', 'a', 't', '{}', headers => '[1, 2]')$$);
+SELECT pg_temp.try($$SELECT outbox_emit('order', 'a', 't', '{}', headers => '"x"')$$);
+SELECT pg_temp.try($$SELECT outbox_emit('order', 'a', 't', '{}', headers => '{"n": 1}')$$);
+SELECT pg_temp.try($$SELECT outbox_emit('order', 'a', 't', '{}', headers => '{"b": true}')$$);
+SELECT pg_temp.try($$SELECT outbox_emit('order', 'a', 't', '{}', headers => '{"o": {"x": "y"}}')$$);
+SELECT pg_temp.try($$SELECT outbox_emit('order', 'a', 't', '{}', headers => '{"nil": null}')$$);
+SELECT pg_temp.try($$SELECT outbox_emit('order', 'a', 't', '{}', headers => '{"": "v"}')$$);
+SELECT pg_temp.try($$SELECT outbox_emit('order', 'a', 't', '{}', headers => '{"aggregate_version": "9"}')$$);
+
+-- Topic names Kafka would reject.
+SELECT pg_temp.try($$SELECT outbox_emit('order', 'a', 't', '{}', topic => '')$$);
+SELECT pg_temp.try($$SELECT outbox_emit('order', 'a', 't', '{}', topic => '.')$$);
+SELECT pg_temp.try($$SELECT outbox_emit('order', 'a', 't', '{}', topic => '..')$$);
+SELECT pg_temp.try($$SELECT outbox_emit('order', 'a', 't', '{}', topic => 'has space')$$);
+SELECT pg_temp.try($$SELECT outbox_emit('order', 'a', 't', '{}', topic => 'slash/topic')$$);
+SELECT pg_temp.try($$SELECT outbox_emit('order', 'a', 't', '{}', topic => 'tëst')$$);
+SELECT pg_temp.try($$SELECT outbox_emit('order', 'a', 't', '{}', topic => repeat('x', 250))$$);
+SELECT (outbox_emit('order', 'a249', 't', '{}', topic => repeat('x', 249))).aggregate_version;
+-- Via the default: the aggregate type ends up in the topic name.
+SELECT pg_temp.try($$SELECT outbox_emit('bad type', 'a', 't', '{}')$$);
+
+-- Payload over outbox.max_payload_bytes.
+SET outbox.max_payload_bytes = 100;
+SELECT pg_temp.try($$SELECT outbox_emit('order', 'a', 't', jsonb_build_object('x', repeat('y', 100)))$$);
+SELECT (outbox_emit('order', 'small', 't', jsonb_build_object('x', repeat('y', 80)))).aggregate_version;
+RESET outbox.max_payload_bytes;
+SET outbox.max_payload_bytes = -1;
+SET outbox.default_topic = '';
+
+-- Versions.
+SELECT (outbox_emit('order', 'v', 't', '{}')).aggregate_version;
+SELECT pg_temp.try($$SELECT outbox_emit('order', 'v', 't', '{}', aggregate_version => 1)$$);
+SELECT pg_temp.try($$SELECT outbox_emit('order', 'v', 't', '{}', aggregate_version => 0)$$);
+SELECT pg_temp.try($$SELECT outbox_emit('order', 'v', 't', '{}', aggregate_version => -5)$$);
+
+-- A reused event_id is an error, never ignored.
+SELECT (outbox_emit('order', 'e', 't', '{}', event_id => 'dup-1')).aggregate_version;
+SELECT pg_temp.try($$SELECT outbox_emit('order', 'e2', 't', '{}', event_id => 'dup-1')$$);
+SELECT pg_temp.try($$SELECT outbox_emit('order', 'e2', 't', '{}', event_id => '')$$);
+
+-- Nothing of the failed calls was written.
+SELECT aggregate_id, aggregate_version FROM outbox
+ WHERE aggregate_id IN ('a', 'e', 'e2', 'v', 'small', 'a249') ORDER BY 1, 2;
+
+-- inbox_claim arguments.
+SELECT pg_temp.try($$SELECT inbox_claim(NULL, 'x')$$);
+SELECT pg_temp.try($$SELECT inbox_claim('c', NULL)$$);
+SELECT pg_temp.try($$SELECT inbox_claim('', 'x')$$);
+SELECT pg_temp.try($$SELECT inbox_claim('c', '')$$);
+
+-- Settings reject bad values with the setting's name.
+\pset format aligned
+\pset tuples_only off
+SET outbox.kafka_properties = 'x=y';
+ALTER SYSTEM SET outbox.kafka_properties = 'no.such.property=1';
+ALTER SYSTEM SET outbox.kafka_properties = 'linger.ms';
+ALTER SYSTEM SET outbox.kafka_properties = 'linger.ms=abc';
+ALTER SYSTEM SET outbox.kafka_properties = 'enable.idempotence=false';
+ALTER SYSTEM SET outbox.kafka_properties = 'bootstrap.servers=x:1';
+ALTER SYSTEM SET outbox.batch_events = 0;
+ALTER SYSTEM SET outbox.workers = -1;
+ALTER SYSTEM SET outbox.nonexistent = 1;
