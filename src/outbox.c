@@ -36,7 +36,7 @@ char	   *outbox_default_topic = NULL;
 int			outbox_workers = 1;
 int			outbox_max_payload_bytes = 1024 * 1024;
 int			outbox_batch_events = 10000;
-int			outbox_batch_aggregates = 2000;
+int			outbox_batch_aggregates = 10000;
 int			outbox_poll_interval_ms = 1000;
 int			outbox_delivery_timeout_ms = 10000;
 int			outbox_max_attempts = 5;
@@ -145,6 +145,22 @@ outbox_aggregate_locktag(LOCKTAG *tag, const char *aggregate_id, int len,
 						 (uint32) h, space);
 }
 
+/*
+ * The publisher's lock of the bucket holding an aggregate.  The bucket is
+ * hashtext(aggregate_id) modulo OUTBOX_PUBLISH_BUCKETS, the same expression
+ * the worker's query uses to split buckets between workers.
+ */
+void
+outbox_publish_locktag(LOCKTAG *tag, const char *aggregate_id)
+{
+	uint32		h = hash_bytes((const unsigned char *) aggregate_id,
+							   strlen(aggregate_id));
+
+	SET_LOCKTAG_ADVISORY(*tag, MyDatabaseId, 0,
+						 (h & 0x7fffffff) % OUTBOX_PUBLISH_BUCKETS,
+						 OUTBOX_LOCKSPACE_PUBLISH);
+}
+
 static bool
 check_kafka_properties(char **newval, void **extra, GucSource source)
 {
@@ -250,7 +266,7 @@ define_settings(void)
 							"Most aggregates one publisher transaction takes.",
 							NULL,
 							&outbox_batch_aggregates,
-							2000, 1, 100000,
+							10000, 1, 100000,
 							PGC_SIGHUP,
 							0,
 							NULL, NULL, NULL);

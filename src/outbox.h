@@ -28,6 +28,15 @@
 #define OUTBOX_LOCKSPACE_EMIT		0x4f45	/* "OE" */
 #define OUTBOX_LOCKSPACE_PUBLISH	0x4f50	/* "OP" */
 
+/*
+ * The publisher locks buckets of aggregates, not single aggregates, so that
+ * a batch of thousands of aggregates takes at most this many locks from the
+ * shared lock table.  Workers split the buckets between them, so they never
+ * contend; the lock guards against everything else (operator functions,
+ * a worker left over from a configuration change).
+ */
+#define OUTBOX_PUBLISH_BUCKETS 1024
+
 /* Per-worker state published in shared memory for the status views. */
 typedef struct OutboxWorkerSlot
 {
@@ -65,6 +74,7 @@ extern int	outbox_max_attempts;
 extern void outbox_note_emit(void);
 extern void outbox_aggregate_locktag(LOCKTAG *tag, const char *aggregate_id,
 									 int len, uint16 space);
+extern void outbox_publish_locktag(LOCKTAG *tag, const char *aggregate_id);
 
 /* worker.c */
 extern PGDLLEXPORT void outbox_worker_main(Datum main_arg);

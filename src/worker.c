@@ -201,26 +201,26 @@ prepare_plans(Oid nspid, const char *schema)
 									   "o.payload::text, o.created_at, o.attempts "
 									   "FROM %s.outbox o "
 									   "WHERE o.published_at IS NULL "
-									   "AND ($2 = 1 OR (pg_catalog.hashtext(o.aggregate_id) & 2147483647) %% $2 = $3) "
+									   "AND ($2 = 1 OR ((pg_catalog.hashtext(o.aggregate_id) & 2147483647) %% %d) %% $2 = $3) "
 									   "AND NOT EXISTS (SELECT 1 FROM %s.aggregate_publication p "
 									   "WHERE p.aggregate_id = o.aggregate_id "
 									   "AND (p.paused OR p.blocked_version IS NOT NULL "
 									   "OR p.next_attempt_at > pg_catalog.now())) "
-									   "ORDER BY o.id LIMIT $1", s, s),
+									   "ORDER BY o.id LIMIT $1", s, OUTBOX_PUBLISH_BUCKETS, s),
 							  3, fetch_types);
 
 	mark_plan = prepare_kept(psprintf(
 									  "UPDATE %s.outbox o SET published_at = $1, disposition = 'published', "
 									  "attempts = o.attempts + 1, last_error = NULL, "
 									  "kafka_partition = u.p, kafka_offset = u.off "
-									  "FROM pg_catalog.unnest($2, $3, $4) AS u(id, p, off) "
-									  "WHERE o.id = u.id AND o.published_at IS NULL", s),
+									  "FROM unnest($2, $3, $4) AS u(id, p, off) "
+									  "WHERE o.id = u.id", s),
 							 4, mark_types);
 
 	progress_plan = prepare_kept(psprintf(
 										  "INSERT INTO %s.aggregate_publication AS a "
 										  "(aggregate_id, last_published_version, last_published_at, updated_at) "
-										  "SELECT u.id, u.v, $1, $1 FROM pg_catalog.unnest($2, $3) AS u(id, v) "
+										  "SELECT u.id, u.v, $1, $1 FROM unnest($2, $3) AS u(id, v) "
 										  "ON CONFLICT (aggregate_id) DO UPDATE SET "
 										  "last_published_version = GREATEST(a.last_published_version, excluded.last_published_version), "
 										  "last_published_at = excluded.last_published_at, "
@@ -457,12 +457,14 @@ copy_row(BatchEvent *ev, HeapTuple tup, TupleDesc desc)
 }
 
 /*
- * One batch.  Returns the number of events read (0 when there is nothing to
- * do, -1 when the extension is not installed).
+ * One batch.  Returns the number of events it settled: acknowledged, or
+ * failed and recorded (0 when there is nothing to do, -1 when the extension
+ * is not installed).
  */
 static int
 run_batch(void)
 {
+	int			nfailed = 0;
 	MemoryContext oldcxt;
 	HTAB	   *aggregates;
 	HASHCTL		hctl;
@@ -511,6 +513,8 @@ run_batch(void)
 	if (SPI_execute_plan(fetch_plan, fetch_args, NULL, true, outbox_batch_events) != SPI_OK_SELECT)
 		elog(ERROR, "could not read pending events");
 	nevents = (int) SPI_processed;
+	elog(DEBUG1, "outbox: fetched %d events in %ld ms", nevents,
+		 TimestampDifferenceMilliseconds(GetCurrentStatementStartTimestamp(), GetCurrentTimestamp()));
 	if (nevents == 0)
 	{
 		PopActiveSnapshot();
@@ -564,9 +568,7 @@ run_batch(void)
 				agg->state = AGG_SKIPPED;
 			else
 			{
-				outbox_aggregate_locktag(&tag, ev->aggregate_id,
-										 strlen(ev->aggregate_id),
-										 OUTBOX_LOCKSPACE_PUBLISH);
+				outbox_publish_locktag(&tag, ev->aggregate_id);
 				if (LockAcquire(&tag, ExclusiveLock, false, true) == LOCKACQUIRE_NOT_AVAIL)
 				{
 					agg->state = AGG_SKIPPED;
@@ -599,6 +601,8 @@ run_batch(void)
 		}
 	}
 
+	elog(DEBUG1, "outbox: produced %d events of %d aggregates at %ld ms", tracker.outstanding, naggregates,
+		 TimestampDifferenceMilliseconds(GetCurrentStatementStartTimestamp(), GetCurrentTimestamp()));
 	set_state("awaiting acknowledgements");
 	complete = await_deliveries(deadline);
 	if (!complete)
@@ -607,6 +611,8 @@ run_batch(void)
 		draining = true;
 	}
 	now = GetCurrentTimestamp();
+	elog(DEBUG1, "outbox: acknowledged at %ld ms",
+		 TimestampDifferenceMilliseconds(GetCurrentStatementStartTimestamp(), now));
 
 	/* Each aggregate's acknowledged prefix, and its first failure. */
 	set_state("marking published");
@@ -677,6 +683,7 @@ run_batch(void)
 			{
 				outbox_count(OC_DELIVERY_ERRORS_PERMANENT, 1);
 				record_failure(failed, r->err);
+				nfailed++;
 			}
 			else if (r->err == RD_KAFKA_RESP_ERR__FATAL)
 				outbox_count(OC_DELIVERY_ERRORS_FATAL, 1);
@@ -707,6 +714,8 @@ run_batch(void)
 	PopActiveSnapshot();
 	SPI_finish();
 	CommitTransactionCommand();
+	elog(DEBUG1, "outbox: committed %d marks at %ld ms", nmarks,
+		 TimestampDifferenceMilliseconds(GetCurrentStatementStartTimestamp(), GetCurrentTimestamp()));
 
 	outbox_count(OC_BATCHES, 1);
 	outbox_count(OC_EVENTS_PUBLISHED, nmarks);
@@ -724,7 +733,7 @@ run_batch(void)
 		producer = NULL;
 		draining = false;
 	}
-	return nevents;
+	return nmarks + nfailed;
 }
 
 /*
@@ -850,8 +859,8 @@ outbox_worker_main(Datum main_arg)
 			}
 			else if (n >= 0)
 				logged_missing = false;
-			/* A full batch means more is probably waiting. */
-			if (n >= outbox_batch_events)
+			/* After progress, look again at once: more is probably waiting. */
+			if (n > 0)
 				continue;
 			wait_ms = outbox_poll_interval_ms;
 		}
