@@ -47,6 +47,8 @@ static const char *const default_properties[][2] = {
 	/* Batches are large anyway; don't add 5 ms to every idle commit. */
 	{"linger.ms", "1"},
 	{"client.id", "postgresql-outbox"},
+	/* Resume within a second of a broker coming back, not up to ten. */
+	{"reconnect.backoff.max.ms", "1000"},
 };
 
 /* Set by the error callback, read by the worker after each poll. */

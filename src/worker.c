@@ -409,8 +409,9 @@ record_failure(BatchEvent *ev, rd_kafka_resp_err_t err)
 						 ev->aggregate_id)));
 }
 
+/* After a reload: a producer built from old Kafka settings is replaced. */
 static void
-ensure_producer(void)
+check_producer_settings(void)
 {
 	if (producer != NULL &&
 		(strcmp(producer_brokers, outbox_brokers) != 0 ||
@@ -421,17 +422,21 @@ ensure_producer(void)
 		producer = NULL;
 		draining = false;
 	}
-	if (producer == NULL)
-	{
-		producer = outbox_producer_create(&tracker);
-		outbox_count(OC_PRODUCER_CREATIONS, 1);
-		if (producer_brokers)
-			pfree(producer_brokers);
-		if (producer_properties)
-			pfree(producer_properties);
-		producer_brokers = MemoryContextStrdup(TopMemoryContext, outbox_brokers);
-		producer_properties = MemoryContextStrdup(TopMemoryContext, outbox_kafka_properties);
-	}
+}
+
+static void
+ensure_producer(void)
+{
+	if (producer != NULL)
+		return;
+	producer = outbox_producer_create(&tracker);
+	outbox_count(OC_PRODUCER_CREATIONS, 1);
+	if (producer_brokers)
+		pfree(producer_brokers);
+	if (producer_properties)
+		pfree(producer_properties);
+	producer_brokers = MemoryContextStrdup(TopMemoryContext, outbox_brokers);
+	producer_properties = MemoryContextStrdup(TopMemoryContext, outbox_kafka_properties);
 }
 
 static void
@@ -822,6 +827,7 @@ outbox_worker_main(Datum main_arg)
 		{
 			ConfigReloadPending = false;
 			ProcessConfigFile(PGC_SIGHUP);
+			check_producer_settings();
 		}
 
 		if (draining)

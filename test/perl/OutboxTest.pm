@@ -1,0 +1,125 @@
+# test/perl/OutboxTest.pm
+#
+# Shared set-up of the outbox end-to-end TAP tests: a PostgreSQL node with
+# the publisher preloaded and pointed at a mock Kafka cluster, and helpers
+# to wait for publication and judge what reached Kafka.
+
+package OutboxTest;
+
+use strict;
+use warnings;
+
+use Exporter 'import';
+use PostgreSQL::Test::Cluster;
+use PostgreSQL::Test::Utils;
+use Test::More;
+use Time::HiRes qw(time sleep);
+
+use MockKafka;
+
+our @EXPORT = qw(outbox_node wait_published expect_file emit_load counter);
+
+# A started node serving database "postgres", with the extension created.
+# %conf entries are appended to postgresql.conf as outbox.<key> = '<value>'.
+sub outbox_node
+{
+	my ($name, $mk, %conf) = @_;
+	my $node = PostgreSQL::Test::Cluster->new($name);
+
+	$node->init;
+	$node->append_conf('postgresql.conf', qq{
+shared_preload_libraries = 'outbox'
+outbox.database = 'postgres'
+outbox.brokers = '@{[ $mk->bootstrap ]}'
+outbox.poll_interval = '500ms'
+outbox.delivery_timeout = '5s'
+max_connections = 60
+log_min_messages = info
+});
+	while (my ($k, $v) = each %conf)
+	{
+		$node->append_conf('postgresql.conf', "outbox.$k = '$v'\n");
+	}
+	$node->start;
+	$node->safe_psql('postgres', 'CREATE EXTENSION outbox');
+	return $node;
+}
+
+# Wait until nothing is pending; returns seconds taken, or undef on timeout.
+sub wait_published
+{
+	my ($node, $timeout) = @_;
+	my $t0 = time;
+
+	$timeout //= 120;
+	while (time - $t0 < $timeout)
+	{
+		my $pending = $node->safe_psql('postgres',
+			'SELECT count(*) FROM outbox WHERE published_at IS NULL');
+		return time - $t0 if $pending == 0;
+		sleep 0.1;
+	}
+	diag "still pending after ${timeout}s: "
+	  . $node->safe_psql('postgres',
+		'SELECT count(*) FROM outbox WHERE published_at IS NULL');
+	return undef;
+}
+
+# Write the expected last version of every aggregate (1..N must all be in
+# Kafka) to a file for order_check.
+sub expect_file
+{
+	my ($node, $path) = @_;
+
+	my $rows = $node->safe_psql('postgres',
+		q{SELECT aggregate_id || E'\t' || max(aggregate_version)
+		  FROM outbox GROUP BY aggregate_id ORDER BY 1});
+	open my $fh, '>', $path or die "cannot write $path: $!";
+	print $fh "$rows\n" if $rows ne '';
+	close $fh;
+	return $path;
+}
+
+# Run pgbench with a script of concurrent emitters: $clients sessions,
+# $tx transactions each, over $aggregates aggregates, rolling back about
+# one transaction in ten.  Returns the pgbench harness (not yet finished)
+# when $background is true.
+sub emit_load
+{
+	my ($node, %a) = @_;
+	my $clients = $a{clients} // 4;
+	my $tx = $a{transactions} // 500;
+	my $aggregates = $a{aggregates} // 100;
+	my $per_tx = $a{events_per_tx} // 1;
+	my $script = "$PostgreSQL::Test::Utils::tmp_check/emit_$$.sql";
+
+	open my $fh, '>', $script or die $!;
+	print $fh "\\set aid random(1, $aggregates)\n";
+	print $fh "\\set rb random(1, 10)\n";
+	print $fh "BEGIN;\n";
+	print $fh "SELECT outbox_emit('load', 'agg-' || :aid, 'Changed', jsonb_build_object('client', :client_id, 'n', $_));\n"
+	  for 1 .. $per_tx;
+	print $fh "\\if :rb = 1\nROLLBACK;\n\\else\nCOMMIT;\n\\endif\n";
+	close $fh;
+
+	my @cmd = ('pgbench', '-n', '-c', $clients, '-j', 2, '-t', $tx,
+		'-f', $script, '-h', $node->host, '-p', $node->port, 'postgres');
+	my ($out, $err) = ('', '');
+	if ($a{background})
+	{
+		return IPC::Run::start(\@cmd, '>', \$out, '2>', \$err);
+	}
+	IPC::Run::run(\@cmd, '>', \$out, '2>', \$err)
+	  or die "pgbench failed: $err";
+	return;
+}
+
+# One publisher counter from outbox_counters().
+sub counter
+{
+	my ($node, $name) = @_;
+	return $node->safe_psql('postgres',
+		"SELECT value FROM outbox_counters() WHERE name = '$name'");
+}
+
+1;

@@ -1,0 +1,97 @@
+# End to end: events emitted in PostgreSQL reach Kafka, per aggregate in
+# version order, under concurrency, a broker outage, a hot aggregate and
+# configuration reloads.
+use strict;
+use warnings;
+
+use PostgreSQL::Test::Utils;
+use Test::More;
+use Time::HiRes qw(time sleep);
+
+use MockKafka;
+use OutboxTest;
+
+my $dir = $PostgreSQL::Test::Utils::tmp_check;
+mkdir "$dir/mock1";
+my $mk = MockKafka->start(dir => "$dir/mock1", brokers => 3, max_seconds => 600);
+my $node = outbox_node('publish', $mk, poll_interval => '60s');
+my $topic = 'outbox.event.load';
+
+# A commit wakes the publisher at once: with a 60 s fallback poll the event
+# is only published quickly if the commit callback set the worker's latch.
+$node->safe_psql('postgres', "SELECT outbox_emit('load', 'warmup', 'Created', '{}')");
+my $t = wait_published($node, 20);
+ok(defined $t && $t < 5, 'first event published promptly after commit')
+  or diag "took " . ($t // 'forever');
+my $wakeups = counter($node, 'wakeups');
+$node->safe_psql('postgres', "SELECT outbox_emit('load', 'warmup', 'Changed', '{}')");
+$t = wait_published($node, 20);
+ok(defined $t && $t < 2, 'commit wake-up: published within 2 s despite a 60 s poll interval');
+cmp_ok(counter($node, 'wakeups'), '>', $wakeups, 'the worker counted a wake-up');
+
+# Many concurrent emitters over many aggregates, with rollbacks.
+emit_load($node, clients => 8, transactions => 300, aggregates => 200, events_per_tx => 2);
+ok(defined wait_published($node, 60), 'concurrent load: everything published');
+is($node->safe_psql('postgres',
+	q{SELECT count(*) FROM (SELECT aggregate_id FROM outbox GROUP BY 1
+	   HAVING max(aggregate_version) <> count(*) OR min(aggregate_version) <> 1) s}),
+	'0', 'versions are contiguous from 1 in the database (rollbacks left no holes)');
+my $r = $mk->check(topics => [$topic], expect => expect_file($node, "$dir/exp1"));
+is($r->{exit}, 0, 'concurrent load: order checker clean') or diag $r->{output};
+cmp_ok($r->{accepted}, '>=', 4000, 'concurrent load: thousands of events checked');
+
+# Publication is marked with where Kafka put the event.
+is($node->safe_psql('postgres',
+	q{SELECT count(*) FROM outbox WHERE disposition = 'published'
+	   AND (kafka_partition IS NULL OR kafka_offset IS NULL)}),
+	'0', 'published rows record partition and offset');
+
+# All brokers down: events wait, nothing is lost, order holds.
+$mk->cmd('all_down');
+my $before = counter($node, 'events_published');
+emit_load($node, clients => 4, transactions => 100, aggregates => 50);
+sleep 3;
+is(counter($node, 'events_published'), $before, 'nothing is marked published while the brokers are down');
+cmp_ok($node->safe_psql('postgres', 'SELECT count(*) FROM outbox WHERE published_at IS NULL'),
+	'>', 0, 'events wait in the outbox');
+$mk->cmd('all_up');
+ok(defined wait_published($node, 90), 'outage: everything published after the brokers came back');
+$r = $mk->check(topics => [$topic], expect => expect_file($node, "$dir/exp2"));
+is($r->{exit}, 0, 'outage: order checker clean') or diag $r->{output};
+
+# A hot aggregate: thousands of events on one id.
+$node->safe_psql('postgres', q{
+	SELECT outbox_emit('load', 'hot', 'Tick', jsonb_build_object('i', i))
+	  FROM generate_series(1, 3000) i});
+$node->safe_psql('postgres', q{
+	SELECT outbox_emit('load', 'hot', 'Tick', jsonb_build_object('i', i))
+	  FROM generate_series(3001, 5000) i});
+ok(defined wait_published($node, 60), 'hot aggregate: published');
+$r = $mk->check(topics => [$topic], expect => expect_file($node, "$dir/exp3"));
+is($r->{exit}, 0, 'hot aggregate: order checker clean') or diag $r->{output};
+
+# SIGHUP: a new broker list takes effect without a restart.  Point the
+# publisher at a port where nothing listens, then back.
+my $creations = counter($node, 'producer_creations');
+$node->append_conf('postgresql.conf', "outbox.brokers = '127.0.0.1:1'\n");
+$node->reload;
+sleep 1;
+$node->safe_psql('postgres', "SELECT outbox_emit('load', 'reload', 'Created', '{}')");
+sleep 3;
+is($node->safe_psql('postgres', "SELECT count(*) FROM outbox WHERE aggregate_id = 'reload' AND published_at IS NULL"),
+	'1', 'after reload to a dead broker list the event stays pending');
+$node->append_conf('postgresql.conf', "outbox.brokers = '@{[ $mk->bootstrap ]}'\n");
+$node->reload;
+ok(defined wait_published($node, 30), 'after reload back to the mock, the event is published');
+cmp_ok(counter($node, 'producer_creations'), '>=', $creations + 2,
+	'each broker list change recreated the producer');
+ok($node->log_contains('Kafka settings changed, recreating the producer'),
+	'the reload is logged');
+
+$r = $mk->check(topics => [$topic], expect => expect_file($node, "$dir/exp4"));
+is($r->{exit}, 0, 'final: order checker clean') or diag $r->{output};
+note "final verdict: $r->{output}";
+
+$node->stop;
+$mk->stop;
+done_testing();
