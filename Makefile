@@ -12,11 +12,20 @@ PG_CONFIG ?= pg_config
 PGXS := $(shell $(PG_CONFIG) --pgxs)
 include $(PGXS)
 
-.PHONY: tools test
+.PHONY: tools clean-tools test demo
 tools:
 	$(MAKE) -C test/tools
 
 all: tools
 
+clean: clean-tools
+clean-tools:
+	$(MAKE) -C test/tools clean
+
+# Every suite, on throwaway clusters; needs `make install` first.
 test: all
 	test/run_tests.sh
+
+# A local PostgreSQL and a mock Kafka: events emitted and read back.
+demo: all
+	test/demo.sh

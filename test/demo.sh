@@ -1,0 +1,112 @@
+#!/usr/bin/env bash
+#
+# The embedded default: a throwaway PostgreSQL with the publisher, a mock
+# Kafka cluster on 127.0.0.1, a few business transactions that emit events
+# for two aggregates, and the events read back from Kafka in order with
+# their headers.  As root on a fresh Debian 12 machine it first installs the
+# packages, builds and installs the extension.  Everything stops by itself.
+#
+set -euo pipefail
+
+src=$(cd "$(dirname "$0")/.." && pwd)
+
+if [ "$(id -u)" = 0 ]; then
+	bash "$src/.ci/install-deps"
+	export PATH="$(pg_config --bindir):$PATH"
+	make -s -C "$src" >/dev/null
+	make -s -C "$src" install >/dev/null
+	work=$(mktemp -d /tmp/outbox-demo.XXXXXX)
+	cp -r "$src/test" "$work/"
+	chown -R postgres: "$work"
+	rc=0
+	runuser -u postgres -- env OUTBOX_DEMO_WORK="$work" bash "$work/test/demo.sh" || rc=$?
+	rm -rf "$work"
+	exit "$rc"
+fi
+
+work=${OUTBOX_DEMO_WORK:-$(mktemp -d /tmp/outbox-demo.XXXXXX)}
+tools=$src/test/tools
+export PATH="$(pg_config --bindir):$PATH"
+export PGHOST=$work PGPORT=$((20000 + RANDOM % 20000)) PGDATABASE=postgres
+
+mock_pid=
+cleanup() {
+	pg_ctl -D "$work/data" -m fast stop >/dev/null 2>&1 || true
+	[ -n "$mock_pid" ] && kill "$mock_pid" 2>/dev/null || true
+}
+trap cleanup EXIT
+
+echo "== mock Kafka cluster (3 brokers on 127.0.0.1)"
+"$tools/mock_kafka" --brokers 3 --bootstrap-file "$work/bootstrap" \
+	--control-file "$work/control" --max-seconds 300 >"$work/mock.log" 2>&1 &
+mock_pid=$!
+for _ in $(seq 50); do [ -s "$work/bootstrap" ] && break; sleep 0.1; done
+brokers=$(cat "$work/bootstrap")
+echo "   bootstrap: $brokers"
+
+echo "== PostgreSQL with shared_preload_libraries = 'outbox'"
+initdb -D "$work/data" -A trust --no-sync -E UTF8 --locale=C >/dev/null
+cat >>"$work/data/postgresql.conf" <<EOF
+listen_addresses = ''
+unix_socket_directories = '$work'
+port = $PGPORT
+shared_preload_libraries = 'outbox'
+outbox.database = 'postgres'
+outbox.brokers = '$brokers'
+EOF
+pg_ctl -D "$work/data" -l "$work/postgres.log" -w start >/dev/null
+
+psql -q -X -v ON_ERROR_STOP=1 <<'EOF'
+CREATE EXTENSION outbox;
+CREATE TABLE orders (id text PRIMARY KEY, status text NOT NULL, total numeric NOT NULL);
+EOF
+
+echo "== business transactions, each changing an order and emitting its event"
+# Two aggregates, transactions interleaved: the second pair runs
+# concurrently, each session holding its transaction open for a moment.
+psql -q -X -v ON_ERROR_STOP=1 -o /dev/null <<'EOF'
+BEGIN;
+INSERT INTO orders VALUES ('order-1', 'created', 10);
+SELECT outbox_emit('order', 'order-1', 'OrderCreated', '{"total": 10}');
+COMMIT;
+BEGIN;
+INSERT INTO orders VALUES ('order-2', 'created', 25);
+SELECT outbox_emit('order', 'order-2', 'OrderCreated', '{"total": 25}',
+                   headers => '{"trace_id": "demo-2"}');
+COMMIT;
+EOF
+psql -q -X -v ON_ERROR_STOP=1 -c "BEGIN; UPDATE orders SET status = 'paid' WHERE id = 'order-1';
+	SELECT outbox_emit('order', 'order-1', 'OrderPaid', '{\"amount\": 10}'); SELECT pg_sleep(0.3); COMMIT;" >/dev/null &
+psql -q -X -v ON_ERROR_STOP=1 -c "BEGIN; UPDATE orders SET status = 'paid' WHERE id = 'order-2';
+	SELECT outbox_emit('order', 'order-2', 'OrderPaid', '{\"amount\": 25}'); SELECT pg_sleep(0.1); COMMIT;" >/dev/null &
+wait %2 %3 2>/dev/null || wait
+psql -q -X -v ON_ERROR_STOP=1 -o /dev/null <<'EOF'
+BEGIN;
+UPDATE orders SET status = 'shipped' WHERE id = 'order-2';
+SELECT outbox_emit('order', 'order-2', 'OrderShipped', '{"carrier": "DHL"}');
+COMMIT;
+BEGIN;
+UPDATE orders SET status = 'cancelled' WHERE id = 'order-1';
+SELECT outbox_emit('order', 'order-1', 'OrderCancelled', '{"reason": "demo"}');
+ROLLBACK;  -- never happened: no event, no version used
+BEGIN;
+UPDATE orders SET status = 'shipped' WHERE id = 'order-1';
+SELECT outbox_emit('order', 'order-1', 'OrderShipped', '{"carrier": "UPS"}');
+COMMIT;
+EOF
+
+for _ in $(seq 100); do
+	[ "$(psql -X -Atc 'SELECT count(*) FROM outbox WHERE published_at IS NULL')" = 0 ] && break
+	sleep 0.1
+done
+
+echo "== the outbox after publishing"
+psql -X -P pager=off -c "SELECT aggregate_id, aggregate_version AS v, event_type, disposition,
+	kafka_partition AS part, kafka_offset AS off,
+	round(extract(epoch FROM published_at - created_at) * 1000, 1) AS ms_to_ack
+	FROM outbox ORDER BY published_at, kafka_offset"
+
+echo "== read back from Kafka (topic outbox.event.order)"
+psql -X -Atc "SELECT aggregate_id || E'\t' || max(aggregate_version) FROM outbox GROUP BY aggregate_id" >"$work/expect"
+"$tools/order_check" --brokers "$brokers" --topic outbox.event.order \
+	--expect "$work/expect" --print
