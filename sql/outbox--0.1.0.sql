@@ -201,3 +201,13 @@ REVOKE ALL ON FUNCTION @extschema@.outbox_counters(),
 	@extschema@.outbox_latency_histogram() FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION @extschema@.outbox_counters(),
 	@extschema@.outbox_latency_histogram() TO pg_monitor;
+
+CREATE FUNCTION @extschema@.outbox_test_fatal_error()
+RETURNS void
+AS 'MODULE_PATHNAME', 'outbox_test_fatal_error'
+LANGUAGE C VOLATILE STRICT;
+
+COMMENT ON FUNCTION @extschema@.outbox_test_fatal_error() IS
+'fault injection for tests: the publisher raises a fatal producer error (needs outbox.enable_test_hooks)';
+
+REVOKE ALL ON FUNCTION @extschema@.outbox_test_fatal_error() FROM PUBLIC;

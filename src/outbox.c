@@ -40,6 +40,7 @@ int			outbox_batch_aggregates = 10000;
 int			outbox_poll_interval_ms = 1000;
 int			outbox_delivery_timeout_ms = 10000;
 int			outbox_max_attempts = 5;
+bool		outbox_enable_test_hooks = false;
 
 static bool emitted_in_xact = false;
 static bool xact_callback_registered = false;
@@ -79,6 +80,7 @@ outbox_shmem_startup(void)
 	{
 		memset(outbox_shared, 0, outbox_shmem_size());
 		pg_atomic_init_u64(&outbox_shared->commits_emitted, 0);
+		pg_atomic_init_u32(&outbox_shared->inject_fatal_error, 0);
 		outbox_stats_init(&outbox_shared->stats);
 	}
 	LWLockRelease(AddinShmemInitLock);
@@ -99,13 +101,7 @@ outbox_xact_callback(XactEvent event, void *arg)
 			if (emitted_in_xact && outbox_shared != NULL)
 			{
 				pg_atomic_fetch_add_u64(&outbox_shared->commits_emitted, 1);
-				for (int i = 0; i < OUTBOX_MAX_WORKERS; i++)
-				{
-					Latch	   *latch = outbox_shared->workers[i].latch;
-
-					if (latch != NULL)
-						SetLatch(latch);
-				}
+				outbox_wake_workers();
 			}
 			emitted_in_xact = false;
 			break;
@@ -115,6 +111,18 @@ outbox_xact_callback(XactEvent event, void *arg)
 			break;
 		default:
 			break;
+	}
+}
+
+void
+outbox_wake_workers(void)
+{
+	for (int i = 0; i < OUTBOX_MAX_WORKERS; i++)
+	{
+		Latch	   *latch = outbox_shared->workers[i].latch;
+
+		if (latch != NULL)
+			SetLatch(latch);
 	}
 }
 
@@ -299,6 +307,15 @@ define_settings(void)
 							PGC_SIGHUP,
 							0,
 							NULL, NULL, NULL);
+
+	DefineCustomBoolVariable("outbox.enable_test_hooks",
+							 "Allows outbox_test_fatal_error() (for fault-injection tests only).",
+							 NULL,
+							 &outbox_enable_test_hooks,
+							 false,
+							 PGC_POSTMASTER,
+							 GUC_NOT_IN_SAMPLE,
+							 NULL, NULL, NULL);
 
 	MarkGUCPrefixReserved("outbox");
 }

@@ -50,6 +50,8 @@ typedef struct OutboxShared
 {
 	/* Bumped by each commit that emitted: lets a worker count wake-ups. */
 	pg_atomic_uint64 commits_emitted;
+	/* Test hook: raise a fatal producer error in the next batch. */
+	pg_atomic_uint32 inject_fatal_error;
 	OutboxStats stats;
 	OutboxWorkerSlot workers[OUTBOX_MAX_WORKERS];
 } OutboxShared;
@@ -69,9 +71,11 @@ extern int	outbox_batch_aggregates;
 extern int	outbox_poll_interval_ms;
 extern int	outbox_delivery_timeout_ms;
 extern int	outbox_max_attempts;
+extern bool outbox_enable_test_hooks;
 
 /* outbox.c */
 extern void outbox_note_emit(void);
+extern void outbox_wake_workers(void);
 extern void outbox_aggregate_locktag(LOCKTAG *tag, const char *aggregate_id,
 									 int len, uint16 space);
 extern void outbox_publish_locktag(LOCKTAG *tag, const char *aggregate_id);

@@ -19,6 +19,7 @@
 
 PG_FUNCTION_INFO_V1(outbox_counters);
 PG_FUNCTION_INFO_V1(outbox_latency_histogram);
+PG_FUNCTION_INFO_V1(outbox_test_fatal_error);
 
 const char *const outbox_counter_names[OC_NUM_COUNTERS] = {
 	[OC_EVENTS_PUBLISHED] = "events_published",
@@ -135,4 +136,24 @@ outbox_latency_histogram(PG_FUNCTION_ARGS)
 		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
 	}
 	return (Datum) 0;
+}
+
+/*
+ * outbox_test_fatal_error(): make each publisher raise a fatal producer
+ * error (rd_kafka_test_fatal_error) in its next batch, after producing and
+ * before the acknowledgements are in.  Refused unless the server was
+ * started with outbox.enable_test_hooks = on.
+ */
+Datum
+outbox_test_fatal_error(PG_FUNCTION_ARGS)
+{
+	require_shared_memory();
+	if (!outbox_enable_test_hooks)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("outbox test hooks are disabled"),
+				 errhint("Start the server with outbox.enable_test_hooks = on.")));
+	pg_atomic_write_u32(&outbox_shared->inject_fatal_error, 1);
+	outbox_wake_workers();
+	PG_RETURN_VOID();
 }

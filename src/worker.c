@@ -608,6 +608,14 @@ run_batch(void)
 
 	elog(DEBUG1, "outbox: produced %d events of %d aggregates at %ld ms", tracker.outstanding, naggregates,
 		 TimestampDifferenceMilliseconds(GetCurrentStatementStartTimestamp(), GetCurrentTimestamp()));
+	if (outbox_enable_test_hooks &&
+		pg_atomic_exchange_u32(&outbox_shared->inject_fatal_error, 0) != 0)
+	{
+		ereport(LOG, (errmsg("outbox: test hook: raising a fatal producer error")));
+		rd_kafka_test_fatal_error(producer, RD_KAFKA_RESP_ERR_OUT_OF_ORDER_SEQUENCE_NUMBER,
+								  "outbox_test_fatal_error()");
+	}
+
 	set_state("awaiting acknowledgements");
 	complete = await_deliveries(deadline);
 	if (!complete)
