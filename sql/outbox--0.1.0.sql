@@ -29,6 +29,9 @@ CREATE TABLE @extschema@.outbox (
 	kafka_offset bigint,
 	attempts integer NOT NULL DEFAULT 0,
 	last_error text,
+	-- Set by outbox_dead_letter(): the publisher sends the event to the
+	-- dead-letter topic instead of its own.
+	dead_letter_requested boolean NOT NULL DEFAULT false,
 	CONSTRAINT outbox_position_unique UNIQUE (aggregate_id, aggregate_version),
 	CONSTRAINT outbox_published_consistent CHECK ((published_at IS NULL) = (disposition IS NULL))
 );
@@ -101,8 +104,32 @@ ALTER TABLE @extschema@.inbox SET (
 	autovacuum_vacuum_scale_factor = 0.05
 );
 
+--
+-- Poison policy overrides: by topic, else by aggregate type, else the
+-- outbox.poison_policy setting.
+--
+CREATE TABLE @extschema@.poison_policy (
+	topic text UNIQUE,
+	aggregate_type text UNIQUE,
+	policy text NOT NULL CHECK (policy IN ('block', 'dead_letter', 'skip')),
+	CONSTRAINT poison_policy_one_key CHECK (num_nonnulls(topic, aggregate_type) = 1)
+);
+
+COMMENT ON TABLE @extschema@.poison_policy IS
+'what the publisher does with an event that keeps failing with a permanent error, per topic or aggregate type';
+
+-- One row: publishing paused as a whole by outbox_pause().
+CREATE TABLE @extschema@.publisher_control (
+	singleton boolean PRIMARY KEY DEFAULT true CHECK (singleton),
+	paused boolean NOT NULL DEFAULT false,
+	changed_at timestamptz,
+	changed_by text
+);
+INSERT INTO @extschema@.publisher_control DEFAULT VALUES;
+
 REVOKE ALL ON @extschema@.outbox, @extschema@.aggregate_publication,
-	@extschema@.inbox FROM PUBLIC;
+	@extschema@.inbox, @extschema@.poison_policy,
+	@extschema@.publisher_control FROM PUBLIC;
 
 --
 -- Functions
@@ -211,3 +238,411 @@ COMMENT ON FUNCTION @extschema@.outbox_test_fatal_error() IS
 'fault injection for tests: the publisher raises a fatal producer error (needs outbox.enable_test_hooks)';
 
 REVOKE ALL ON FUNCTION @extschema@.outbox_test_fatal_error() FROM PUBLIC;
+
+--
+-- Operator functions.  SECURITY DEFINER with a pinned search_path; EXECUTE
+-- is revoked from PUBLIC: grant them to an operator role.  Each takes the
+-- publisher's lock of the aggregate's bucket first, so it never races a
+-- batch in flight (it waits at most outbox.delivery_timeout), and wakes the
+-- publisher when it commits.
+--
+CREATE FUNCTION @extschema@.outbox_lock_aggregate(aggregate_id text)
+RETURNS void
+AS 'MODULE_PATHNAME', 'outbox_lock_aggregate'
+LANGUAGE C VOLATILE STRICT;
+
+COMMENT ON FUNCTION @extschema@.outbox_lock_aggregate(text) IS
+'internal: wait for the publisher''s lock of the aggregate, until the end of the transaction; wake the publisher at commit';
+
+CREATE FUNCTION @extschema@.outbox_wake_on_commit()
+RETURNS void
+AS 'MODULE_PATHNAME', 'outbox_wake_on_commit'
+LANGUAGE C VOLATILE STRICT;
+
+COMMENT ON FUNCTION @extschema@.outbox_wake_on_commit() IS
+'internal: wake the publisher when this transaction commits';
+
+CREATE FUNCTION @extschema@.outbox_workers(OUT worker integer, OUT pid integer,
+	OUT state text, OUT last_batch_at timestamptz)
+RETURNS SETOF record
+AS 'MODULE_PATHNAME', 'outbox_worker_status'
+LANGUAGE C VOLATILE STRICT;
+
+COMMENT ON FUNCTION @extschema@.outbox_workers() IS
+'state of each publisher worker';
+
+-- Shared argument checks of the operator functions.
+CREATE FUNCTION @extschema@.outbox_check_arg(name text, value text)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+	IF value IS NULL THEN
+		RAISE EXCEPTION '% must not be NULL', name USING ERRCODE = 'null_value_not_allowed';
+	ELSIF value = '' THEN
+		RAISE EXCEPTION '% must not be empty', name USING ERRCODE = 'invalid_parameter_value';
+	END IF;
+END
+$$;
+
+CREATE FUNCTION @extschema@.outbox_retry(aggregate_id text)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	agg text := outbox_retry.aggregate_id;
+	was_blocked bigint;
+	was_backing_off boolean;
+BEGIN
+	PERFORM @extschema@.outbox_check_arg('aggregate_id', agg);
+	PERFORM @extschema@.outbox_lock_aggregate(agg);
+	SELECT p.blocked_version, p.next_attempt_at IS NOT NULL
+	  INTO was_blocked, was_backing_off
+	  FROM @extschema@.aggregate_publication p WHERE p.aggregate_id = agg FOR UPDATE;
+	IF NOT FOUND AND NOT EXISTS (SELECT 1 FROM @extschema@.outbox o WHERE o.aggregate_id = agg) THEN
+		RAISE EXCEPTION 'aggregate "%" has no events', agg USING ERRCODE = 'no_data_found';
+	END IF;
+	IF was_blocked IS NULL AND NOT coalesce(was_backing_off, false) THEN
+		RAISE NOTICE 'aggregate "%" is neither blocked nor backing off: nothing to retry', agg;
+		RETURN false;
+	END IF;
+	UPDATE @extschema@.aggregate_publication p
+	   SET blocked_version = NULL, blocked_at = NULL, next_attempt_at = NULL,
+		   attempts = 0, updated_at = clock_timestamp()
+	 WHERE p.aggregate_id = agg;
+	-- A fresh count of attempts before the poison policy applies again.
+	UPDATE @extschema@.outbox o SET attempts = 0
+	 WHERE o.aggregate_id = agg AND o.published_at IS NULL AND o.attempts > 0;
+	RAISE LOG 'outbox: % retried aggregate "%"%', session_user, agg,
+		coalesce(' (was blocked at version ' || was_blocked || ')', '');
+	RETURN true;
+END
+$$;
+
+COMMENT ON FUNCTION @extschema@.outbox_retry(text) IS
+'unblock an aggregate (or end its backoff) so the publisher tries its next event now';
+
+-- The pending event, locked; errors for a missing or already settled one.
+CREATE FUNCTION @extschema@.outbox_pending_event(event_id text, OUT id bigint,
+	OUT aggregate_id text, OUT aggregate_version bigint, OUT disposition text)
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	agg text;
+BEGIN
+	PERFORM @extschema@.outbox_check_arg('event_id', event_id);
+	SELECT o.aggregate_id INTO agg FROM @extschema@.outbox o WHERE o.event_id = outbox_pending_event.event_id;
+	IF NOT FOUND THEN
+		RAISE EXCEPTION 'event "%" does not exist', event_id USING ERRCODE = 'no_data_found',
+			HINT = 'It may have been deleted by retention (outbox.retention).';
+	END IF;
+	PERFORM @extschema@.outbox_lock_aggregate(agg);
+	SELECT o.id, o.aggregate_id, o.aggregate_version, o.disposition
+	  INTO id, aggregate_id, aggregate_version, disposition
+	  FROM @extschema@.outbox o WHERE o.event_id = outbox_pending_event.event_id FOR UPDATE;
+END
+$$;
+
+-- After an event of the aggregate was settled by an operator: unblock the
+-- aggregate if it was stopped there, and advance last_published_version
+-- over settled events.
+CREATE FUNCTION @extschema@.outbox_settled(aggregate_id text, version bigint)
+RETURNS void
+LANGUAGE sql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+	INSERT INTO @extschema@.aggregate_publication AS p (aggregate_id, last_published_version, updated_at)
+	SELECT $1, CASE WHEN NOT EXISTS (SELECT 1 FROM @extschema@.outbox o
+									  WHERE o.aggregate_id = $1 AND o.published_at IS NULL
+									  AND o.aggregate_version < $2)
+					THEN $2 ELSE 0 END, clock_timestamp()
+	ON CONFLICT (aggregate_id) DO UPDATE SET
+		last_published_version = GREATEST(p.last_published_version, excluded.last_published_version),
+		blocked_version = CASE WHEN p.blocked_version = $2 THEN NULL ELSE p.blocked_version END,
+		blocked_at = CASE WHEN p.blocked_version = $2 THEN NULL ELSE p.blocked_at END,
+		attempts = CASE WHEN p.blocked_version = $2 THEN 0 ELSE p.attempts END,
+		next_attempt_at = NULL,
+		updated_at = excluded.updated_at;
+$$;
+
+CREATE FUNCTION @extschema@.outbox_skip(event_id text, reason text DEFAULT NULL)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	ev record;
+BEGIN
+	SELECT * INTO ev FROM @extschema@.outbox_pending_event(event_id);
+	IF ev.disposition = 'skipped' THEN
+		RAISE NOTICE 'event "%" is already skipped', event_id;
+		RETURN false;
+	ELSIF ev.disposition IS NOT NULL THEN
+		RAISE EXCEPTION 'event "%" is already %', event_id, replace(ev.disposition, '_', '-')
+			USING ERRCODE = 'object_not_in_prerequisite_state',
+			HINT = 'Only pending events can be skipped; use outbox_replay() to publish again.';
+	END IF;
+	UPDATE @extschema@.outbox o
+	   SET published_at = clock_timestamp(), disposition = 'skipped',
+		   last_error = coalesce('skipped by ' || session_user || coalesce(': ' || reason, ''), o.last_error)
+	 WHERE o.id = ev.id;
+	PERFORM @extschema@.outbox_settled(ev.aggregate_id, ev.aggregate_version);
+	RAISE LOG 'outbox: % skipped event "%" (aggregate "%" version %)%', session_user,
+		event_id, ev.aggregate_id, ev.aggregate_version, coalesce(': ' || reason, '');
+	RETURN true;
+END
+$$;
+
+COMMENT ON FUNCTION @extschema@.outbox_skip(text, text) IS
+'give up on a pending event: it is recorded as skipped and its aggregate continues';
+
+CREATE FUNCTION @extschema@.outbox_dead_letter(event_id text)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	ev record;
+BEGIN
+	SELECT * INTO ev FROM @extschema@.outbox_pending_event(event_id);
+	IF ev.disposition = 'dead_lettered' THEN
+		RAISE NOTICE 'event "%" is already dead-lettered', event_id;
+		RETURN false;
+	ELSIF ev.disposition IS NOT NULL THEN
+		RAISE EXCEPTION 'event "%" is already %', event_id, ev.disposition
+			USING ERRCODE = 'object_not_in_prerequisite_state',
+			HINT = 'Only pending events can be dead-lettered.';
+	END IF;
+	IF (SELECT o.dead_letter_requested FROM @extschema@.outbox o WHERE o.id = ev.id) THEN
+		RAISE NOTICE 'event "%" is already queued for the dead-letter topic', event_id;
+		RETURN false;
+	END IF;
+	UPDATE @extschema@.outbox o SET dead_letter_requested = true WHERE o.id = ev.id;
+	-- The publisher sends it to the dead-letter topic next, then goes on.
+	UPDATE @extschema@.aggregate_publication p
+	   SET blocked_version = NULL, blocked_at = NULL, next_attempt_at = NULL,
+		   updated_at = clock_timestamp()
+	 WHERE p.aggregate_id = ev.aggregate_id AND p.blocked_version = ev.aggregate_version;
+	RAISE LOG 'outbox: % sent event "%" (aggregate "%" version %) to the dead-letter topic',
+		session_user, event_id, ev.aggregate_id, ev.aggregate_version;
+	RETURN true;
+END
+$$;
+
+COMMENT ON FUNCTION @extschema@.outbox_dead_letter(text) IS
+'have the publisher send a pending event to outbox.dead_letter_topic instead of its topic';
+
+CREATE FUNCTION @extschema@.outbox_replay(aggregate_id text, from_version bigint)
+RETURNS bigint
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	agg text := outbox_replay.aggregate_id;
+	lo bigint;
+	hi bigint;
+	n bigint;
+BEGIN
+	PERFORM @extschema@.outbox_check_arg('aggregate_id', agg);
+	IF from_version IS NULL OR from_version < 1 THEN
+		RAISE EXCEPTION 'from_version must be a version, 1 or more' USING ERRCODE = 'invalid_parameter_value';
+	END IF;
+	PERFORM @extschema@.outbox_lock_aggregate(agg);
+	SELECT min(o.aggregate_version), max(o.aggregate_version) INTO lo, hi
+	  FROM @extschema@.outbox o WHERE o.aggregate_id = agg;
+	IF hi IS NULL THEN
+		RAISE EXCEPTION 'aggregate "%" has no events', agg USING ERRCODE = 'no_data_found';
+	ELSIF from_version > hi THEN
+		RAISE EXCEPTION 'aggregate "%" has no version % (its last is %)', agg, from_version, hi
+			USING ERRCODE = 'invalid_parameter_value';
+	ELSIF from_version < lo AND EXISTS (SELECT 1 FROM @extschema@.aggregate_publication p
+										 WHERE p.aggregate_id = agg AND p.last_published_version >= from_version) THEN
+		RAISE EXCEPTION 'versions % to % of aggregate "%" were deleted by retention', from_version, lo - 1, agg
+			USING ERRCODE = 'object_not_in_prerequisite_state',
+			HINT = format('Replay from version %s or later.', lo);
+	END IF;
+	UPDATE @extschema@.outbox o
+	   SET published_at = NULL, disposition = NULL, kafka_partition = NULL, kafka_offset = NULL,
+		   attempts = 0, dead_letter_requested = false
+	 WHERE o.aggregate_id = agg AND o.aggregate_version >= from_version AND o.published_at IS NOT NULL;
+	GET DIAGNOSTICS n = ROW_COUNT;
+	UPDATE @extschema@.aggregate_publication p
+	   SET last_published_version = LEAST(p.last_published_version, from_version - 1),
+		   blocked_version = NULL, blocked_at = NULL, next_attempt_at = NULL, attempts = 0,
+		   updated_at = clock_timestamp()
+	 WHERE p.aggregate_id = agg;
+	RAISE LOG 'outbox: % replays aggregate "%" from version % (% events queued again)',
+		session_user, agg, from_version, n;
+	RETURN n;
+END
+$$;
+
+COMMENT ON FUNCTION @extschema@.outbox_replay(text, bigint) IS
+'publish an aggregate''s retained events again from a version; consumers drop what they saw';
+
+CREATE FUNCTION @extschema@.outbox_pause(aggregate_id text DEFAULT NULL)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	agg text := outbox_pause.aggregate_id;
+	changed boolean;
+BEGIN
+	IF agg IS NULL THEN
+		UPDATE @extschema@.publisher_control c
+		   SET paused = true, changed_at = clock_timestamp(), changed_by = session_user
+		 WHERE NOT c.paused;
+		changed := FOUND;
+		IF changed THEN
+			RAISE LOG 'outbox: % paused publishing', session_user;
+		END IF;
+		RETURN changed;
+	END IF;
+	PERFORM @extschema@.outbox_check_arg('aggregate_id', agg);
+	IF NOT EXISTS (SELECT 1 FROM @extschema@.outbox o WHERE o.aggregate_id = agg)
+	   AND NOT EXISTS (SELECT 1 FROM @extschema@.aggregate_publication p WHERE p.aggregate_id = agg) THEN
+		RAISE EXCEPTION 'aggregate "%" has no events', agg USING ERRCODE = 'no_data_found';
+	END IF;
+	INSERT INTO @extschema@.aggregate_publication AS p (aggregate_id, paused, updated_at)
+	VALUES (agg, true, clock_timestamp())
+	ON CONFLICT ON CONSTRAINT aggregate_publication_pkey DO UPDATE
+		SET paused = true, updated_at = excluded.updated_at
+		WHERE NOT p.paused;
+	changed := FOUND;
+	IF changed THEN
+		RAISE LOG 'outbox: % paused aggregate "%"', session_user, agg;
+	END IF;
+	RETURN changed;
+END
+$$;
+
+COMMENT ON FUNCTION @extschema@.outbox_pause(text) IS
+'stop publishing one aggregate, or everything (NULL); a batch in flight completes';
+
+CREATE FUNCTION @extschema@.outbox_resume(aggregate_id text DEFAULT NULL)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	agg text := outbox_resume.aggregate_id;
+	changed boolean;
+BEGIN
+	IF agg IS NULL THEN
+		UPDATE @extschema@.publisher_control c
+		   SET paused = false, changed_at = clock_timestamp(), changed_by = session_user
+		 WHERE c.paused;
+		changed := FOUND;
+		IF changed THEN
+			PERFORM @extschema@.outbox_wake_on_commit();
+			RAISE LOG 'outbox: % resumed publishing', session_user;
+		END IF;
+		RETURN changed;
+	END IF;
+	PERFORM @extschema@.outbox_check_arg('aggregate_id', agg);
+	UPDATE @extschema@.aggregate_publication p
+	   SET paused = false, updated_at = clock_timestamp()
+	 WHERE p.aggregate_id = agg AND p.paused;
+	changed := FOUND;
+	IF changed THEN
+		PERFORM @extschema@.outbox_lock_aggregate(agg);
+		RAISE LOG 'outbox: % resumed aggregate "%"', session_user, agg;
+	ELSIF NOT EXISTS (SELECT 1 FROM @extschema@.aggregate_publication p WHERE p.aggregate_id = agg)
+		  AND NOT EXISTS (SELECT 1 FROM @extschema@.outbox o WHERE o.aggregate_id = agg) THEN
+		RAISE EXCEPTION 'aggregate "%" has no events', agg USING ERRCODE = 'no_data_found';
+	END IF;
+	RETURN changed;
+END
+$$;
+
+COMMENT ON FUNCTION @extschema@.outbox_resume(text) IS
+'resume publishing one aggregate, or everything (NULL)';
+
+REVOKE ALL ON FUNCTION
+	@extschema@.outbox_lock_aggregate(text),
+	@extschema@.outbox_wake_on_commit(),
+	@extschema@.outbox_workers(),
+	@extschema@.outbox_check_arg(text, text),
+	@extschema@.outbox_retry(text),
+	@extschema@.outbox_pending_event(text),
+	@extschema@.outbox_settled(text, bigint),
+	@extschema@.outbox_skip(text, text),
+	@extschema@.outbox_dead_letter(text),
+	@extschema@.outbox_replay(text, bigint),
+	@extschema@.outbox_pause(text),
+	@extschema@.outbox_resume(text)
+	FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION @extschema@.outbox_workers() TO pg_monitor;
+
+--
+-- Observability.
+--
+
+-- Dead-lettered and skipped rows are rare: count them without a scan.
+CREATE INDEX outbox_disposed_idx ON @extschema@.outbox (disposition)
+	WHERE disposition IN ('dead_lettered', 'skipped');
+
+CREATE VIEW @extschema@.outbox_aggregate_status AS
+SELECT aggregate_id,
+	   GREATEST(q.last_pending_version, p.last_published_version) AS last_emitted_version,
+	   coalesce(p.last_published_version, 0) AS last_published_version,
+	   GREATEST(q.last_pending_version, p.last_published_version)
+		   - coalesce(p.last_published_version, 0) AS gap,
+	   coalesce(q.pending_events, 0) AS pending_events,
+	   q.pending_since,
+	   CASE WHEN p.paused THEN 'paused'
+			WHEN p.blocked_version IS NOT NULL THEN 'blocked'
+			WHEN p.next_attempt_at > now() THEN 'backing_off'
+			WHEN q.pending_events > 0 THEN 'pending'
+			ELSE 'published' END AS state,
+	   coalesce(q.attempts, 0) AS attempts,
+	   coalesce(q.last_error, p.last_error) AS last_error,
+	   p.blocked_version,
+	   p.blocked_at,
+	   p.next_attempt_at,
+	   p.last_published_at
+  FROM @extschema@.aggregate_publication p
+  FULL JOIN (SELECT o.aggregate_id,
+					count(*) AS pending_events,
+					min(o.created_at) AS pending_since,
+					max(o.aggregate_version) AS last_pending_version,
+					max(o.attempts) AS attempts,
+					(array_agg(o.last_error ORDER BY o.aggregate_version)
+						FILTER (WHERE o.last_error IS NOT NULL))[1] AS last_error
+			   FROM @extschema@.outbox o
+			  WHERE o.published_at IS NULL
+			  GROUP BY o.aggregate_id) q USING (aggregate_id);
+
+COMMENT ON VIEW @extschema@.outbox_aggregate_status IS
+'per aggregate: last emitted vs last published version, pending since, state, attempts, last error';
+
+CREATE VIEW @extschema@.outbox_status AS
+SELECT (SELECT count(*) FROM @extschema@.outbox WHERE published_at IS NULL) AS pending_events,
+	   (SELECT count(DISTINCT aggregate_id) FROM @extschema@.outbox WHERE published_at IS NULL) AS pending_aggregates,
+	   (SELECT min(created_at) FROM @extschema@.outbox WHERE published_at IS NULL) AS oldest_pending_at,
+	   clock_timestamp() - (SELECT min(created_at) FROM @extschema@.outbox WHERE published_at IS NULL)
+		   AS oldest_pending_age,
+	   (SELECT count(*) FROM @extschema@.aggregate_publication WHERE blocked_version IS NOT NULL)
+		   AS blocked_aggregates,
+	   (SELECT jsonb_agg(jsonb_build_object('aggregate_id', aggregate_id, 'version', blocked_version,
+											'since', blocked_at, 'error', last_error)
+						 ORDER BY blocked_at)
+		  FROM (SELECT * FROM @extschema@.aggregate_publication
+				 WHERE blocked_version IS NOT NULL ORDER BY blocked_at LIMIT 100) b) AS blocked,
+	   (SELECT count(*) FROM @extschema@.aggregate_publication
+		 WHERE next_attempt_at > now() AND blocked_version IS NULL) AS backing_off_aggregates,
+	   (SELECT count(*) FROM @extschema@.aggregate_publication WHERE paused) AS paused_aggregates,
+	   (SELECT count(*) FROM @extschema@.outbox WHERE disposition = 'dead_lettered') AS dead_lettered_events,
+	   (SELECT count(*) FROM @extschema@.outbox WHERE disposition = 'skipped') AS skipped_events,
+	   (SELECT paused FROM @extschema@.publisher_control) AS publisher_paused,
+	   (SELECT jsonb_agg(to_jsonb(w) ORDER BY w.worker) FROM @extschema@.outbox_workers() w) AS workers;
+
+COMMENT ON VIEW @extschema@.outbox_status IS
+'one row: how far behind publishing is, what is stuck, what each worker does';
+
+REVOKE ALL ON @extschema@.outbox_status, @extschema@.outbox_aggregate_status FROM PUBLIC;
+GRANT SELECT ON @extschema@.outbox_status, @extschema@.outbox_aggregate_status TO pg_monitor;

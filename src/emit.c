@@ -120,41 +120,44 @@ required_text_arg(FunctionCallInfo fcinfo, int argno, const char *name)
 	return value;
 }
 
-/* Reject what a Kafka broker would reject, before anything is written. */
-static void
-validate_topic(const char *topic, const char *origin)
+/*
+ * Why Kafka would reject a topic name, or NULL if it would not.  Also the
+ * GUC check of outbox.dead_letter_topic, so it must not ereport.
+ */
+const char *
+outbox_topic_error(const char *topic)
 {
-	size_t		len = strlen(topic);
+	size_t		len = topic ? strlen(topic) : 0;
 
 	if (len == 0)
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("outbox_emit: topic must not be empty")));
+		return "Kafka topic names must not be empty.";
 	if (len > KAFKA_TOPIC_MAX_LEN)
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("outbox_emit: topic name is too long (%zu characters)", len),
-				 errdetail("Kafka topic names have at most %d characters.",
-						   KAFKA_TOPIC_MAX_LEN),
-				 errhint("The topic came from %s.", origin)));
+		return "Kafka topic names have at most 249 characters.";
 	if (strcmp(topic, ".") == 0 || strcmp(topic, "..") == 0)
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("outbox_emit: \"%s\" is not a valid topic name", topic),
-				 errhint("The topic came from %s.", origin)));
+		return "Kafka topic names must not be \".\" or \"..\".";
 	for (const char *p = topic; *p; p++)
 	{
 		unsigned char c = (unsigned char) *p;
 
 		if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
 			  (c >= '0' && c <= '9') || c == '.' || c == '_' || c == '-'))
-			ereport(ERROR,
-					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-					 errmsg("outbox_emit: topic name \"%s\" contains an illegal character",
-							topic),
-					 errdetail("Kafka topic names may contain only ASCII letters, digits, '.', '_' and '-'."),
-					 errhint("The topic came from %s.", origin)));
+			return "Kafka topic names may contain only ASCII letters, digits, '.', '_' and '-'.";
 	}
+	return NULL;
+}
+
+/* Reject what a Kafka broker would reject, before anything is written. */
+static void
+validate_topic(const char *topic, const char *origin)
+{
+	const char *err = outbox_topic_error(topic);
+
+	if (err != NULL)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("outbox_emit: invalid topic name \"%s\"", topic),
+				 errdetail("%s", err),
+				 errhint("The topic came from %s.", origin)));
 }
 
 /* The default topic: outbox.default_topic with {aggregate_type} replaced. */

@@ -41,6 +41,18 @@ int			outbox_poll_interval_ms = 1000;
 int			outbox_delivery_timeout_ms = 10000;
 int			outbox_max_attempts = 5;
 bool		outbox_enable_test_hooks = false;
+int			outbox_poison_policy = POISON_BLOCK;
+char	   *outbox_dead_letter_topic = NULL;
+int			outbox_retention_s = 7 * 24 * 3600;
+int			outbox_inbox_retention_s = 30 * 24 * 3600;
+int			outbox_retention_batch = 1000;
+
+static const struct config_enum_entry poison_policy_options[] = {
+	{"block", POISON_BLOCK, false},
+	{"dead_letter", POISON_DEAD_LETTER, false},
+	{"skip", POISON_SKIP, false},
+	{NULL, 0, false}
+};
 
 static bool emitted_in_xact = false;
 static bool xact_callback_registered = false;
@@ -194,6 +206,19 @@ check_default_topic(char **newval, void **extra, GucSource source)
 	return true;
 }
 
+static bool
+check_dead_letter_topic(char **newval, void **extra, GucSource source)
+{
+	const char *err = outbox_topic_error(*newval);
+
+	if (err != NULL)
+	{
+		GUC_check_errdetail("%s", err);
+		return false;
+	}
+	return true;
+}
+
 static void
 define_settings(void)
 {
@@ -304,6 +329,54 @@ define_settings(void)
 							"Retriable errors (broker down, timeouts) never count.",
 							&outbox_max_attempts,
 							5, 1, 1000,
+							PGC_SIGHUP,
+							0,
+							NULL, NULL, NULL);
+
+	DefineCustomEnumVariable("outbox.poison_policy",
+							 "What happens to an event that keeps failing with a permanent error.",
+							 "block: its aggregate stops there; dead_letter: it goes to outbox.dead_letter_topic; "
+							 "skip: it is recorded as skipped.  The poison_policy table overrides this per topic or aggregate type.",
+							 &outbox_poison_policy,
+							 POISON_BLOCK,
+							 poison_policy_options,
+							 PGC_SIGHUP,
+							 0,
+							 NULL, NULL, NULL);
+
+	DefineCustomStringVariable("outbox.dead_letter_topic",
+							   "Topic poison events are sent to under the dead_letter policy.",
+							   NULL,
+							   &outbox_dead_letter_topic,
+							   "outbox.dead_letter",
+							   PGC_SIGHUP,
+							   0,
+							   check_dead_letter_topic, NULL, NULL);
+
+	DefineCustomIntVariable("outbox.retention",
+							"How long published, dead-lettered and skipped events are kept.",
+							"-1 keeps them forever.",
+							&outbox_retention_s,
+							7 * 24 * 3600, -1, INT_MAX,
+							PGC_SIGHUP,
+							GUC_UNIT_S,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("outbox.inbox_retention",
+							"How long inbox entries are kept.",
+							"Must exceed the Kafka topics' retention plus the longest replay window, "
+							"or a redelivered event passes the deduplication.  -1 keeps them forever.",
+							&outbox_inbox_retention_s,
+							30 * 24 * 3600, -1, INT_MAX,
+							PGC_SIGHUP,
+							GUC_UNIT_S,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("outbox.retention_batch",
+							"Rows retention deletes per transaction.",
+							NULL,
+							&outbox_retention_batch,
+							1000, 1, 100000,
 							PGC_SIGHUP,
 							0,
 							NULL, NULL, NULL);

@@ -71,7 +71,19 @@ extern int	outbox_batch_aggregates;
 extern int	outbox_poll_interval_ms;
 extern int	outbox_delivery_timeout_ms;
 extern int	outbox_max_attempts;
+extern int	outbox_poison_policy;
+extern char *outbox_dead_letter_topic;
+extern int	outbox_retention_s;
+extern int	outbox_inbox_retention_s;
+extern int	outbox_retention_batch;
 extern bool outbox_enable_test_hooks;
+
+typedef enum PoisonPolicy
+{
+	POISON_BLOCK,
+	POISON_DEAD_LETTER,
+	POISON_SKIP
+} PoisonPolicy;
 
 /* outbox.c */
 extern void outbox_note_emit(void);
@@ -79,6 +91,9 @@ extern void outbox_wake_workers(void);
 extern void outbox_aggregate_locktag(LOCKTAG *tag, const char *aggregate_id,
 									 int len, uint16 space);
 extern void outbox_publish_locktag(LOCKTAG *tag, const char *aggregate_id);
+
+/* emit.c */
+extern const char *outbox_topic_error(const char *topic);
 
 /* worker.c */
 extern PGDLLEXPORT void outbox_worker_main(Datum main_arg);

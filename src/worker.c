@@ -58,6 +58,20 @@
 #define WORKER_ERROR_BACKOFF_MS 1000
 #define WORKER_ERROR_BACKOFF_MAX_MS 30000
 
+/* What a batch does with an event. */
+typedef enum EventAction
+{
+	EV_PUBLISH,					/* to its topic */
+	EV_DEAD_LETTER,				/* to outbox.dead_letter_topic */
+	EV_SKIP						/* nowhere: recorded as skipped */
+} EventAction;
+
+static const char *const action_disposition[] = {
+	[EV_PUBLISH] = "published",
+	[EV_DEAD_LETTER] = "dead_lettered",
+	[EV_SKIP] = "skipped",
+};
+
 typedef struct BatchEvent
 {
 	int64		id;
@@ -71,6 +85,9 @@ typedef struct BatchEvent
 	char	   *payload;		/* JSON text, NULL for a null payload */
 	TimestampTz created_at;
 	int			attempts;
+	char	   *last_error;
+	bool		dead_letter_requested;
+	EventAction action;
 	bool		produced;
 	int			next;			/* next event of the same aggregate, or -1 */
 } BatchEvent;
@@ -105,6 +122,10 @@ static SPIPlanPtr mark_plan = NULL;
 static SPIPlanPtr progress_plan = NULL;
 static SPIPlanPtr fail_event_plan = NULL;
 static SPIPlanPtr fail_aggregate_plan = NULL;
+static SPIPlanPtr policy_plan = NULL;
+static SPIPlanPtr retention_plan = NULL;
+static SPIPlanPtr inbox_retention_plan = NULL;
+static TimestampTz last_retention_at = 0;
 
 static char last_logged_error[256];
 
@@ -179,10 +200,13 @@ prepare_plans(Oid nspid, const char *schema)
 {
 	const char *s = quote_identifier(schema);
 	Oid			fetch_types[3] = {INT4OID, INT4OID, INT4OID};
-	Oid			mark_types[4] = {TIMESTAMPTZOID, INT8ARRAYOID, INT4ARRAYOID, INT8ARRAYOID};
+	Oid			mark_types[5] = {TIMESTAMPTZOID, INT8ARRAYOID, INT4ARRAYOID, INT8ARRAYOID,
+	TEXTARRAYOID};
 	Oid			progress_types[3] = {TIMESTAMPTZOID, TEXTARRAYOID, INT8ARRAYOID};
 	Oid			fail_event_types[2] = {INT8OID, TEXTOID};
-	Oid			fail_aggregate_types[5] = {TEXTOID, INT4OID, TEXTOID, INT4OID, INT8OID};
+	Oid			fail_aggregate_types[6] = {TEXTOID, INT4OID, TEXTOID, INT4OID, INT8OID, BOOLOID};
+	Oid			policy_types[2] = {TEXTOID, TEXTOID};
+	Oid			retention_types[2] = {INT4OID, INT4OID};
 
 	if (fetch_plan)
 	{
@@ -191,6 +215,9 @@ prepare_plans(Oid nspid, const char *schema)
 		SPI_freeplan(progress_plan);
 		SPI_freeplan(fail_event_plan);
 		SPI_freeplan(fail_aggregate_plan);
+		SPI_freeplan(policy_plan);
+		SPI_freeplan(retention_plan);
+		SPI_freeplan(inbox_retention_plan);
 		fetch_plan = NULL;
 	}
 	plans_nspid = InvalidOid;
@@ -198,24 +225,27 @@ prepare_plans(Oid nspid, const char *schema)
 	fetch_plan = prepare_kept(psprintf(
 									   "SELECT o.id, o.event_id, o.aggregate_type, o.aggregate_id, "
 									   "o.aggregate_version, o.event_type, o.topic, o.headers, "
-									   "o.payload::text, o.created_at, o.attempts "
+									   "o.payload::text, o.created_at, o.attempts, o.last_error, "
+									   "o.dead_letter_requested "
 									   "FROM %s.outbox o "
 									   "WHERE o.published_at IS NULL "
+									   "AND NOT (SELECT c.paused FROM %s.publisher_control c) "
 									   "AND ($2 = 1 OR ((pg_catalog.hashtext(o.aggregate_id) & 2147483647) %% %d) %% $2 = $3) "
 									   "AND NOT EXISTS (SELECT 1 FROM %s.aggregate_publication p "
 									   "WHERE p.aggregate_id = o.aggregate_id "
 									   "AND (p.paused OR p.blocked_version IS NOT NULL "
 									   "OR p.next_attempt_at > pg_catalog.now())) "
-									   "ORDER BY o.id LIMIT $1", s, OUTBOX_PUBLISH_BUCKETS, s),
+									   "ORDER BY o.id LIMIT $1", s, s, OUTBOX_PUBLISH_BUCKETS, s),
 							  3, fetch_types);
 
 	mark_plan = prepare_kept(psprintf(
-									  "UPDATE %s.outbox o SET published_at = $1, disposition = 'published', "
-									  "attempts = o.attempts + 1, last_error = NULL, "
-									  "kafka_partition = u.p, kafka_offset = u.off "
-									  "FROM unnest($2, $3, $4) AS u(id, p, off) "
+									  "UPDATE %s.outbox o SET published_at = $1, disposition = u.d, "
+									  "attempts = o.attempts + CASE WHEN u.d = 'skipped' THEN 0 ELSE 1 END, "
+									  "last_error = CASE WHEN u.d = 'published' THEN NULL ELSE o.last_error END, "
+									  "kafka_partition = NULLIF(u.p, -1), kafka_offset = NULLIF(u.off, -1) "
+									  "FROM unnest($2, $3, $4, $5) AS u(id, p, off, d) "
 									  "WHERE o.id = u.id", s),
-							 4, mark_types);
+							 5, mark_types);
 
 	progress_plan = prepare_kept(psprintf(
 										  "INSERT INTO %s.aggregate_publication AS a "
@@ -234,24 +264,53 @@ prepare_plans(Oid nspid, const char *schema)
 								   2, fail_event_types);
 
 	/*
-	 * A permanent error backs the aggregate off exponentially; after
-	 * max_attempts it is blocked at that version until an operator acts.
+	 * A permanent error backs the aggregate off exponentially.  After
+	 * max_attempts the poison policy applies: block stops the aggregate at
+	 * that version until an operator acts; the others apply in the next
+	 * batch, at once.
 	 */
 	fail_aggregate_plan = prepare_kept(psprintf(
 												"INSERT INTO %s.aggregate_publication AS a "
 												"(aggregate_id, attempts, last_error, next_attempt_at, "
 												"blocked_version, blocked_at, updated_at) "
-												"VALUES ($1, $2, $3, pg_catalog.clock_timestamp() + "
-												"pg_catalog.make_interval(secs => LEAST(60, 2 ^ ($2 - 1))), "
-												"CASE WHEN $2 >= $4 THEN $5 END, "
-												"CASE WHEN $2 >= $4 THEN pg_catalog.clock_timestamp() END, "
+												"VALUES ($1, $2, $3, CASE WHEN $2 < $4 THEN pg_catalog.clock_timestamp() + "
+												"pg_catalog.make_interval(secs => LEAST(60, 2 ^ ($2 - 1))) END, "
+												"CASE WHEN $2 >= $4 AND $6 THEN $5 END, "
+												"CASE WHEN $2 >= $4 AND $6 THEN pg_catalog.clock_timestamp() END, "
 												"pg_catalog.clock_timestamp()) "
 												"ON CONFLICT (aggregate_id) DO UPDATE SET "
 												"attempts = excluded.attempts, last_error = excluded.last_error, "
 												"next_attempt_at = excluded.next_attempt_at, "
 												"blocked_version = excluded.blocked_version, "
 												"blocked_at = excluded.blocked_at, updated_at = excluded.updated_at", s),
-									   5, fail_aggregate_types);
+									   6, fail_aggregate_types);
+
+	policy_plan = prepare_kept(psprintf(
+										"SELECT policy FROM %s.poison_policy "
+										"WHERE topic = $1 OR aggregate_type = $2 "
+										"ORDER BY topic IS NULL LIMIT 1", s),
+							   2, policy_types);
+
+	/*
+	 * Retention deletes only what the aggregate's progress already covers,
+	 * so that version assignment never needs a deleted row.
+	 */
+	retention_plan = prepare_kept(psprintf(
+										   "DELETE FROM %s.outbox o USING ("
+										   "SELECT d.id FROM %s.outbox d "
+										   "JOIN %s.aggregate_publication p ON p.aggregate_id = d.aggregate_id "
+										   "WHERE d.published_at < pg_catalog.now() - pg_catalog.make_interval(secs => $1) "
+										   "AND d.aggregate_version <= p.last_published_version "
+										   "ORDER BY d.published_at LIMIT $2) x WHERE o.id = x.id", s, s, s),
+								  2, retention_types);
+
+	inbox_retention_plan = prepare_kept(psprintf(
+												 "DELETE FROM %s.inbox i USING ("
+												 "SELECT consumer, event_id FROM %s.inbox "
+												 "WHERE processed_at < pg_catalog.now() - pg_catalog.make_interval(secs => $1) "
+												 "ORDER BY processed_at LIMIT $2) x "
+												 "WHERE i.consumer = x.consumer AND i.event_id = x.event_id", s, s),
+										2, retention_types);
 	plans_nspid = nspid;
 }
 
@@ -287,6 +346,16 @@ build_headers(BatchEvent *ev)
 	rd_kafka_header_add(hdrs, "aggregate_type", -1, ev->aggregate_type, -1);
 	rd_kafka_header_add(hdrs, "aggregate_id", -1, ev->aggregate_id, -1);
 	rd_kafka_header_add(hdrs, "aggregate_version", -1, version, -1);
+	if (ev->action == EV_DEAD_LETTER)
+	{
+		char		attempts[16];
+
+		snprintf(attempts, sizeof(attempts), "%d", ev->attempts);
+		rd_kafka_header_add(hdrs, "dead_letter_original_topic", -1, ev->topic, -1);
+		rd_kafka_header_add(hdrs, "dead_letter_error", -1,
+							ev->last_error ? ev->last_error : "dead-lettered by an operator", -1);
+		rd_kafka_header_add(hdrs, "dead_letter_attempts", -1, attempts, -1);
+	}
 	return hdrs;
 }
 
@@ -300,10 +369,12 @@ produce_event(BatchEvent *ev, int index, TimestampTz deadline)
 	for (;;)
 	{
 		rd_kafka_headers_t *hdrs = build_headers(ev);
+		const char *topic = ev->action == EV_DEAD_LETTER
+			? outbox_dead_letter_topic : ev->topic;
 		rd_kafka_resp_err_t err;
 
 		err = rd_kafka_producev(producer,
-								RD_KAFKA_V_TOPIC(ev->topic),
+								RD_KAFKA_V_TOPIC(topic),
 								RD_KAFKA_V_KEY(ev->aggregate_id, strlen(ev->aggregate_id)),
 								RD_KAFKA_V_VALUE(ev->payload,
 												 ev->payload ? strlen(ev->payload) : 0),
@@ -376,37 +447,74 @@ text_array(char **v, int n)
 	return PointerGetDatum(construct_array(d, n, TEXTOID, -1, false, TYPALIGN_INT));
 }
 
-/* Record a permanent failure of one event and back its aggregate off. */
-static void
-record_failure(BatchEvent *ev, rd_kafka_resp_err_t err)
+/* The poison policy of an event: per topic, else aggregate type, else GUC. */
+static PoisonPolicy
+poison_policy(BatchEvent *ev)
 {
-	char	   *msg = psprintf("%s: %s", rd_kafka_err2name(err), rd_kafka_err2str(err));
+	Datum		args[2] = {CStringGetTextDatum(ev->topic),
+	CStringGetTextDatum(ev->aggregate_type)};
+	char	   *policy;
+
+	if (SPI_execute_plan(policy_plan, args, NULL, false, 1) != SPI_OK_SELECT)
+		elog(ERROR, "could not read the poison policy");
+	if (SPI_processed == 0)
+		return (PoisonPolicy) outbox_poison_policy;
+	policy = SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1);
+	if (strcmp(policy, "dead_letter") == 0)
+		return POISON_DEAD_LETTER;
+	if (strcmp(policy, "skip") == 0)
+		return POISON_SKIP;
+	return POISON_BLOCK;
+}
+
+/*
+ * Record a permanent failure of one event and back its aggregate off; after
+ * max_attempts, apply the poison policy.
+ */
+static void
+record_failure(BatchEvent *ev, const char *msg)
+{
 	Datum		ev_args[2] = {Int64GetDatum(ev->id), CStringGetTextDatum(msg)};
-	Datum		agg_args[5];
+	Datum		agg_args[6];
 	bool		isnull;
 	int32		attempts;
+	PoisonPolicy policy = POISON_BLOCK;
 
 	if (SPI_execute_plan(fail_event_plan, ev_args, NULL, false, 1) != SPI_OK_UPDATE_RETURNING ||
 		SPI_processed != 1)
 		elog(ERROR, "could not record the failure of event " INT64_FORMAT, ev->id);
 	attempts = DatumGetInt32(SPI_getbinval(SPI_tuptable->vals[0],
 										   SPI_tuptable->tupdesc, 1, &isnull));
+	if (attempts >= outbox_max_attempts)
+		policy = poison_policy(ev);
 
 	agg_args[0] = CStringGetTextDatum(ev->aggregate_id);
 	agg_args[1] = Int32GetDatum(attempts);
 	agg_args[2] = CStringGetTextDatum(msg);
 	agg_args[3] = Int32GetDatum(outbox_max_attempts);
 	agg_args[4] = Int64GetDatum(ev->version);
+	agg_args[5] = BoolGetDatum(policy == POISON_BLOCK);
 	if (SPI_execute_plan(fail_aggregate_plan, agg_args, NULL, false, 0) != SPI_OK_INSERT)
 		elog(ERROR, "could not record the failure of aggregate \"%s\"", ev->aggregate_id);
 
-	if (attempts >= outbox_max_attempts)
+	if (attempts < outbox_max_attempts)
+		ereport(LOG,
+				(errmsg("outbox: event %s (aggregate \"%s\" version " INT64_FORMAT ") failed, attempt %d of %d",
+						ev->event_id, ev->aggregate_id, ev->version, attempts, outbox_max_attempts),
+				 errdetail("Topic \"%s\": %s.", ev->topic, msg)));
+	else if (policy == POISON_BLOCK)
 		ereport(LOG,
 				(errmsg("outbox: aggregate \"%s\" blocked at version " INT64_FORMAT " after %d attempts",
 						ev->aggregate_id, ev->version, attempts),
 				 errdetail("Event %s to topic \"%s\" failed: %s.", ev->event_id, ev->topic, msg),
-				 errhint("Fix the cause, then SELECT outbox_retry('%s'), or skip or dead-letter the event.",
+				 errhint("Fix the cause, then SELECT outbox_retry('%s'), or outbox_skip() or outbox_dead_letter() the event.",
 						 ev->aggregate_id)));
+	else
+		ereport(LOG,
+				(errmsg("outbox: event %s (aggregate \"%s\" version " INT64_FORMAT ") failed %d times and will be %s",
+						ev->event_id, ev->aggregate_id, ev->version, attempts,
+						policy == POISON_SKIP ? "skipped" : "dead-lettered"),
+				 errdetail("Topic \"%s\": %s.", ev->topic, msg)));
 }
 
 /* After a reload: a producer built from old Kafka settings is replaced. */
@@ -457,6 +565,9 @@ copy_row(BatchEvent *ev, HeapTuple tup, TupleDesc desc)
 	ev->payload = SPI_getvalue(tup, desc, 9);
 	ev->created_at = DatumGetTimestampTz(SPI_getbinval(tup, desc, 10, &isnull));
 	ev->attempts = DatumGetInt32(SPI_getbinval(tup, desc, 11, &isnull));
+	ev->last_error = SPI_getvalue(tup, desc, 12);
+	ev->dead_letter_requested = DatumGetBool(SPI_getbinval(tup, desc, 13, &isnull));
+	ev->action = EV_PUBLISH;
 	ev->produced = false;
 	ev->next = -1;
 }
@@ -484,7 +595,9 @@ run_batch(void)
 	int64	   *mark_ids;
 	int32	   *mark_partitions;
 	int64	   *mark_offsets;
+	char	  **mark_dispositions;
 	int			nmarks = 0;
+	int64		nsettled[lengthof(action_disposition)] = {0};
 	char	  **progress_ids;
 	int64	   *progress_versions;
 	int			nprogress = 0;
@@ -594,6 +707,36 @@ run_batch(void)
 
 		if (agg->state != AGG_ACTIVE)
 			continue;
+
+		/* An event out of attempts gets its aggregate's poison policy. */
+		if (ev->dead_letter_requested)
+			ev->action = EV_DEAD_LETTER;
+		else if (ev->attempts >= outbox_max_attempts)
+		{
+			PoisonPolicy policy = poison_policy(ev);
+
+			if (policy == POISON_BLOCK)
+			{
+				/* The policy became block since the last attempt. */
+				agg->state = AGG_STOPPED;
+				record_failure(ev, ev->last_error ? ev->last_error : "out of attempts");
+				nfailed++;
+				continue;
+			}
+			ev->action = policy == POISON_SKIP ? EV_SKIP : EV_DEAD_LETTER;
+		}
+		if (ev->action == EV_SKIP)
+		{
+			DeliveryResult *r = &tracker.results[i];
+
+			/* Settled without sending, in its place in the aggregate. */
+			r->done = true;
+			r->err = RD_KAFKA_RESP_ERR_NO_ERROR;
+			r->partition = -1;
+			r->offset = -1;
+			continue;
+		}
+
 		if (ev->attempts > 0)
 			outbox_count(OC_RETRIES, 1);
 		err = produce_event(ev, i, deadline);
@@ -634,6 +777,7 @@ run_batch(void)
 	mark_ids = palloc(sizeof(int64) * nevents);
 	mark_partitions = palloc(sizeof(int32) * nevents);
 	mark_offsets = palloc(sizeof(int64) * nevents);
+	mark_dispositions = palloc(sizeof(char *) * nevents);
 	progress_ids = palloc(sizeof(char *) * (naggregates + 1));
 	progress_versions = palloc(sizeof(int64) * (naggregates + 1));
 	MemoryContextSwitchTo(oldcxt);
@@ -661,9 +805,12 @@ run_batch(void)
 			mark_ids[nmarks] = events[i].id;
 			mark_partitions[nmarks] = r->partition;
 			mark_offsets[nmarks] = r->offset;
+			mark_dispositions[nmarks] = (char *) action_disposition[events[i].action];
 			nmarks++;
+			nsettled[events[i].action]++;
 			last_acked = events[i].version;
-			outbox_observe_latency(r->acked_at - events[i].created_at);
+			if (events[i].action == EV_PUBLISH)
+				outbox_observe_latency(r->acked_at - events[i].created_at);
 		}
 		if (last_acked > 0)
 		{
@@ -695,7 +842,8 @@ run_batch(void)
 			if (outbox_kafka_error_is_permanent(r->err))
 			{
 				outbox_count(OC_DELIVERY_ERRORS_PERMANENT, 1);
-				record_failure(failed, r->err);
+				record_failure(failed, psprintf("%s: %s", rd_kafka_err2name(r->err),
+												rd_kafka_err2str(r->err)));
 				nfailed++;
 			}
 			else if (r->err == RD_KAFKA_RESP_ERR__FATAL)
@@ -709,12 +857,13 @@ run_batch(void)
 
 	if (nmarks > 0)
 	{
-		Datum		args[4];
+		Datum		args[5];
 
 		args[0] = TimestampTzGetDatum(now);
 		args[1] = int8_array(mark_ids, nmarks);
 		args[2] = int4_array(mark_partitions, nmarks);
 		args[3] = int8_array(mark_offsets, nmarks);
+		args[4] = text_array(mark_dispositions, nmarks);
 		if (SPI_execute_plan(mark_plan, args, NULL, false, 0) != SPI_OK_UPDATE)
 			elog(ERROR, "could not mark events published");
 
@@ -731,7 +880,9 @@ run_batch(void)
 		 TimestampDifferenceMilliseconds(GetCurrentStatementStartTimestamp(), GetCurrentTimestamp()));
 
 	outbox_count(OC_BATCHES, 1);
-	outbox_count(OC_EVENTS_PUBLISHED, nmarks);
+	outbox_count(OC_EVENTS_PUBLISHED, nsettled[EV_PUBLISH]);
+	outbox_count(OC_EVENTS_DEAD_LETTERED, nsettled[EV_DEAD_LETTER]);
+	outbox_count(OC_EVENTS_SKIPPED, nsettled[EV_SKIP]);
 	outbox_shared->workers[worker_index].last_batch_at = now;
 
 	if (outbox_producer_fatal_pending() || rd_kafka_fatal_error(producer, NULL, 0))
@@ -747,6 +898,59 @@ run_batch(void)
 		draining = false;
 	}
 	return nmarks + nfailed;
+}
+
+/*
+ * Delete settled outbox rows and inbox entries past their retention, one
+ * small batch of each per call, in a transaction of its own: the deletes
+ * touch only old rows, which emitters never read or lock.
+ */
+static void
+run_retention(void)
+{
+	char	   *schema;
+	Oid			nspid = InvalidOid;
+	uint64		deleted = 0;
+	uint64		inbox_deleted = 0;
+	Datum		args[2];
+
+	set_state("retention");
+	SetCurrentStatementStartTimestamp();
+	StartTransactionCommand();
+	if (SPI_connect() != SPI_OK_CONNECT)
+		elog(ERROR, "SPI_connect failed");
+	PushActiveSnapshot(GetTransactionSnapshot());
+	schema = extension_schema(&nspid);
+	if (schema != NULL)
+	{
+		if (nspid != plans_nspid)
+			prepare_plans(nspid, schema);
+		args[1] = Int32GetDatum(outbox_retention_batch);
+		if (outbox_retention_s >= 0)
+		{
+			args[0] = Int32GetDatum(outbox_retention_s);
+			if (SPI_execute_plan(retention_plan, args, NULL, false, 0) != SPI_OK_DELETE)
+				elog(ERROR, "outbox retention failed");
+			deleted = SPI_processed;
+		}
+		if (outbox_inbox_retention_s >= 0)
+		{
+			args[0] = Int32GetDatum(outbox_inbox_retention_s);
+			if (SPI_execute_plan(inbox_retention_plan, args, NULL, false, 0) != SPI_OK_DELETE)
+				elog(ERROR, "inbox retention failed");
+			inbox_deleted = SPI_processed;
+		}
+	}
+	PopActiveSnapshot();
+	SPI_finish();
+	CommitTransactionCommand();
+	outbox_count(OC_RETENTION_DELETED, deleted);
+	outbox_count(OC_INBOX_RETENTION_DELETED, inbox_deleted);
+
+	/* A full batch: come back soon rather than in a second. */
+	last_retention_at = (deleted >= (uint64) outbox_retention_batch ||
+						 inbox_deleted >= (uint64) outbox_retention_batch)
+		? 0 : GetCurrentTimestamp();
 }
 
 /*
@@ -844,6 +1048,10 @@ outbox_worker_main(Datum main_arg)
 		PG_TRY();
 		{
 			n = run_batch();
+			/* One worker keeps the tables small; at most once a second. */
+			if (worker_index == 0 &&
+				TimestampDifferenceExceeds(last_retention_at, GetCurrentTimestamp(), 1000))
+				run_retention();
 		}
 		PG_CATCH();
 		{
