@@ -453,13 +453,21 @@ poison_policy(BatchEvent *ev)
 {
 	Datum		args[2] = {CStringGetTextDatum(ev->topic),
 	CStringGetTextDatum(ev->aggregate_type)};
-	char	   *policy;
+	bool		push = !ActiveSnapshotSet();
+	char	   *policy = NULL;
 
-	if (SPI_execute_plan(policy_plan, args, NULL, false, 1) != SPI_OK_SELECT)
+	/* Called while producing, when the batch holds no snapshot. */
+	if (push)
+		PushActiveSnapshot(GetTransactionSnapshot());
+	if (SPI_execute_plan(policy_plan, args, NULL, true, 1) != SPI_OK_SELECT)
 		elog(ERROR, "could not read the poison policy");
-	if (SPI_processed == 0)
+	if (SPI_processed > 0)
+		policy = SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1);
+	if (push)
+		PopActiveSnapshot();
+
+	if (policy == NULL)
 		return (PoisonPolicy) outbox_poison_policy;
-	policy = SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1);
 	if (strcmp(policy, "dead_letter") == 0)
 		return POISON_DEAD_LETTER;
 	if (strcmp(policy, "skip") == 0)
@@ -719,7 +727,9 @@ run_batch(void)
 			{
 				/* The policy became block since the last attempt. */
 				agg->state = AGG_STOPPED;
+				PushActiveSnapshot(GetTransactionSnapshot());
 				record_failure(ev, ev->last_error ? ev->last_error : "out of attempts");
+				PopActiveSnapshot();
 				nfailed++;
 				continue;
 			}

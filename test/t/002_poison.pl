@@ -1,0 +1,164 @@
+# Poison events under each policy, operator functions end to end, and
+# retention.  Permanent Produce errors (MSG_SIZE_TOO_LARGE, the mock
+# enforces no size) are injected on broker 3 only, which leads the one
+# partition of topic "poison"; everything else is led by brokers 1 and 2.
+use strict;
+use warnings;
+
+use PostgreSQL::Test::Utils;
+use Test::More;
+use Time::HiRes qw(time sleep);
+
+use MockKafka;
+use OutboxTest;
+
+my $dir = $PostgreSQL::Test::Utils::tmp_check;
+mkdir "$dir/mock2";
+my $mk = MockKafka->start(dir => "$dir/mock2", brokers => 3, max_seconds => 600);
+$mk->cmd('topic_create poison 1 3');
+$mk->cmd('leader poison 0 3');
+for my $t ('good', 'outbox.dead_letter')
+{
+	$mk->cmd("topic_create $t 4 3");
+	$mk->cmd("leader $t $_ " . (1 + $_ % 2)) for 0 .. 3;
+}
+my $node = outbox_node('poison', $mk, max_attempts => 2, poison_policy => 'block');
+
+sub psql { return $node->safe_psql('postgres', shift) }
+
+sub poll_until
+{
+	my ($sql, $timeout) = @_;
+	my $t0 = time;
+	while (time - $t0 < ($timeout // 30))
+	{
+		return 1 if psql($sql) eq 't';
+		sleep 0.1;
+	}
+	diag "timed out waiting for: $sql";
+	return 0;
+}
+
+sub emit
+{
+	my ($agg, $topic, $n) = @_;
+	psql("SELECT count(outbox_emit('order', '$agg', 'E', jsonb_build_object('i', i), topic => '$topic'))
+		  FROM generate_series(1, $n) i");
+}
+
+sub inject_permanent { $mk->cmd('broker_errors 3 0 ' . join(' ', ('10:0') x shift)) }
+
+# --- block (the default) -------------------------------------------------
+inject_permanent(2);
+emit('poison-1', 'poison', 3);
+emit('good-1', 'good', 5);
+ok(poll_until(q{SELECT blocked_version = 1 FROM aggregate_publication WHERE aggregate_id = 'poison-1'}),
+	'block: the aggregate is blocked at version 1 after max_attempts');
+ok(poll_until(q{SELECT count(*) = 0 FROM outbox WHERE aggregate_id = 'good-1' AND published_at IS NULL}),
+	'block: other aggregates go on');
+is(psql(q{SELECT attempts || ' ' || (last_error LIKE 'MSG_SIZE_TOO_LARGE%') FROM outbox
+		  WHERE aggregate_id = 'poison-1' AND aggregate_version = 1}),
+	'2 true', 'block: attempts and error recorded on the event');
+is(psql(q{SELECT count(*) FROM outbox WHERE aggregate_id = 'poison-1' AND published_at IS NOT NULL}),
+	'0', 'block: later versions wait behind the poison event');
+is(psql(q{SELECT blocked_aggregates || ' ' || (blocked->0->>'aggregate_id') || ' ' || (blocked->0->>'version')
+		  FROM outbox_status}),
+	'1 poison-1 1', 'block: visible in outbox_status');
+is(psql(q{SELECT state || ' ' || gap || ' ' || attempts FROM outbox_aggregate_status WHERE aggregate_id = 'poison-1'}),
+	'blocked 3 2', 'block: visible in outbox_aggregate_status');
+cmp_ok(counter($node, 'delivery_errors_permanent'), '>=', 2, 'block: permanent errors counted');
+cmp_ok(counter($node, 'order_guard_stops'), '>=', 2, 'block: order protection fired');
+sleep 2;
+is(psql(q{SELECT count(*) FROM outbox WHERE aggregate_id = 'poison-1' AND published_at IS NOT NULL}),
+	'0', 'block: stays blocked without an operator');
+
+# The operator retries once the cause is gone: everything goes out in order.
+is(psql(q{SELECT outbox_retry('poison-1')}), 't', 'outbox_retry unblocks');
+ok(poll_until(q{SELECT count(*) = 0 FROM outbox WHERE aggregate_id = 'poison-1' AND published_at IS NULL}),
+	'after retry the aggregate is published');
+my $r = $mk->check(topics => ['poison'], expect => { 'poison-1' => 3 });
+is($r->{exit}, 0, 'block + retry: versions 1..3 in order') or diag $r->{output};
+ok($node->log_contains('aggregate "poison-1" blocked at version 1 after 2 attempts'),
+	'the block is logged with its cause');
+ok($node->log_contains('retried aggregate "poison-1"'), 'the retry is logged');
+
+# --- dead_letter -----------------------------------------------------------
+$node->append_conf('postgresql.conf', "outbox.poison_policy = 'dead_letter'\n");
+$node->reload;
+sleep 0.5;
+inject_permanent(2);
+emit('poison-2', 'poison', 3);
+ok(poll_until(q{SELECT count(*) = 0 FROM outbox WHERE aggregate_id = 'poison-2' AND published_at IS NULL}),
+	'dead_letter: the aggregate continues');
+is(psql(q{SELECT string_agg(aggregate_version || ':' || disposition, ',' ORDER BY aggregate_version)
+		  FROM outbox WHERE aggregate_id = 'poison-2'}),
+	'1:dead_lettered,2:published,3:published', 'dead_letter: the row records it');
+$r = $mk->check(topics => ['outbox.dead_letter'], opts => ['--print', '--any-start']);
+like($r->{output}, qr/key=poison-2 version=1/, 'dead_letter: the event is in the dead-letter topic');
+like($r->{output}, qr/dead_letter_original_topic=poison/, 'dead_letter: header names the original topic');
+like($r->{output}, qr/dead_letter_error=MSG_SIZE_TOO_LARGE/, 'dead_letter: header names the error');
+like($r->{output}, qr/dead_letter_attempts=2/, 'dead_letter: header counts the attempts');
+is(counter($node, 'events_dead_lettered'), '1', 'dead_letter: counted');
+is(psql('SELECT dead_lettered_events FROM outbox_status'), '1', 'dead_letter: in outbox_status');
+
+# An operator can dead-letter a pending event explicitly.
+psql(q{SELECT outbox_pause()});
+emit('poison-3', 'poison', 2);
+my $ev = psql(q{SELECT event_id FROM outbox WHERE aggregate_id = 'poison-3' AND aggregate_version = 1});
+is(psql("SELECT outbox_dead_letter('$ev')"), 't', 'outbox_dead_letter queues a pending event');
+sleep 1;
+is(psql(q{SELECT count(*) FROM outbox WHERE aggregate_id = 'poison-3' AND published_at IS NOT NULL}),
+	'0', 'pause: nothing is published while publishing is paused');
+psql(q{SELECT outbox_resume()});
+ok(poll_until(q{SELECT count(*) = 0 FROM outbox WHERE aggregate_id = 'poison-3' AND published_at IS NULL}),
+	'resume: publishing continues');
+is(psql(q{SELECT string_agg(disposition, ',' ORDER BY aggregate_version) FROM outbox WHERE aggregate_id = 'poison-3'}),
+	'dead_lettered,published', 'the operator-dead-lettered event went to the dead-letter topic');
+
+# --- skip, chosen per aggregate type ---------------------------------------
+psql(q{INSERT INTO poison_policy (aggregate_type, policy) VALUES ('skippy', 'skip')});
+inject_permanent(2);
+psql(q{SELECT count(outbox_emit('skippy', 'poison-4', 'E', jsonb_build_object('i', i), topic => 'poison'))
+	   FROM generate_series(1, 3) i});
+ok(poll_until(q{SELECT count(*) = 0 FROM outbox WHERE aggregate_id = 'poison-4' AND published_at IS NULL}),
+	'skip: the aggregate continues');
+is(psql(q{SELECT string_agg(aggregate_version || ':' || disposition, ',' ORDER BY aggregate_version)
+		  FROM outbox WHERE aggregate_id = 'poison-4'}),
+	'1:skipped,2:published,3:published', 'skip: the row records it (policy from poison_policy)');
+is(counter($node, 'events_skipped'), '1', 'skip: counted');
+$r = $mk->check(topics => ['poison'], opts => ['--any-start', '--verbose']);
+is($r->{inversions}, 0, 'skip/dead_letter: no inversion in the main topic') or diag $r->{output};
+
+# --- paused aggregate, replay ----------------------------------------------
+psql(q{SELECT outbox_pause('good-1')});
+emit('good-1', 'good', 2);
+sleep 1;
+is(psql(q{SELECT count(*) FROM outbox WHERE aggregate_id = 'good-1' AND published_at IS NULL}),
+	'2', 'a paused aggregate waits');
+psql(q{SELECT outbox_resume('good-1')});
+ok(poll_until(q{SELECT count(*) = 0 FROM outbox WHERE aggregate_id = 'good-1' AND published_at IS NULL}),
+	'a resumed aggregate is published');
+is(psql(q{SELECT outbox_replay('good-1', 3)}), '5', 'replay queues versions 3..7 again');
+ok(poll_until(q{SELECT count(*) = 0 FROM outbox WHERE aggregate_id = 'good-1' AND published_at IS NULL}),
+	'replayed events are published');
+$r = $mk->check(topics => ['good'], expect => { 'good-1' => 7 });
+is($r->{exit}, 0, 'replay: consumers see 1..7 once after dropping re-deliveries') or diag $r->{output};
+cmp_ok($r->{duplicates}, '>=', 5, 'replay: the replayed events are re-deliveries');
+
+# --- retention ---------------------------------------------------------------
+$node->append_conf('postgresql.conf', "outbox.retention = 0\noutbox.inbox_retention = 0\n");
+$node->reload;
+psql(q{SELECT inbox_claim('c', 'e1'), inbox_claim('c', 'e2')});
+ok(poll_until(q{SELECT count(*) = 0 FROM outbox WHERE aggregate_id = 'good-1'}),
+	'retention deletes published rows');
+ok(poll_until(q{SELECT count(*) = 0 FROM inbox}), 'inbox retention deletes old entries');
+cmp_ok(counter($node, 'retention_deleted'), '>', 0, 'retention counted');
+is(psql(q{SELECT aggregate_version FROM outbox_emit('order', 'good-1', 'E', '{}', topic => 'good')}),
+	'8', 'versions continue after retention deleted every row of the aggregate');
+ok(poll_until(q{SELECT count(*) = 0 FROM outbox WHERE published_at IS NULL}), 'and it is published');
+$r = $mk->check(topics => ['good'], expect => { 'good-1' => 8 });
+is($r->{exit}, 0, 'retention: order checker clean') or diag $r->{output};
+
+$node->stop;
+$mk->stop;
+done_testing();
