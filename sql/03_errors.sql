@@ -88,3 +88,35 @@ ALTER SYSTEM SET outbox.kafka_properties = 'bootstrap.servers=x:1';
 ALTER SYSTEM SET outbox.batch_events = 0;
 ALTER SYSTEM SET outbox.workers = -1;
 ALTER SYSTEM SET outbox.nonexistent = 1;
+
+-- Limits and odd input.
+\pset format unaligned
+\pset tuples_only on
+SELECT pg_temp.try(format('SELECT outbox_emit(%L, %L, %L, %L)', 'order', repeat('a', 1025), 't', '{}'));
+SELECT pg_temp.try(format('SELECT outbox_emit(%L, %L, %L, %L)', repeat('b', 1025), 'a', 't', '{}'));
+SELECT pg_temp.try(format('SELECT outbox_emit(%L, %L, %L, %L)', 'order', 'a', repeat('c', 1025), '{}'));
+SELECT pg_temp.try(format('SELECT outbox_emit(%L, %L, %L, %L, event_id => %L)', 'order', 'a', 't', '{}', repeat('d', 1025)));
+SELECT pg_temp.try(format('SELECT outbox_emit(%L, %L, %L, %L)', 'order', repeat('é', 512), 't', '{}'));
+SELECT pg_temp.try(format('SELECT outbox_emit(%L, %L, %L, %L)', 'order', repeat('é', 513), 't', '{}'));
+-- Every printable ASCII character outside [A-Za-z0-9._-] is refused in a topic.
+SELECT count(*) AS illegal_chars,
+       count(*) FILTER (WHERE pg_temp.try(format('SELECT outbox_emit(%L, %L, %L, %L, topic => %L)',
+                                                 'order', 'chars', 't', '{}', 'a' || chr(c) || 'b'))
+                        LIKE '22023: outbox_emit: invalid topic name%') AS refused
+  FROM generate_series(1, 127) c WHERE chr(c) !~ '[A-Za-z0-9._-]';
+SELECT count(*) AS legal_chars,
+       count(*) FILTER (WHERE pg_temp.try(format('SELECT outbox_emit(%L, %L, %L, %L, topic => %L)',
+                                                 'order', 'chars', 't', '{}', 'a' || chr(c) || 'b')) = 'ok') AS accepted
+  FROM generate_series(1, 127) c WHERE chr(c) ~ '[A-Za-z0-9._-]';
+-- Deep JSON is fine as a payload; as headers it is not a flat object.
+SELECT pg_temp.try(format('SELECT outbox_emit(%L, %L, %L, %L::jsonb)', 'order', 'deep', 't',
+                          repeat('{"a":', 500) || '1' || repeat('}', 500)));
+SELECT pg_temp.try(format('SELECT outbox_emit(%L, %L, %L, %L, headers => %L::jsonb)', 'order', 'deep', 't', '{}',
+                          repeat('{"a":', 50) || '"1"' || repeat('}', 50)));
+-- Headers of wrong types, in every position.
+SELECT pg_temp.try(format('SELECT outbox_emit(%L, %L, %L, %L, headers => %L)', 'order', 'h', 't', '{}', h))
+  FROM unnest(ARRAY['{"a": "x", "b": 2}', '{"a": [1]}', '{"a": "x", "b": {"c": "d"}}', 'null', '1', 'true']) h;
+\pset format aligned
+\pset tuples_only off
+SELECT left(aggregate_id, 10) AS aggregate_id, count(*) FROM outbox WHERE aggregate_id IN ('chars', 'deep', 'h')
+    OR length(aggregate_id) > 500 GROUP BY 1 ORDER BY 1;

@@ -35,6 +35,12 @@ PG_FUNCTION_INFO_V1(outbox_uuid_v7);
 /* Kafka's own limit on topic names (Topic.MAX_NAME_LENGTH). */
 #define KAFKA_TOPIC_MAX_LEN 249
 
+/*
+ * Identifiers are indexed (unique btree entries must stay well below a
+ * third of a page) and travel as the Kafka key and headers of every event.
+ */
+#define OUTBOX_MAX_IDENTIFIER_BYTES 1024
+
 /* Headers the publisher sets itself from the event's identity. */
 static const char *const reserved_headers[] = {
 	"event_id", "event_type", "aggregate_type", "aggregate_id",
@@ -103,6 +109,23 @@ outbox_uuid_v7(PG_FUNCTION_ARGS)
 	PG_RETURN_UUID_P(uuid);
 }
 
+static void
+check_identifier(const char *value, const char *name)
+{
+	size_t		len = strlen(value);
+
+	if (len == 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("outbox_emit: %s must not be empty", name)));
+	if (len > OUTBOX_MAX_IDENTIFIER_BYTES)
+		ereport(ERROR,
+				(errcode(ERRCODE_STRING_DATA_RIGHT_TRUNCATION),
+				 errmsg("outbox_emit: %s is too long (%zu bytes)", name, len),
+				 errdetail("%s may have at most %d bytes.", name,
+						   OUTBOX_MAX_IDENTIFIER_BYTES)));
+}
+
 static char *
 required_text_arg(FunctionCallInfo fcinfo, int argno, const char *name)
 {
@@ -113,10 +136,7 @@ required_text_arg(FunctionCallInfo fcinfo, int argno, const char *name)
 				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
 				 errmsg("outbox_emit: %s must not be NULL", name)));
 	value = text_to_cstring(PG_GETARG_TEXT_PP(argno));
-	if (value[0] == '\0')
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("outbox_emit: %s must not be empty", name)));
+	check_identifier(value, name);
 	return value;
 }
 
@@ -373,10 +393,7 @@ outbox_emit(PG_FUNCTION_ARGS)
 	else
 	{
 		event_id = text_to_cstring(PG_GETARG_TEXT_PP(6));
-		if (event_id[0] == '\0')
-			ereport(ERROR,
-					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-					 errmsg("outbox_emit: event_id must not be empty")));
+		check_identifier(event_id, "event_id");
 	}
 
 	/*
