@@ -107,6 +107,15 @@ outbox_counters(PG_FUNCTION_ARGS)
 		values[1] = Int64GetDatum((int64) pg_atomic_read_u64(&outbox_shared->stats.counters[i]));
 		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
 	}
+	/* The histogram's sum, so that a mean can be derived as Prometheus does. */
+	{
+		Datum		values[2];
+		bool		nulls[2] = {false, false};
+
+		values[0] = CStringGetTextDatum("latency_sum_us");
+		values[1] = Int64GetDatum((int64) pg_atomic_read_u64(&outbox_shared->stats.latency_sum_us));
+		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
+	}
 	return (Datum) 0;
 }
 
