@@ -1,0 +1,50 @@
+# The publisher runs as an ordinary role with only the privileges the README
+# lists, and an application role needs nothing but EXECUTE.
+use strict;
+use warnings;
+
+use PostgreSQL::Test::Utils;
+use Test::More;
+
+use MockKafka;
+use OutboxTest;
+
+my $dir = $PostgreSQL::Test::Utils::tmp_check;
+mkdir "$dir/mock4";
+my $mk = MockKafka->start(dir => "$dir/mock4", brokers => 1, max_seconds => 300);
+my $node = outbox_node('role', $mk, retention => '0');
+
+$node->safe_psql('postgres', q{
+	CREATE ROLE outbox_worker LOGIN;
+	GRANT SELECT, UPDATE, DELETE ON outbox TO outbox_worker;
+	GRANT SELECT, INSERT, UPDATE ON aggregate_publication TO outbox_worker;
+	GRANT SELECT, DELETE ON inbox TO outbox_worker;
+	GRANT SELECT ON poison_policy, publisher_control TO outbox_worker;
+	CREATE ROLE app LOGIN;
+	GRANT EXECUTE ON FUNCTION outbox_emit(text, text, text, jsonb, text, jsonb, text, bigint),
+		inbox_claim(text, text) TO app;
+});
+$node->append_conf('postgresql.conf', "outbox.role = 'outbox_worker'\n");
+$node->restart;
+
+is($node->safe_psql('postgres', q{SELECT rolsuper FROM pg_roles r JOIN pg_stat_activity a ON a.usesysid = r.oid
+	WHERE a.backend_type = 'outbox publisher'}), 'f', 'the publisher is not a superuser');
+
+$node->safe_psql('postgres', q{SET ROLE app;
+	SELECT outbox_emit('order', 'r-' || i % 5, 'E', '{}') FROM generate_series(1, 50) i;
+	SELECT inbox_claim('c', 'x');});
+my ($rc, $out, $err) = $node->psql('postgres', 'SET ROLE app; SELECT count(*) FROM outbox');
+like($err, qr/permission denied/, 'the application role cannot read the outbox directly');
+
+ok(defined wait_published($node, 30), 'the unprivileged publisher published everything');
+my $r = $mk->check(topics => ['outbox.event.order'], expect => { map { ("r-$_" => 10) } 0 .. 4 });
+is($r->{exit}, 0, 'in order') or diag $r->{output};
+$node->poll_query_until('postgres', 'SELECT count(*) = 0 FROM outbox')
+  or diag 'retention did not run';
+is($node->safe_psql('postgres', 'SELECT count(*) FROM outbox'), '0',
+	'retention runs with the same privileges');
+ok(!$node->log_contains('publisher error'), 'the publisher logged no error');
+
+$node->stop;
+$mk->stop;
+done_testing();
