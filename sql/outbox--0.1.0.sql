@@ -131,6 +131,14 @@ REVOKE ALL ON @extschema@.outbox, @extschema@.aggregate_publication,
 	@extschema@.inbox, @extschema@.poison_policy,
 	@extschema@.publisher_control FROM PUBLIC;
 
+-- pg_dump must keep the data: pending events, versions, the inbox.  (The
+-- publisher_control row is created by this script; its state is not kept.)
+SELECT pg_catalog.pg_extension_config_dump('@extschema@.outbox', '');
+SELECT pg_catalog.pg_extension_config_dump('@extschema@.outbox_id_seq', '');
+SELECT pg_catalog.pg_extension_config_dump('@extschema@.aggregate_publication', '');
+SELECT pg_catalog.pg_extension_config_dump('@extschema@.inbox', '');
+SELECT pg_catalog.pg_extension_config_dump('@extschema@.poison_policy', '');
+
 --
 -- Functions
 --
@@ -189,7 +197,9 @@ BEGIN
 			USING ERRCODE = 'invalid_parameter_value';
 	END IF;
 	-- A concurrent uncommitted claim of the same pair makes this wait: false
-	-- if that transaction commits, true if it aborts.
+	-- if that transaction commits, true if it aborts.  Under REPEATABLE READ
+	-- or SERIALIZABLE a claim committed after this transaction's snapshot
+	-- is a serialization failure (40001): retry the transaction.
 	INSERT INTO @extschema@.inbox AS i (consumer, event_id)
 		VALUES (inbox_claim.consumer, inbox_claim.event_id)
 		ON CONFLICT DO NOTHING;

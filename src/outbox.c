@@ -119,6 +119,8 @@ outbox_xact_callback(XactEvent event, void *arg)
 			break;
 		case XACT_EVENT_ABORT:
 		case XACT_EVENT_PARALLEL_ABORT:
+		case XACT_EVENT_PREPARE:
+			/* A prepared emit is found by the fallback poll once committed. */
 			emitted_in_xact = false;
 			break;
 		default:
@@ -261,7 +263,7 @@ define_settings(void)
 	DefineCustomStringVariable("outbox.kafka_properties",
 							   "librdkafka producer properties, as key=value pairs separated by semicolons.",
 							   "For example security.protocol=SASL_SSL;sasl.mechanism=PLAIN;sasl.username=u;sasl.password=p. "
-							   "Visible to superusers only.",
+							   "Visible only to superusers and members of pg_read_all_settings.",
 							   &outbox_kafka_properties,
 							   "",
 							   PGC_SIGHUP,

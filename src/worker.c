@@ -267,13 +267,13 @@ prepare_plans(Oid nspid, const char *schema)
 	 * A permanent error backs the aggregate off exponentially.  After
 	 * max_attempts the poison policy applies: block stops the aggregate at
 	 * that version until an operator acts; the others apply in the next
-	 * batch, at once.
+	 * batch, at once (and back off again if even that fails).
 	 */
 	fail_aggregate_plan = prepare_kept(psprintf(
 												"INSERT INTO %s.aggregate_publication AS a "
 												"(aggregate_id, attempts, last_error, next_attempt_at, "
 												"blocked_version, blocked_at, updated_at) "
-												"VALUES ($1, $2, $3, CASE WHEN $2 < $4 THEN pg_catalog.clock_timestamp() + "
+												"VALUES ($1, $2, $3, CASE WHEN $2 <> $4 THEN pg_catalog.clock_timestamp() + "
 												"pg_catalog.make_interval(secs => LEAST(60, 2 ^ ($2 - 1))) END, "
 												"CASE WHEN $2 >= $4 AND $6 THEN $5 END, "
 												"CASE WHEN $2 >= $4 AND $6 THEN pg_catalog.clock_timestamp() END, "

@@ -41,6 +41,17 @@ trap cleanup EXIT
 
 passed=0
 failed=0
+# Every suite must find its tests: an empty suite is a failure, not a pass.
+list_tests() {
+	local found
+	found=$(cd "$1" 2>/dev/null && ls $2 2>/dev/null | sed "s/${3:-}\$//")
+	if [ -z "$found" ]; then
+		echo "no tests found in $1/$2" >&2
+		return 1
+	fi
+	echo "$found"
+}
+
 result() {
 	if [ "$2" = 0 ]; then
 		passed=$((passed + 1)); echo "== suite $1: ok"
@@ -76,20 +87,20 @@ for suite in $suites; do
 		regress)
 			needs_cluster
 			rc=0
+			tests=$(list_tests "$src/sql" '[0-9]*.sql' '\.sql') &&
 			"$pgxs/src/test/regress/pg_regress" --inputdir="$src" \
 				--outputdir="$work/regress" --bindir="$bindir" \
-				--dbname=contrib_regression \
-				$(cd "$src/sql" && ls [0-9]*.sql | sed 's/\.sql$//') || rc=$?
+				--dbname=contrib_regression $tests || rc=$?
 			[ "$rc" != 0 ] && cat "$work/regress/regression.diffs" 2>/dev/null | head -200
 			result regress $rc
 			;;
 		isolation)
 			needs_cluster
 			rc=0
+			tests=$(list_tests "$src/test/isolation/specs" '*.spec' '\.spec') &&
 			"$pgxs/src/test/isolation/pg_isolation_regress" \
 				--inputdir="$src/test/isolation" --outputdir="$work/isolation" \
-				--bindir="$bindir" --dbname=isolation_regression \
-				$(cd "$src/test/isolation/specs" && ls *.spec | sed 's/\.spec$//') || rc=$?
+				--bindir="$bindir" --dbname=isolation_regression $tests || rc=$?
 			[ "$rc" != 0 ] && cat "$work/isolation/regression.diffs" 2>/dev/null | head -200
 			result isolation $rc
 			;;
@@ -99,7 +110,8 @@ for suite in $suites; do
 			dropdb --if-exists outbox_pgtap >/dev/null
 			createdb outbox_pgtap
 			psql -q -X -d outbox_pgtap -c 'CREATE EXTENSION pgtap' >/dev/null
-			pg_prove -d outbox_pgtap "$src"/test/pgtap/*.sql || rc=$?
+			tests=$(list_tests "$src/test/pgtap" '*.sql') &&
+			(cd "$src/test/pgtap" && pg_prove -d outbox_pgtap $tests) || rc=$?
 			result pgtap $rc
 			;;
 		tools)
@@ -110,9 +122,11 @@ for suite in $suites; do
 		tap)
 			rc=0
 			mkdir -p "$work/tap"
+			tests=$(list_tests "$src/test/t" '*.pl') &&
 			(cd "$work/tap" && TESTDIR="$work/tap" PG_REGRESS="$pgxs/src/test/regress/pg_regress" \
 				OUTBOX_SRC="$src" \
-				prove -I "$pgxs/src/test/perl" -I "$src/test/perl" "$src"/test/t/*.pl) || rc=$?
+				prove -I "$pgxs/src/test/perl" -I "$src/test/perl" \
+				$(for t in $tests; do echo "$src/test/t/$t"; done)) || rc=$?
 			if [ "$rc" != 0 ]; then
 				for f in "$work"/tap/tmp_check/log/*; do
 					echo "---- $f"; tail -n 60 "$f"

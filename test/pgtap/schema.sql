@@ -1,0 +1,386 @@
+-- The extension's schema: tables, columns, keys, constraints, indexes and
+-- function signatures.  Everything happens in one transaction that is
+-- rolled back: the database is shared with the other pgTAP files.
+BEGIN;
+CREATE SCHEMA ob;
+CREATE EXTENSION outbox SCHEMA ob;
+
+SELECT plan(174);
+
+-- Extension
+
+SELECT has_extension('ob', 'outbox', 'outbox is installed in schema ob');
+SELECT is((SELECT extversion FROM pg_extension WHERE extname = 'outbox'), '0.1.0',
+          'the installed version is 0.1.0');
+SELECT is((SELECT extrelocatable FROM pg_extension WHERE extname = 'outbox'), false,
+          'the extension is not relocatable');
+SELECT is((SELECT superuser FROM pg_available_extension_versions
+            WHERE name = 'outbox' AND version = '0.1.0'), true,
+          'installing the extension requires a superuser');
+SELECT throws_ok('ALTER EXTENSION outbox SET SCHEMA public', '0A000',
+                 'extension "outbox" does not support SET SCHEMA',
+                 'ALTER EXTENSION SET SCHEMA is refused');
+
+-- Tables
+
+SELECT tables_are('ob', ARRAY['outbox', 'aggregate_publication', 'inbox', 'poison_policy',
+                              'publisher_control'],
+                  'the extension creates exactly these tables');
+SELECT views_are('ob', ARRAY['outbox_status', 'outbox_aggregate_status'],
+                 'the extension creates exactly these views');
+
+SELECT columns_are('ob', 'outbox', ARRAY[
+	'id', 'event_id', 'aggregate_type', 'aggregate_id', 'aggregate_version',
+	'event_type', 'topic', 'headers', 'payload', 'created_at', 'published_at',
+	'disposition', 'kafka_partition', 'kafka_offset', 'attempts', 'last_error',
+	'dead_letter_requested'],
+	'outbox has the expected columns');
+SELECT columns_are('ob', 'aggregate_publication', ARRAY[
+	'aggregate_id', 'last_published_version', 'last_published_at',
+	'blocked_version', 'blocked_at', 'attempts', 'last_error',
+	'next_attempt_at', 'paused', 'updated_at'],
+	'aggregate_publication has the expected columns');
+SELECT columns_are('ob', 'inbox', ARRAY['consumer', 'event_id', 'processed_at'],
+	'inbox has the expected columns');
+SELECT columns_are('ob', 'poison_policy', ARRAY['topic', 'aggregate_type', 'policy'],
+	'poison_policy has the expected columns');
+SELECT columns_are('ob', 'publisher_control', ARRAY['singleton', 'paused', 'changed_at', 'changed_by'],
+	'publisher_control has the expected columns');
+
+-- Column types and nullability: one test per column and property.
+SELECT col_type_is('ob', t, c, ty, format('%s.%s is %s', t, c, ty))
+  FROM (VALUES
+	('outbox', 'id', 'bigint'),
+	('outbox', 'event_id', 'text'),
+	('outbox', 'aggregate_type', 'text'),
+	('outbox', 'aggregate_id', 'text'),
+	('outbox', 'aggregate_version', 'bigint'),
+	('outbox', 'event_type', 'text'),
+	('outbox', 'topic', 'text'),
+	('outbox', 'headers', 'jsonb'),
+	('outbox', 'payload', 'jsonb'),
+	('outbox', 'created_at', 'timestamp with time zone'),
+	('outbox', 'published_at', 'timestamp with time zone'),
+	('outbox', 'disposition', 'text'),
+	('outbox', 'kafka_partition', 'integer'),
+	('outbox', 'kafka_offset', 'bigint'),
+	('outbox', 'attempts', 'integer'),
+	('outbox', 'last_error', 'text'),
+	('outbox', 'dead_letter_requested', 'boolean'),
+	('poison_policy', 'topic', 'text'),
+	('poison_policy', 'aggregate_type', 'text'),
+	('poison_policy', 'policy', 'text'),
+	('publisher_control', 'singleton', 'boolean'),
+	('publisher_control', 'paused', 'boolean'),
+	('publisher_control', 'changed_at', 'timestamp with time zone'),
+	('publisher_control', 'changed_by', 'text'),
+	('aggregate_publication', 'aggregate_id', 'text'),
+	('aggregate_publication', 'last_published_version', 'bigint'),
+	('aggregate_publication', 'last_published_at', 'timestamp with time zone'),
+	('aggregate_publication', 'blocked_version', 'bigint'),
+	('aggregate_publication', 'blocked_at', 'timestamp with time zone'),
+	('aggregate_publication', 'attempts', 'integer'),
+	('aggregate_publication', 'last_error', 'text'),
+	('aggregate_publication', 'next_attempt_at', 'timestamp with time zone'),
+	('aggregate_publication', 'paused', 'boolean'),
+	('aggregate_publication', 'updated_at', 'timestamp with time zone'),
+	('inbox', 'consumer', 'text'),
+	('inbox', 'event_id', 'text'),
+	('inbox', 'processed_at', 'timestamp with time zone')) AS v(t, c, ty)
+ ORDER BY t, c;
+
+SELECT CASE WHEN nn THEN col_not_null('ob', t, c, format('%s.%s is NOT NULL', t, c))
+            ELSE col_is_null('ob', t, c, format('%s.%s is nullable', t, c)) END
+  FROM (VALUES
+	('outbox', 'id', true),
+	('outbox', 'event_id', true),
+	('outbox', 'aggregate_type', true),
+	('outbox', 'aggregate_id', true),
+	('outbox', 'aggregate_version', true),
+	('outbox', 'event_type', true),
+	('outbox', 'topic', true),
+	('outbox', 'headers', false),
+	('outbox', 'payload', false),
+	('outbox', 'created_at', true),
+	('outbox', 'published_at', false),
+	('outbox', 'disposition', false),
+	('outbox', 'kafka_partition', false),
+	('outbox', 'kafka_offset', false),
+	('outbox', 'attempts', true),
+	('outbox', 'last_error', false),
+	('outbox', 'dead_letter_requested', true),
+	('poison_policy', 'topic', false),
+	('poison_policy', 'aggregate_type', false),
+	('poison_policy', 'policy', true),
+	('publisher_control', 'singleton', true),
+	('publisher_control', 'paused', true),
+	('aggregate_publication', 'aggregate_id', true),
+	('aggregate_publication', 'last_published_version', true),
+	('aggregate_publication', 'blocked_version', false),
+	('aggregate_publication', 'attempts', true),
+	('aggregate_publication', 'paused', true),
+	('aggregate_publication', 'updated_at', true),
+	('inbox', 'consumer', true),
+	('inbox', 'event_id', true),
+	('inbox', 'processed_at', true)) AS v(t, c, nn)
+ ORDER BY t, c;
+
+-- Defaults.
+SELECT is((SELECT attidentity FROM pg_attribute
+            WHERE attrelid = 'ob.outbox'::regclass AND attname = 'id'), 'a'::"char",
+          'outbox.id is GENERATED ALWAYS AS IDENTITY');
+SELECT col_default_is('ob', 'outbox', 'event_id', '(ob.uuid_v7())::text',
+                      'outbox.event_id defaults to uuid_v7(), schema-qualified');
+SELECT col_default_is('ob', 'outbox', 'created_at', 'clock_timestamp()',
+                      'outbox.created_at defaults to clock_timestamp(), not now()');
+SELECT col_default_is('ob', 'outbox', 'attempts', '0', 'outbox.attempts defaults to 0');
+SELECT col_default_is('ob', 'outbox', 'dead_letter_requested', 'false',
+                      'outbox.dead_letter_requested defaults to false');
+SELECT col_hasnt_default('ob', 'outbox', 'published_at', 'outbox.published_at has no default');
+SELECT col_hasnt_default('ob', 'outbox', 'aggregate_version', 'outbox.aggregate_version has no default');
+SELECT col_default_is('ob', 'aggregate_publication', 'last_published_version', '0',
+                      'aggregate_publication.last_published_version defaults to 0');
+SELECT col_default_is('ob', 'aggregate_publication', 'paused', 'false',
+                      'aggregate_publication.paused defaults to false');
+SELECT col_default_is('ob', 'inbox', 'processed_at', 'now()',
+                      'inbox.processed_at defaults to now()');
+
+-- Keys and unique constraints.
+SELECT col_is_pk('ob', 'outbox', 'id', 'outbox primary key is id');
+SELECT col_is_pk('ob', 'aggregate_publication', 'aggregate_id',
+                 'aggregate_publication primary key is aggregate_id');
+SELECT col_is_pk('ob', 'inbox', ARRAY['consumer', 'event_id'],
+                 'inbox primary key is (consumer, event_id)');
+SELECT col_is_pk('ob', 'publisher_control', 'singleton', 'publisher_control primary key is singleton');
+SELECT col_is_unique('ob', 'outbox', 'event_id', 'outbox.event_id is unique');
+SELECT col_is_unique('ob', 'poison_policy', 'topic', 'poison_policy.topic is unique');
+SELECT col_is_unique('ob', 'poison_policy', 'aggregate_type', 'poison_policy.aggregate_type is unique');
+SELECT col_is_unique('ob', 'outbox', ARRAY['aggregate_id', 'aggregate_version'],
+                     '(aggregate_id, aggregate_version) is unique');
+SELECT is((SELECT pg_get_constraintdef(oid) FROM pg_constraint
+            WHERE conrelid = 'ob.outbox'::regclass AND conname = 'outbox_position_unique'),
+          'UNIQUE (aggregate_id, aggregate_version)',
+          'the position constraint is named outbox_position_unique');
+SELECT is((SELECT string_agg(conname || ':' || contype::text, ', ' ORDER BY conname)
+             FROM pg_constraint
+            WHERE conrelid = 'ob.outbox'::regclass AND contype IN ('p', 'u')),
+          'outbox_event_id_key:u, outbox_pkey:p, outbox_position_unique:u',
+          'outbox has exactly these primary key and unique constraints');
+
+-- Check constraints: declared, and enforced.
+SELECT col_has_check('ob', 'outbox', c, format('outbox.%s has a check constraint', c))
+  FROM unnest(ARRAY['event_id', 'aggregate_type', 'aggregate_id', 'aggregate_version',
+                    'event_type', 'disposition']) AS c;
+SELECT col_has_check('ob', 'inbox', 'consumer', 'inbox.consumer has a check constraint');
+SELECT col_has_check('ob', 'inbox', 'event_id', 'inbox.event_id has a check constraint');
+SELECT is((SELECT pg_get_constraintdef(oid) FROM pg_constraint
+            WHERE conrelid = 'ob.outbox'::regclass AND conname = 'outbox_published_consistent'),
+          'CHECK (((published_at IS NULL) = (disposition IS NULL)))',
+          'published_at and disposition are set together');
+
+-- A valid row to vary: (column list, values) of an insert that succeeds.
+CREATE FUNCTION pg_temp.ins(cols text, vals text) RETURNS text LANGUAGE sql AS $$
+	SELECT format('INSERT INTO ob.outbox (event_id, aggregate_type, aggregate_id, '
+	              'aggregate_version, event_type, topic%s) VALUES (%s)',
+	              CASE WHEN cols = '' THEN '' ELSE ', ' || cols END, vals)
+$$;
+SELECT lives_ok(pg_temp.ins('', $$'e-ok', 't', 'a', 1, 'E', 'x'$$),
+                'a direct insert of a valid pending row works');
+SELECT throws_ok(pg_temp.ins('', $$'e-1', 't', 'a', 0, 'E', 'x'$$), '23514',
+                 'new row for relation "outbox" violates check constraint "outbox_aggregate_version_check"',
+                 'aggregate_version 0 is rejected');
+SELECT throws_ok(pg_temp.ins('', $$'e-1', 't', 'a', -1, 'E', 'x'$$), '23514', NULL,
+                 'a negative aggregate_version is rejected');
+SELECT throws_ok(pg_temp.ins('', $$'', 't', 'a', 2, 'E', 'x'$$), '23514',
+                 'new row for relation "outbox" violates check constraint "outbox_event_id_check"',
+                 'an empty event_id is rejected');
+SELECT throws_ok(pg_temp.ins('', $$'e-1', '', 'a', 2, 'E', 'x'$$), '23514',
+                 'new row for relation "outbox" violates check constraint "outbox_aggregate_type_check"',
+                 'an empty aggregate_type is rejected');
+SELECT throws_ok(pg_temp.ins('', $$'e-1', 't', '', 2, 'E', 'x'$$), '23514',
+                 'new row for relation "outbox" violates check constraint "outbox_aggregate_id_check"',
+                 'an empty aggregate_id is rejected');
+SELECT throws_ok(pg_temp.ins('', $$'e-1', 't', 'a', 2, '', 'x'$$), '23514',
+                 'new row for relation "outbox" violates check constraint "outbox_event_type_check"',
+                 'an empty event_type is rejected');
+SELECT throws_ok(pg_temp.ins('published_at', $$'e-1', 't', 'a', 2, 'E', 'x', now()$$), '23514',
+                 'new row for relation "outbox" violates check constraint "outbox_published_consistent"',
+                 'published_at without disposition is rejected');
+SELECT throws_ok(pg_temp.ins('disposition', $$'e-1', 't', 'a', 2, 'E', 'x', 'published'$$), '23514',
+                 'new row for relation "outbox" violates check constraint "outbox_published_consistent"',
+                 'disposition without published_at is rejected');
+SELECT throws_ok(pg_temp.ins('published_at, disposition', $$'e-1', 't', 'a', 2, 'E', 'x', now(), 'sent'$$),
+                 '23514',
+                 'new row for relation "outbox" violates check constraint "outbox_disposition_check"',
+                 'an unknown disposition is rejected');
+SELECT lives_ok(pg_temp.ins('published_at, disposition', format($$'e-%s', 't', 'a', %s, 'E', 'x', now(), %L$$, i + 1, i + 1, d)),
+                format('disposition %s with published_at is accepted', d))
+  FROM unnest(ARRAY['published', 'dead_lettered', 'skipped']) WITH ORDINALITY AS u(d, i);
+SELECT throws_ok(pg_temp.ins('', $$'e-ok', 't', 'b', 1, 'E', 'x'$$), '23505',
+                 'duplicate key value violates unique constraint "outbox_event_id_key"',
+                 'a duplicate event_id is rejected by the table');
+SELECT throws_ok(pg_temp.ins('', $$'e-other', 't', 'a', 1, 'E', 'x'$$), '23505',
+                 'duplicate key value violates unique constraint "outbox_position_unique"',
+                 'a duplicate (aggregate_id, aggregate_version) is rejected by the table');
+SELECT throws_ok($$INSERT INTO ob.outbox (id, event_id, aggregate_type, aggregate_id,
+                   aggregate_version, event_type, topic) VALUES (1, 'e-id', 't', 'z', 1, 'E', 'x')$$,
+                 '428C9', NULL, 'outbox.id cannot be supplied');
+SELECT throws_ok($$INSERT INTO ob.poison_policy (topic, aggregate_type, policy) VALUES ('t', 'a', 'skip')$$,
+                 '23514', 'new row for relation "poison_policy" violates check constraint "poison_policy_one_key"',
+                 'a poison policy is for a topic or an aggregate type, not both');
+SELECT throws_ok($$INSERT INTO ob.poison_policy (policy) VALUES ('skip')$$,
+                 '23514', 'new row for relation "poison_policy" violates check constraint "poison_policy_one_key"',
+                 'a poison policy needs a topic or an aggregate type');
+SELECT throws_ok($$INSERT INTO ob.poison_policy (topic, policy) VALUES ('t', 'retry')$$,
+                 '23514', 'new row for relation "poison_policy" violates check constraint "poison_policy_policy_check"',
+                 'an unknown poison policy is rejected');
+SELECT lives_ok($$INSERT INTO ob.poison_policy (topic, policy)
+                  VALUES ('t1', 'block'), ('t2', 'dead_letter'), ('t3', 'skip')$$,
+                'the three poison policies are accepted');
+SELECT is((SELECT count(*) FROM ob.publisher_control WHERE NOT paused), 1::bigint,
+          'publisher_control has its one row, not paused');
+SELECT throws_ok($$INSERT INTO ob.publisher_control DEFAULT VALUES$$, '23505', NULL,
+                 'publisher_control cannot have a second row');
+SELECT throws_ok($$INSERT INTO ob.publisher_control (singleton) VALUES (false)$$, '23514', NULL,
+                 'publisher_control.singleton must be true');
+SELECT throws_ok($$INSERT INTO ob.inbox (consumer, event_id) VALUES ('', 'x')$$, '23514',
+                 'new row for relation "inbox" violates check constraint "inbox_consumer_check"',
+                 'an empty inbox consumer is rejected');
+SELECT throws_ok($$INSERT INTO ob.inbox (consumer, event_id) VALUES ('c', '')$$, '23514',
+                 'new row for relation "inbox" violates check constraint "inbox_event_id_check"',
+                 'an empty inbox event_id is rejected');
+
+-- Indexes.
+SELECT indexes_are('ob', 'outbox', ARRAY['outbox_pkey', 'outbox_event_id_key',
+                   'outbox_position_unique', 'outbox_pending_idx', 'outbox_published_at_idx',
+                   'outbox_disposed_idx'],
+                   'outbox has exactly the expected indexes');
+SELECT has_index('ob', 'outbox', 'outbox_pending_idx', 'id', 'the pending index is on id');
+SELECT index_is_type('ob', 'outbox', 'outbox_pending_idx', 'btree', 'the pending index is a btree');
+SELECT is((SELECT pg_get_expr(indpred, indrelid) FROM pg_index
+            WHERE indexrelid = 'ob.outbox_pending_idx'::regclass),
+          '(published_at IS NULL)', 'the pending index holds pending rows only');
+SELECT isnt((SELECT indisunique FROM pg_index WHERE indexrelid = 'ob.outbox_pending_idx'::regclass),
+            true, 'the pending index is not unique');
+SELECT is((SELECT pg_get_expr(indpred, indrelid) FROM pg_index
+            WHERE indexrelid = 'ob.outbox_published_at_idx'::regclass),
+          '(published_at IS NOT NULL)', 'the retention index holds published rows only');
+SELECT is((SELECT pg_get_expr(indpred, indrelid) FROM pg_index
+            WHERE indexrelid = 'ob.outbox_disposed_idx'::regclass),
+          '(disposition = ANY (ARRAY[''dead_lettered''::text, ''skipped''::text]))',
+          'the disposed index holds dead-lettered and skipped rows only');
+SELECT has_index('ob', 'inbox', 'inbox_processed_at_idx', 'processed_at',
+                 'the inbox has an index for retention by processed_at');
+
+-- Types.
+SELECT has_composite('ob', 'emitted_event', 'the emitted_event composite type exists');
+SELECT is((SELECT string_agg(attname || ' ' || format_type(atttypid, atttypmod), ', ' ORDER BY attnum)
+             FROM pg_attribute
+            WHERE attrelid = 'ob.emitted_event'::regclass AND attnum > 0 AND NOT attisdropped),
+          'id bigint, event_id text, aggregate_version bigint, topic text',
+          'emitted_event is (id bigint, event_id text, aggregate_version bigint, topic text)');
+
+-- Functions.
+SELECT functions_are('ob', ARRAY['uuid_v7', 'outbox_emit', 'inbox_claim',
+                     'outbox_counters', 'outbox_latency_histogram', 'outbox_test_fatal_error',
+                     'outbox_lock_aggregate', 'outbox_wake_on_commit', 'outbox_workers',
+                     'outbox_check_arg', 'outbox_retry', 'outbox_pending_event', 'outbox_settled',
+                     'outbox_skip', 'outbox_dead_letter', 'outbox_replay', 'outbox_pause',
+                     'outbox_resume'],
+                     'the extension creates exactly these functions');
+SELECT has_function('ob', 'outbox_emit',
+                    ARRAY['text', 'text', 'text', 'jsonb', 'text', 'jsonb', 'text', 'bigint'],
+                    'outbox_emit(text, text, text, jsonb, text, jsonb, text, bigint) exists');
+SELECT is(pg_get_function_arguments('ob.outbox_emit(text, text, text, jsonb, text, jsonb, text, bigint)'::regprocedure),
+          'aggregate_type text, aggregate_id text, event_type text, payload jsonb, '
+          'topic text DEFAULT NULL::text, headers jsonb DEFAULT NULL::jsonb, '
+          'event_id text DEFAULT NULL::text, aggregate_version bigint DEFAULT NULL::bigint',
+          'outbox_emit has named arguments, the last four defaulting to NULL');
+SELECT function_returns('ob', 'outbox_emit',
+                        ARRAY['text', 'text', 'text', 'jsonb', 'text', 'jsonb', 'text', 'bigint'],
+                        'ob.emitted_event', 'outbox_emit returns emitted_event');
+SELECT function_lang_is('ob', 'outbox_emit',
+                        ARRAY['text', 'text', 'text', 'jsonb', 'text', 'jsonb', 'text', 'bigint'],
+                        'c', 'outbox_emit is written in C');
+SELECT volatility_is('ob', 'outbox_emit',
+                     ARRAY['text', 'text', 'text', 'jsonb', 'text', 'jsonb', 'text', 'bigint'],
+                     'volatile', 'outbox_emit is volatile');
+SELECT isnt_strict('ob', 'outbox_emit',
+                   ARRAY['text', 'text', 'text', 'jsonb', 'text', 'jsonb', 'text', 'bigint'],
+                   'outbox_emit is not strict (a NULL payload is a tombstone)');
+
+SELECT has_function('ob', 'inbox_claim', ARRAY['text', 'text'], 'inbox_claim(text, text) exists');
+SELECT is(pg_get_function_arguments('ob.inbox_claim(text, text)'::regprocedure),
+          'consumer text, event_id text', 'inbox_claim has named arguments');
+SELECT function_returns('ob', 'inbox_claim', ARRAY['text', 'text'], 'boolean',
+                        'inbox_claim returns boolean');
+SELECT function_lang_is('ob', 'inbox_claim', ARRAY['text', 'text'], 'plpgsql',
+                        'inbox_claim is written in PL/pgSQL');
+SELECT volatility_is('ob', 'inbox_claim', ARRAY['text', 'text'], 'volatile',
+                     'inbox_claim is volatile');
+
+SELECT has_function('ob', 'uuid_v7', ARRAY[]::text[], 'uuid_v7() exists');
+SELECT function_returns('ob', 'uuid_v7', ARRAY[]::text[], 'uuid', 'uuid_v7 returns uuid');
+SELECT volatility_is('ob', 'uuid_v7', ARRAY[]::text[], 'volatile', 'uuid_v7 is volatile');
+SELECT isnt_definer('ob', 'uuid_v7', ARRAY[]::text[], 'uuid_v7 is not SECURITY DEFINER');
+
+SELECT function_returns('ob', 'outbox_counters', ARRAY[]::text[], 'setof record',
+                        'outbox_counters returns a set of records');
+SELECT is(pg_get_function_arguments('ob.outbox_counters()'::regprocedure),
+          'OUT name text, OUT value bigint', 'outbox_counters returns (name text, value bigint)');
+SELECT function_returns('ob', 'outbox_latency_histogram', ARRAY[]::text[], 'setof record',
+                        'outbox_latency_histogram returns a set of records');
+SELECT is(pg_get_function_arguments('ob.outbox_latency_histogram()'::regprocedure),
+          'OUT le_ms double precision, OUT count bigint',
+          'outbox_latency_histogram returns (le_ms float8, count bigint)');
+SELECT isnt_definer('ob', 'outbox_counters', ARRAY[]::text[], 'outbox_counters is not SECURITY DEFINER');
+
+-- SECURITY DEFINER with a pinned search_path.
+SELECT is_definer('ob', 'outbox_emit',
+                  ARRAY['text', 'text', 'text', 'jsonb', 'text', 'jsonb', 'text', 'bigint'],
+                  'outbox_emit is SECURITY DEFINER');
+SELECT is((SELECT proconfig FROM pg_proc
+            WHERE oid = 'ob.outbox_emit(text, text, text, jsonb, text, jsonb, text, bigint)'::regprocedure),
+          ARRAY['search_path=pg_catalog, pg_temp'],
+          'outbox_emit pins search_path to pg_catalog, pg_temp');
+SELECT is_definer('ob', 'inbox_claim', ARRAY['text', 'text'], 'inbox_claim is SECURITY DEFINER');
+SELECT is((SELECT proconfig FROM pg_proc WHERE oid = 'ob.inbox_claim(text, text)'::regprocedure),
+          ARRAY['search_path=pg_catalog, pg_temp'],
+          'inbox_claim pins search_path to pg_catalog, pg_temp');
+SELECT is((SELECT string_agg(proname, ' ' ORDER BY proname) FROM pg_proc
+            WHERE pronamespace = 'ob'::regnamespace AND prosecdef),
+          'inbox_claim outbox_dead_letter outbox_emit outbox_pause outbox_replay '
+          'outbox_resume outbox_retry outbox_skip',
+          'the SECURITY DEFINER functions are emit, claim and the operator functions');
+-- Every SECURITY DEFINER function of the extension pins search_path.
+SELECT is_empty($$SELECT oid::regprocedure FROM pg_proc
+                   WHERE pronamespace = 'ob'::regnamespace AND prosecdef
+                     AND NOT coalesce(proconfig @> ARRAY['search_path=pg_catalog, pg_temp'], false)$$,
+                'every SECURITY DEFINER function pins its search_path');
+
+-- The tables belong to the extension (DROP EXTENSION removes them).
+SELECT is_empty($$SELECT c.oid::regclass FROM pg_class c
+                   WHERE c.relnamespace = 'ob'::regnamespace AND c.relkind = 'r'
+                     AND NOT EXISTS (SELECT 1 FROM pg_depend d
+                                      WHERE d.classid = 'pg_class'::regclass AND d.objid = c.oid
+                                        AND d.refclassid = 'pg_extension'::regclass AND d.deptype = 'e')$$,
+                'every table of the schema is a member of the extension');
+
+-- pg_dump does not dump the tables of an extension, nor their rows, unless
+-- the extension marks them with pg_extension_config_dump(): without it a
+-- dump and restore loses every pending event, the inbox (consumers then
+-- process events again), last_published_version (versions are assigned
+-- again from 1 once retention deleted the published rows) and the poison
+-- policies.  publisher_control's one row is made by the install script, so
+-- dumping it would collide on restore.
+SELECT is((SELECT array_agg(c::regclass::text ORDER BY c::regclass::text)
+             FROM pg_extension e, unnest(e.extconfig) AS c WHERE e.extname = 'outbox'),
+          ARRAY['ob.aggregate_publication', 'ob.inbox', 'ob.outbox', 'ob.outbox_id_seq',
+                'ob.poison_policy'],
+          'pg_dump dumps the rows of every table of the extension but publisher_control');
+SELECT ok(coalesce((SELECT pg_get_serial_sequence('ob.outbox', 'id')::regclass = ANY (e.extconfig)
+                      FROM pg_extension e WHERE e.extname = 'outbox'), false),
+          'pg_dump dumps the outbox id sequence (else restored ids restart at 1)');
+
+SELECT * FROM finish();
+ROLLBACK;
