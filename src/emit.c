@@ -13,7 +13,6 @@
 #include "access/htup_details.h"
 #include "access/xact.h"
 #include "catalog/pg_type.h"
-#include "common/pg_prng.h"
 #include "executor/spi.h"
 #include "fmgr.h"
 #include "funcapi.h"
@@ -27,6 +26,7 @@
 #include "utils/timestamp.h"
 #include "utils/uuid.h"
 
+#include "compat.h"
 #include "outbox.h"
 
 PG_FUNCTION_INFO_V1(outbox_emit);
@@ -85,7 +85,7 @@ generate_uuid_v7(pg_uuid_t *uuid)
 	else
 	{
 		last_ms = ms;
-		seq = (uint16) (pg_prng_uint32(&pg_global_prng_state) & 0x07ff);
+		seq = (uint16) (outbox_random_u32() & 0x07ff);
 	}
 
 	if (!pg_strong_random(uuid->data + 8, UUID_LEN - 8))

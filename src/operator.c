@@ -14,6 +14,7 @@
 #include "utils/builtins.h"
 #include "utils/timestamp.h"
 
+#include "compat.h"
 #include "outbox.h"
 
 PG_FUNCTION_INFO_V1(outbox_lock_aggregate);

@@ -19,6 +19,7 @@
 #include "utils/guc.h"
 #include "utils/memutils.h"
 
+#include "compat.h"
 #include "outbox.h"
 #include "kafka.h"
 

@@ -14,6 +14,7 @@
 #include "utils/builtins.h"
 #include "utils/float.h"
 
+#include "compat.h"
 #include "outbox.h"
 #include "stats.h"
 

@@ -51,6 +51,7 @@
 #include "utils/snapmgr.h"
 #include "utils/timestamp.h"
 
+#include "compat.h"
 #include "outbox.h"
 #include "kafka.h"
 

@@ -1,0 +1,60 @@
+/*-------------------------------------------------------------------------
+ *
+ * compat.h
+ *	  What differs between the PostgreSQL versions outbox builds on (13-17).
+ *
+ *-------------------------------------------------------------------------
+ */
+#ifndef OUTBOX_COMPAT_H
+#define OUTBOX_COMPAT_H
+
+#include "funcapi.h"
+#include "miscadmin.h"
+#include "utils/timestamp.h"
+#include "utils/tuplestore.h"
+
+#if PG_VERSION_NUM < 150000
+#define MarkGUCPrefixReserved(prefix) EmitWarningsOnPlaceholders(prefix)
+
+/* InitMaterializedSRF() arrived in 15: the same set-up, by hand. */
+static inline void
+InitMaterializedSRF(FunctionCallInfo fcinfo, int flags)
+{
+	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+	TupleDesc	tupdesc;
+	MemoryContext oldcxt;
+
+	if (rsinfo == NULL || !IsA(rsinfo, ReturnSetInfo) ||
+		!(rsinfo->allowedModes & SFRM_Materialize))
+		ereport(ERROR,
+				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+				 errmsg("set-valued function called in context that cannot accept a set")));
+	if (get_call_result_type(fcinfo, NULL, &tupdesc) != TYPEFUNC_COMPOSITE)
+		elog(ERROR, "return type must be a row type");
+	oldcxt = MemoryContextSwitchTo(rsinfo->econtext->ecxt_per_query_memory);
+	rsinfo->returnMode = SFRM_Materialize;
+	rsinfo->setResult = tuplestore_begin_heap(true, false, work_mem);
+	rsinfo->setDesc = CreateTupleDescCopy(tupdesc);
+	MemoryContextSwitchTo(oldcxt);
+}
+
+/* pg_prng arrived in 15. */
+#define outbox_random_u32() ((uint32) random())
+#else
+#include "common/pg_prng.h"
+#define outbox_random_u32() pg_prng_uint32(&pg_global_prng_state)
+#endif
+
+#if PG_VERSION_NUM < 140000
+static inline long
+TimestampDifferenceMilliseconds(TimestampTz start_time, TimestampTz stop_time)
+{
+	TimestampTz diff = stop_time - start_time;
+
+	if (diff <= 0)
+		return 0;
+	return (long) Min(diff / 1000, (TimestampTz) INT_MAX);
+}
+#endif
+
+#endif							/* OUTBOX_COMPAT_H */
