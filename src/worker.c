@@ -912,12 +912,13 @@ run_batch(void)
 }
 
 /*
- * Delete settled outbox rows and inbox entries past their retention, one
- * small batch of each per call, in a transaction of its own: the deletes
- * touch only old rows, which emitters never read or lock.
+ * Delete settled outbox rows and inbox entries past their retention, in
+ * transactions of outbox.retention_batch rows each: the deletes touch only
+ * old rows, which emitters never read or lock.  Returns true if a batch was
+ * full (more is probably due).
  */
-static void
-run_retention(void)
+static bool
+retention_batch(void)
 {
 	char	   *schema;
 	Oid			nspid = InvalidOid;
@@ -925,7 +926,6 @@ run_retention(void)
 	uint64		inbox_deleted = 0;
 	Datum		args[2];
 
-	set_state("retention");
 	SetCurrentStatementStartTimestamp();
 	StartTransactionCommand();
 	if (SPI_connect() != SPI_OK_CONNECT)
@@ -957,11 +957,26 @@ run_retention(void)
 	CommitTransactionCommand();
 	outbox_count(OC_RETENTION_DELETED, deleted);
 	outbox_count(OC_INBOX_RETENTION_DELETED, inbox_deleted);
+	return deleted >= (uint64) outbox_retention_batch ||
+		inbox_deleted >= (uint64) outbox_retention_batch;
+}
 
-	/* A full batch: come back soon rather than in a second. */
-	last_retention_at = (deleted >= (uint64) outbox_retention_batch ||
-						 inbox_deleted >= (uint64) outbox_retention_batch)
-		? 0 : GetCurrentTimestamp();
+/*
+ * Retention, once a second: batches until one is not full, for at most a
+ * tenth of a second so that publishing is not held up.
+ */
+static void
+run_retention(void)
+{
+	TimestampTz start = GetCurrentTimestamp();
+
+	if (outbox_retention_s < 0 && outbox_inbox_retention_s < 0)
+		return;
+	set_state("retention");
+	while (retention_batch() &&
+		   !TimestampDifferenceExceeds(start, GetCurrentTimestamp(), 100))
+		CHECK_FOR_INTERRUPTS();
+	last_retention_at = start;
 }
 
 /*

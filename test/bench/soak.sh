@@ -1,0 +1,109 @@
+#!/usr/bin/env bash
+#
+# Long run: a million events through emit, publish and retention, sampled
+# every 10 s, to show that emit and publish speed stay flat and the outbox
+# stays small.  A benchmark, not a test: it prints figures.
+#
+#   test/bench/soak.sh [total_events]     (default 1000000; as root or postgres)
+#
+# Set-up: one publisher, mock Kafka (3 brokers, 16 partitions),
+# outbox.retention = 0 (rows deleted as soon as they are published),
+# autovacuum as the extension configures it.  pgbench, 4 clients, each
+# transaction emits 10 events on random aggregates of 10,000.
+set -euo pipefail
+
+total=${1:-1000000}
+src=$(cd "$(dirname "$0")/../.." && pwd)
+
+if [ "$(id -u)" = 0 ]; then
+	work=$(mktemp -d /tmp/outbox-soak.XXXXXX)
+	cp -r "$src/test" "$work/"
+	chown -R postgres: "$work"
+	rc=0
+	runuser -u postgres -- env OUTBOX_SOAK_WORK="$work" bash "$work/test/bench/soak.sh" "$total" || rc=$?
+	rm -rf "$work"
+	exit "$rc"
+fi
+
+work=${OUTBOX_SOAK_WORK:-$(mktemp -d /tmp/outbox-soak.XXXXXX)}
+tools=$src/test/tools
+export PATH="$(pg_config --bindir):$PATH"
+export PGHOST=$work PGPORT=$((20000 + RANDOM % 20000)) PGDATABASE=postgres
+
+mock_pid=
+bench_pid=
+cleanup() {
+	[ -n "$bench_pid" ] && kill "$bench_pid" 2>/dev/null || true
+	pg_ctl -D "$work/data" -m fast stop >/dev/null 2>&1 || true
+	[ -n "$mock_pid" ] && kill "$mock_pid" 2>/dev/null || true
+}
+trap cleanup EXIT
+
+"$tools/mock_kafka" --brokers 3 --bootstrap-file "$work/bootstrap" --topic outbox.event.soak:16 \
+	--control-file "$work/control" --max-seconds 3600 >"$work/mock.log" 2>&1 &
+mock_pid=$!
+for _ in $(seq 50); do [ -s "$work/bootstrap" ] && break; sleep 0.1; done
+
+initdb -D "$work/data" -A trust --no-sync -E UTF8 --locale=C >/dev/null
+cat >>"$work/data/postgresql.conf" <<EOF
+listen_addresses = ''
+unix_socket_directories = '$work'
+port = $PGPORT
+shared_preload_libraries = 'outbox'
+outbox.database = 'postgres'
+outbox.brokers = '$(cat "$work/bootstrap")'
+outbox.retention = 0
+shared_buffers = 256MB
+max_wal_size = 4GB
+EOF
+pg_ctl -D "$work/data" -l "$work/postgres.log" -w start >/dev/null
+psql -q -X -c 'CREATE EXTENSION outbox'
+
+clients=4
+per_tx=10
+tx=$((total / clients / per_tx))
+{
+	echo '\set aid random(1, 10000)'
+	echo 'BEGIN;'
+	for i in $(seq $per_tx); do
+		echo "SELECT outbox_emit('soak', 'agg-' || ((:aid + $i) % 10000), 'Changed', '{\"n\": $i, \"pad\": \"xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx\"}');"
+	done
+	echo 'COMMIT;'
+} >"$work/emit.sql"
+
+sample() {
+	psql -X -Atc "SELECT coalesce((SELECT last_value FROM outbox_id_seq), 0),
+		(SELECT value FROM outbox_counters() WHERE name = 'events_published'),
+		(SELECT pending_events FROM outbox_status),
+		pg_total_relation_size('outbox'),
+		(SELECT n_dead_tup FROM pg_stat_user_tables WHERE relname = 'outbox')" | tr '|' ' '
+}
+
+echo "soak: $total events, $clients clients x $per_tx events per transaction, retention 0"
+echo
+echo "| t (s) | emitted | emit/s | published | publish/s | pending | outbox size (MB) | dead tuples |"
+echo "|---:|---:|---:|---:|---:|---:|---:|---:|"
+start=$(date +%s)
+pgbench -n -c $clients -j 2 -t $tx -f "$work/emit.sql" postgres >"$work/pgbench.log" 2>&1 &
+bench_pid=$!
+read -r e0 p0 _ _ _ <<<"$(sample)"
+t0=$start
+while :; do
+	sleep 10
+	now=$(date +%s)
+	read -r e p pending size dead <<<"$(sample)"
+	dt=$((now - t0))
+	printf '| %d | %d | %d | %d | %d | %d | %.1f | %d |\n' $((now - start)) "$e" $(((e - e0) / dt)) \
+		"$p" $(((p - p0) / dt)) "$pending" "$(echo "$size / 1048576" | bc -l)" "${dead:-0}"
+	e0=$e; p0=$p; t0=$now
+	if ! kill -0 "$bench_pid" 2>/dev/null && [ "$pending" = 0 ]; then
+		break
+	fi
+	[ $((now - start)) -gt 1800 ] && { echo "soak: stopped after 30 minutes"; break; }
+done
+wait "$bench_pid" 2>/dev/null || true
+bench_pid=
+echo
+grep -E "^(tps|latency average)" "$work/pgbench.log" | sed 's/^/pgbench: /'
+psql -X -Atc "SELECT 'outbox rows left: ' || count(*) FROM outbox"
+psql -X -Atc "SELECT 'outbox size at end: ' || pg_size_pretty(pg_total_relation_size('outbox'))"
