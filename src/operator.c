@@ -51,12 +51,12 @@ outbox_worker_status(PG_FUNCTION_ARGS)
 {
 	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
 
-	if (outbox_shared == NULL)
-		ereport(ERROR,
-				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
-				 errmsg("outbox must be loaded via shared_preload_libraries")));
-
 	InitMaterializedSRF(fcinfo, 0);
+
+	/* Not preloaded: no workers, and outbox_status still works. */
+	if (outbox_shared == NULL)
+		return (Datum) 0;
+
 	for (int i = 0; i < outbox_workers; i++)
 	{
 		OutboxWorkerSlot *slot = &outbox_shared->workers[i];

@@ -230,7 +230,7 @@ prepare_plans(Oid nspid, const char *schema)
 									   "o.dead_letter_requested "
 									   "FROM %s.outbox o "
 									   "WHERE o.published_at IS NULL "
-									   "AND NOT (SELECT c.paused FROM %s.publisher_control c) "
+									   "AND NOT coalesce((SELECT c.paused FROM %s.publisher_control c), false) "
 									   "AND ($2 = 1 OR ((pg_catalog.hashtext(o.aggregate_id) & 2147483647) %% %d) %% $2 = $3) "
 									   "AND NOT EXISTS (SELECT 1 FROM %s.aggregate_publication p "
 									   "WHERE p.aggregate_id = o.aggregate_id "
