@@ -240,12 +240,12 @@ prepare_plans(Oid nspid, const char *schema)
 							  3, fetch_types);
 
 	mark_plan = prepare_kept(psprintf(
-									  "UPDATE %s.outbox o SET published_at = $1, disposition = u.d, "
+									  "UPDATE %s.outbox o SET published_at = $1, disposition = u.d::%s.outbox_disposition, "
 									  "attempts = o.attempts + CASE WHEN u.d = 'skipped' THEN 0 ELSE 1 END, "
 									  "last_error = CASE WHEN u.d = 'published' THEN NULL ELSE o.last_error END, "
 									  "kafka_partition = NULLIF(u.p, -1), kafka_offset = NULLIF(u.off, -1) "
 									  "FROM unnest($2, $3, $4, $5) AS u(id, p, off, d) "
-									  "WHERE o.id = u.id", s),
+									  "WHERE o.id = u.id", s, s),
 							 5, mark_types);
 
 	progress_plan = prepare_kept(psprintf(
@@ -302,7 +302,7 @@ prepare_plans(Oid nspid, const char *schema)
 										   "JOIN %s.aggregate_publication p ON p.aggregate_id = d.aggregate_id "
 										   "WHERE d.published_at < pg_catalog.now() - pg_catalog.make_interval(secs => $1) "
 										   "AND d.aggregate_version <= p.last_published_version "
-										   "ORDER BY d.published_at LIMIT $2) x WHERE o.id = x.id", s, s, s),
+										   "ORDER BY d.id LIMIT $2) x WHERE o.id = x.id", s, s, s),
 								  2, retention_types);
 
 	inbox_retention_plan = prepare_kept(psprintf(

@@ -27,7 +27,7 @@ SELECT results_eq(
 	         disposition, attempts, kafka_partition, kafka_offset, last_error
 	    FROM ob.outbox WHERE id = (SELECT id FROM r1)$$,
 	$$VALUES ('order', 'c-1', 'OrderCreated', '{"total": 1}'::jsonb, NULL::jsonb,
-	          NULL::timestamptz, NULL::text, 0, NULL::int, NULL::bigint, NULL::text)$$,
+	          NULL::timestamptz, NULL::ob.outbox_disposition, 0, NULL::int, NULL::bigint, NULL::text)$$,
 	'the stored row is pending, with the given values');
 
 CREATE TEMP TABLE r2 AS

@@ -5,7 +5,7 @@ BEGIN;
 CREATE SCHEMA ob;
 CREATE EXTENSION outbox SCHEMA ob;
 
-SELECT plan(174);
+SELECT plan(156);
 
 -- Extension
 
@@ -61,7 +61,7 @@ SELECT col_type_is('ob', t, c, ty, format('%s.%s is %s', t, c, ty))
 	('outbox', 'payload', 'jsonb'),
 	('outbox', 'created_at', 'timestamp with time zone'),
 	('outbox', 'published_at', 'timestamp with time zone'),
-	('outbox', 'disposition', 'text'),
+	('outbox', 'disposition', 'ob.outbox_disposition'),
 	('outbox', 'kafka_partition', 'integer'),
 	('outbox', 'kafka_offset', 'bigint'),
 	('outbox', 'attempts', 'integer'),
@@ -167,16 +167,14 @@ SELECT is((SELECT string_agg(conname || ':' || contype::text, ', ' ORDER BY conn
           'outbox_event_id_key:u, outbox_pkey:p, outbox_position_unique:u',
           'outbox has exactly these primary key and unique constraints');
 
--- Check constraints: declared, and enforced.
-SELECT col_has_check('ob', 'outbox', c, format('outbox.%s has a check constraint', c))
-  FROM unnest(ARRAY['event_id', 'aggregate_type', 'aggregate_id', 'aggregate_version',
-                    'event_type', 'disposition']) AS c;
-SELECT col_has_check('ob', 'inbox', 'consumer', 'inbox.consumer has a check constraint');
-SELECT col_has_check('ob', 'inbox', 'event_id', 'inbox.event_id has a check constraint');
-SELECT is((SELECT pg_get_constraintdef(oid) FROM pg_constraint
-            WHERE conrelid = 'ob.outbox'::regclass AND conname = 'outbox_published_consistent'),
-          'CHECK (((published_at IS NULL) = (disposition IS NULL)))',
-          'published_at and disposition are set together');
+-- No check constraints on the hot tables: outbox_emit() and inbox_claim()
+-- validate their arguments, and the executor would parse every check
+-- expression on each single-row insert.  disposition is an enum instead.
+SELECT is((SELECT count(*) FROM pg_constraint
+            WHERE conrelid IN ('ob.outbox'::regclass, 'ob.inbox'::regclass) AND contype = 'c'),
+          0::bigint, 'outbox and inbox carry no check constraints');
+SELECT enum_has_labels('ob', 'outbox_disposition', ARRAY['published', 'dead_lettered', 'skipped'],
+                       'outbox_disposition has exactly the three outcomes');
 
 -- A valid row to vary: (column list, values) of an insert that succeeds.
 CREATE FUNCTION pg_temp.ins(cols text, vals text) RETURNS text LANGUAGE sql AS $$
@@ -186,32 +184,8 @@ CREATE FUNCTION pg_temp.ins(cols text, vals text) RETURNS text LANGUAGE sql AS $
 $$;
 SELECT lives_ok(pg_temp.ins('', $$'e-ok', 't', 'a', 1, 'E', 'x'$$),
                 'a direct insert of a valid pending row works');
-SELECT throws_ok(pg_temp.ins('', $$'e-1', 't', 'a', 0, 'E', 'x'$$), '23514',
-                 'new row for relation "outbox" violates check constraint "outbox_aggregate_version_check"',
-                 'aggregate_version 0 is rejected');
-SELECT throws_ok(pg_temp.ins('', $$'e-1', 't', 'a', -1, 'E', 'x'$$), '23514', NULL,
-                 'a negative aggregate_version is rejected');
-SELECT throws_ok(pg_temp.ins('', $$'', 't', 'a', 2, 'E', 'x'$$), '23514',
-                 'new row for relation "outbox" violates check constraint "outbox_event_id_check"',
-                 'an empty event_id is rejected');
-SELECT throws_ok(pg_temp.ins('', $$'e-1', '', 'a', 2, 'E', 'x'$$), '23514',
-                 'new row for relation "outbox" violates check constraint "outbox_aggregate_type_check"',
-                 'an empty aggregate_type is rejected');
-SELECT throws_ok(pg_temp.ins('', $$'e-1', 't', '', 2, 'E', 'x'$$), '23514',
-                 'new row for relation "outbox" violates check constraint "outbox_aggregate_id_check"',
-                 'an empty aggregate_id is rejected');
-SELECT throws_ok(pg_temp.ins('', $$'e-1', 't', 'a', 2, '', 'x'$$), '23514',
-                 'new row for relation "outbox" violates check constraint "outbox_event_type_check"',
-                 'an empty event_type is rejected');
-SELECT throws_ok(pg_temp.ins('published_at', $$'e-1', 't', 'a', 2, 'E', 'x', now()$$), '23514',
-                 'new row for relation "outbox" violates check constraint "outbox_published_consistent"',
-                 'published_at without disposition is rejected');
-SELECT throws_ok(pg_temp.ins('disposition', $$'e-1', 't', 'a', 2, 'E', 'x', 'published'$$), '23514',
-                 'new row for relation "outbox" violates check constraint "outbox_published_consistent"',
-                 'disposition without published_at is rejected');
 SELECT throws_ok(pg_temp.ins('published_at, disposition', $$'e-1', 't', 'a', 2, 'E', 'x', now(), 'sent'$$),
-                 '23514',
-                 'new row for relation "outbox" violates check constraint "outbox_disposition_check"',
+                 '22P02', 'invalid input value for enum ob.outbox_disposition: "sent"',
                  'an unknown disposition is rejected');
 SELECT lives_ok(pg_temp.ins('published_at, disposition', format($$'e-%s', 't', 'a', %s, 'E', 'x', now(), %L$$, i + 1, i + 1, d)),
                 format('disposition %s with published_at is accepted', d))
@@ -243,17 +217,10 @@ SELECT throws_ok($$INSERT INTO ob.publisher_control DEFAULT VALUES$$, '23505', N
                  'publisher_control cannot have a second row');
 SELECT throws_ok($$INSERT INTO ob.publisher_control (singleton) VALUES (false)$$, '23514', NULL,
                  'publisher_control.singleton must be true');
-SELECT throws_ok($$INSERT INTO ob.inbox (consumer, event_id) VALUES ('', 'x')$$, '23514',
-                 'new row for relation "inbox" violates check constraint "inbox_consumer_check"',
-                 'an empty inbox consumer is rejected');
-SELECT throws_ok($$INSERT INTO ob.inbox (consumer, event_id) VALUES ('c', '')$$, '23514',
-                 'new row for relation "inbox" violates check constraint "inbox_event_id_check"',
-                 'an empty inbox event_id is rejected');
 
 -- Indexes.
 SELECT indexes_are('ob', 'outbox', ARRAY['outbox_pkey', 'outbox_event_id_key',
-                   'outbox_position_unique', 'outbox_pending_idx', 'outbox_published_at_idx',
-                   'outbox_disposed_idx'],
+                   'outbox_position_unique', 'outbox_pending_idx', 'outbox_disposed_idx'],
                    'outbox has exactly the expected indexes');
 SELECT has_index('ob', 'outbox', 'outbox_pending_idx', 'id', 'the pending index is on id');
 SELECT index_is_type('ob', 'outbox', 'outbox_pending_idx', 'btree', 'the pending index is a btree');
@@ -263,11 +230,8 @@ SELECT is((SELECT pg_get_expr(indpred, indrelid) FROM pg_index
 SELECT isnt((SELECT indisunique FROM pg_index WHERE indexrelid = 'ob.outbox_pending_idx'::regclass),
             true, 'the pending index is not unique');
 SELECT is((SELECT pg_get_expr(indpred, indrelid) FROM pg_index
-            WHERE indexrelid = 'ob.outbox_published_at_idx'::regclass),
-          '(published_at IS NOT NULL)', 'the retention index holds published rows only');
-SELECT is((SELECT pg_get_expr(indpred, indrelid) FROM pg_index
             WHERE indexrelid = 'ob.outbox_disposed_idx'::regclass),
-          '(disposition = ANY (ARRAY[''dead_lettered''::text, ''skipped''::text]))',
+          '(disposition = ANY (ARRAY[''dead_lettered''::ob.outbox_disposition, ''skipped''::ob.outbox_disposition]))',
           'the disposed index holds dead-lettered and skipped rows only');
 SELECT has_index('ob', 'inbox', 'inbox_processed_at_idx', 'processed_at',
                  'the inbox has an index for retention by processed_at');

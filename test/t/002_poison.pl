@@ -112,7 +112,7 @@ is(psql(q{SELECT count(*) FROM outbox WHERE aggregate_id = 'poison-3' AND publis
 psql(q{SELECT outbox_resume()});
 ok(poll_until(q{SELECT count(*) = 0 FROM outbox WHERE aggregate_id = 'poison-3' AND published_at IS NULL}),
 	'resume: publishing continues');
-is(psql(q{SELECT string_agg(disposition, ',' ORDER BY aggregate_version) FROM outbox WHERE aggregate_id = 'poison-3'}),
+is(psql(q{SELECT string_agg(disposition::text, ',' ORDER BY aggregate_version) FROM outbox WHERE aggregate_id = 'poison-3'}),
 	'dead_lettered,published', 'the operator-dead-lettered event went to the dead-letter topic');
 
 # --- skip, chosen per aggregate type ---------------------------------------
