@@ -1,6 +1,7 @@
 -- Operator functions and status views (no publisher runs in this cluster:
 -- publication states are set up by hand, as the publisher would leave them).
 SET search_path = ob, public;
+\set SHOW_CONTEXT never
 TRUNCATE outbox, aggregate_publication, inbox;
 
 SELECT aggregate_version FROM outbox_emit('order', 'op-1', 'A', '{}', event_id => 'op-1-a');

@@ -342,14 +342,19 @@ $$;
 COMMENT ON FUNCTION @extschema@.outbox_retry(text) IS
 'unblock an aggregate (or end its backoff) so the publisher tries its next event now';
 
--- The pending event, locked; errors for a missing or already settled one.
-CREATE FUNCTION @extschema@.outbox_pending_event(event_id text, OUT id bigint,
-	OUT aggregate_id text, OUT aggregate_version bigint, OUT disposition @extschema@.outbox_disposition)
+-- The event an operator acts on, locked with its aggregate.  An event that
+-- already has the wanted disposition is a no-op (already = true); one
+-- settled otherwise, or missing, is an error.
+CREATE FUNCTION @extschema@.outbox_pending_event(event_id text,
+	wanted @extschema@.outbox_disposition, OUT id bigint,
+	OUT aggregate_id text, OUT aggregate_version bigint, OUT already boolean)
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
 	agg text;
+	disposition @extschema@.outbox_disposition;
+	action text := replace(wanted::text, '_', '-');
 BEGIN
 	PERFORM @extschema@.outbox_check_arg('event_id', event_id);
 	SELECT o.aggregate_id INTO agg FROM @extschema@.outbox o WHERE o.event_id = outbox_pending_event.event_id;
@@ -361,6 +366,14 @@ BEGIN
 	SELECT o.id, o.aggregate_id, o.aggregate_version, o.disposition
 	  INTO id, aggregate_id, aggregate_version, disposition
 	  FROM @extschema@.outbox o WHERE o.event_id = outbox_pending_event.event_id FOR UPDATE;
+	already := disposition IS NOT DISTINCT FROM wanted;
+	IF already THEN
+		RAISE NOTICE 'event "%" is already %', event_id, action;
+	ELSIF disposition IS NOT NULL THEN
+		RAISE EXCEPTION 'event "%" is already %', event_id, replace(disposition::text, '_', '-')
+			USING ERRCODE = 'object_not_in_prerequisite_state',
+			HINT = format('Only pending events can be %s; outbox_replay() publishes events again.', action);
+	END IF;
 END
 $$;
 
@@ -394,14 +407,9 @@ AS $$
 DECLARE
 	ev record;
 BEGIN
-	SELECT * INTO ev FROM @extschema@.outbox_pending_event(event_id);
-	IF ev.disposition = 'skipped' THEN
-		RAISE NOTICE 'event "%" is already skipped', event_id;
+	SELECT * INTO ev FROM @extschema@.outbox_pending_event(event_id, 'skipped');
+	IF ev.already THEN
 		RETURN false;
-	ELSIF ev.disposition IS NOT NULL THEN
-		RAISE EXCEPTION 'event "%" is already %', event_id, replace(ev.disposition::text, '_', '-')
-			USING ERRCODE = 'object_not_in_prerequisite_state',
-			HINT = 'Only pending events can be skipped; use outbox_replay() to publish again.';
 	END IF;
 	UPDATE @extschema@.outbox o
 	   SET published_at = clock_timestamp(), disposition = 'skipped',
@@ -425,14 +433,9 @@ AS $$
 DECLARE
 	ev record;
 BEGIN
-	SELECT * INTO ev FROM @extschema@.outbox_pending_event(event_id);
-	IF ev.disposition = 'dead_lettered' THEN
-		RAISE NOTICE 'event "%" is already dead-lettered', event_id;
+	SELECT * INTO ev FROM @extschema@.outbox_pending_event(event_id, 'dead_lettered');
+	IF ev.already THEN
 		RETURN false;
-	ELSIF ev.disposition IS NOT NULL THEN
-		RAISE EXCEPTION 'event "%" is already %', event_id, ev.disposition
-			USING ERRCODE = 'object_not_in_prerequisite_state',
-			HINT = 'Only pending events can be dead-lettered.';
 	END IF;
 	IF (SELECT o.dead_letter_requested FROM @extschema@.outbox o WHERE o.id = ev.id) THEN
 		RAISE NOTICE 'event "%" is already queued for the dead-letter topic', event_id;
@@ -586,7 +589,7 @@ REVOKE ALL ON FUNCTION
 	@extschema@.outbox_workers(),
 	@extschema@.outbox_check_arg(text, text),
 	@extschema@.outbox_retry(text),
-	@extschema@.outbox_pending_event(text),
+	@extschema@.outbox_pending_event(text, @extschema@.outbox_disposition),
 	@extschema@.outbox_settled(text, bigint),
 	@extschema@.outbox_skip(text, text),
 	@extschema@.outbox_dead_letter(text),
