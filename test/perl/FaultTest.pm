@@ -1,0 +1,323 @@
+# test/perl/FaultTest.pm
+#
+# Shared pieces of the end-to-end fault tests (test/t/1NN_*.pl): background
+# emitters that survive server crashes, waiting for a backlog, the
+# database-side invariants, and the order checker's verdict with the
+# one-line figure summary every fault test prints:
+#
+#   FIGURES scenario=<name> events=N duplicates=D gaps=G inversions=I lost=L recover_s=S
+#
+# events: events in the database (each must reach Kafka); duplicates, gaps,
+# inversions, lost: the order checker's counts; recover_s: seconds from the
+# end of the fault until the backlog it left was published (what that means
+# exactly is said by each test).
+
+package FaultTest;
+
+use strict;
+use warnings;
+
+use Exporter 'import';
+use IPC::Run ();
+use PostgreSQL::Test::Utils;
+use Test::More;
+use Time::HiRes qw(time sleep);
+
+use OutboxTest;
+
+our @EXPORT = qw(start_load stop_load pending max_id wait_backlog
+  db_versions_contiguous verdict figures publisher_pids wait_publisher
+  kill_publisher_in_batch install_phase_probe quiet_statements);
+
+my $load_seq = 0;
+my @loads;			# every start_load() handle, for END
+
+# The test framework logs every statement; thousands of emitter statements a
+# second would bury the publisher's lines (and cost CPU).  Log the test's own
+# statements only at the default level from here on.
+sub quiet_statements
+{
+	my ($node) = @_;
+	$node->append_conf('postgresql.conf', "log_statement = 'none'\n");
+	$node->reload;
+	return;
+}
+
+# The default emitter script: one aggregate per transaction, $per_tx
+# events, about $rollback_pct % of the transactions rolled back.
+sub _default_script
+{
+	my (%a) = @_;
+	my $aggregates = $a{aggregates} // 1000;
+	my $per_tx = $a{events_per_tx} // 5;
+	my $type = $a{type} // 'load';
+	my $prefix = $a{prefix} // 'agg-';
+	my $rb = $a{rollback_pct} // 10;
+	my $s = "\\set aid random(1, $aggregates)\n\\set rb random(1, 100)\nBEGIN;\n";
+	$s .= "SELECT outbox_emit('$type', '$prefix' || :aid, 'Changed', "
+	  . "jsonb_build_object('client', :client_id, 'n', $_));\n"
+	  for 1 .. $per_tx;
+	$s .= "\\if :rb <= $rb\nROLLBACK;\n\\else\nCOMMIT;\n\\endif\n";
+	return $s;
+}
+
+# Start emitters in the background.  Options:
+#   clients (4), jobs (2), aggregates, events_per_tx, type, prefix,
+#   rollback_pct: for the default script; script: a pgbench script instead;
+#   transactions: per client (one pgbench run; default 1000);
+#   rate: transactions per second over all clients (pgbench -R);
+#   max_tries: pgbench --max-tries (retries deadlocks and 40001);
+#   resilient: loop pgbench runs (of `chunk_s` seconds each) until
+#   stop_load(), so that emitters carry on across crash restarts and
+#   server restarts (a run aborted by a crash is simply started again).
+# Returns a handle for stop_load().
+sub start_load
+{
+	my ($node, %a) = @_;
+	my $dir = $PostgreSQL::Test::Utils::tmp_check;
+	$load_seq++;
+	my $base = "$dir/load_${$}_$load_seq";
+	my $script = "$base.sql";
+
+	open my $fh, '>', $script or die "cannot write $script: $!";
+	print $fh ($a{script} // _default_script(%a));
+	close $fh;
+
+	my @pgbench = ('pgbench', '-n', '-c', $a{clients} // 4,
+		'-j', $a{jobs} // 2, '-f', $script,
+		'-h', $node->host, '-p', $node->port);
+	push @pgbench, '-R', $a{rate} if $a{rate};
+	push @pgbench, '--max-tries', $a{max_tries} if $a{max_tries};
+
+	my %h = (base => $base, log => "$base.log", stop => "$base.stop",
+		resilient => $a{resilient});
+	if ($a{resilient})
+	{
+		# Bounded even if the test dies without stop_load (see END).
+		my $chunk = $a{chunk_s} // 2;
+		my $max_s = $a{max_s} // 300;
+		my $cmd = join ' ', map { "'$_'" } @pgbench, '-T', $chunk, 'postgres';
+		$h{harness} = IPC::Run::start(
+			[
+				'bash', '-c',
+				qq{while [ ! -e '$h{stop}' ] && [ \$SECONDS -lt $max_s ]; do $cmd >>'$h{log}' 2>&1; }
+				  . qq{echo "pgbench exit \$?" >>'$h{log}'; sleep 0.1; done}
+			],
+			'<', '/dev/null');
+	}
+	else
+	{
+		push @pgbench, '-t', $a{transactions} // 1000, 'postgres';
+		$h{harness} = IPC::Run::start(\@pgbench, '<', '/dev/null',
+			'>', $h{log}, '2>&1');
+	}
+	push @loads, \%h;
+	return \%h;
+}
+
+# Emitters still running when the test ends (it died, or forgot): stop them
+# so that nothing outlives the test.
+END
+{
+	local ($?, $@);
+	for my $h (@loads)
+	{
+		next unless $h->{harness} && $h->{harness}->pumpable;
+		if (open my $fh, '>', $h->{stop}) { close $fh }
+		eval { $h->{harness}->kill_kill(grace => 2) };
+	}
+}
+
+# Stop (resilient) or await (one run) the emitters; returns true when a
+# plain run succeeded (a resilient loop always counts as success).
+sub stop_load
+{
+	my ($h, $timeout) = @_;
+	$timeout //= 60;
+	if ($h->{resilient})
+	{
+		open my $fh, '>', $h->{stop} or die $!;
+		close $fh;
+	}
+	my $t0 = time;
+	while ($h->{harness}->pumpable && time - $t0 < $timeout)
+	{
+		sleep 0.1;
+		eval { $h->{harness}->pump_nb };
+	}
+	if ($h->{harness}->pumpable)
+	{
+		diag "emitters did not finish within ${timeout}s; killed";
+		$h->{harness}->kill_kill(grace => 2);
+		return 0;
+	}
+	$h->{harness}->finish;
+	my $ok = $h->{resilient} ? 1 : ($h->{harness}->result(0) == 0);
+	diag "pgbench failed:\n" . PostgreSQL::Test::Utils::slurp_file($h->{log})
+	  unless $ok;
+	return $ok;
+}
+
+sub pending
+{
+	my ($node) = @_;
+	return $node->safe_psql('postgres',
+		'SELECT count(*) FROM outbox WHERE published_at IS NULL');
+}
+
+sub max_id
+{
+	my ($node) = @_;
+	return $node->safe_psql('postgres', 'SELECT coalesce(max(id), 0) FROM outbox');
+}
+
+# Wait until no event with id <= $id is pending (the backlog that existed
+# when the fault ended), even while emitters keep adding newer ones.
+# Returns the seconds taken, or undef on timeout.
+sub wait_backlog
+{
+	my ($node, $id, $timeout) = @_;
+	my $t0 = time;
+	$timeout //= 60;
+	while (time - $t0 < $timeout)
+	{
+		my $n = $node->safe_psql('postgres',
+			"SELECT count(*) FROM outbox WHERE published_at IS NULL AND id <= $id");
+		return time - $t0 if $n == 0;
+		sleep 0.05;
+	}
+	diag "backlog up to id $id still pending after ${timeout}s";
+	return undef;
+}
+
+# Versions in the database are 1..count for every aggregate.
+sub db_versions_contiguous
+{
+	my ($node, $label) = @_;
+	is($node->safe_psql('postgres',
+		q{SELECT count(*) FROM (SELECT aggregate_id FROM outbox GROUP BY 1
+		   HAVING max(aggregate_version) <> count(*) OR min(aggregate_version) <> 1) s}),
+		'0', "$label: versions contiguous from 1 in the database");
+}
+
+# Run the order checker over $topics against the database's expectations,
+# test its verdict (no gap, no inversion, none lost; duplicates allowed)
+# and print the FIGURES line.  Returns the checker's result hash.
+sub verdict
+{
+	my ($mk, $node, $name, %a) = @_;
+	my $dir = $PostgreSQL::Test::Utils::tmp_check;
+	my $topics = $a{topics} // ['outbox.event.load'];
+	my $expect = expect_file($node, "$dir/expect_$name");
+	my $events = $node->safe_psql('postgres', 'SELECT count(*) FROM outbox');
+	my $r = $mk->check(topics => $topics, expect => $expect,
+		opts => ['--timeout-ms', 60000]);
+
+	is($r->{exit}, 0, "$name: order checker clean")
+	  or diag _anomalies($mk, $topics, $expect, $r);
+	is($r->{gaps}, 0, "$name: no gap");
+	is($r->{inversions}, 0, "$name: no inversion");
+	is($r->{lost}, 0, "$name: none lost");
+	is($r->{accepted}, $events, "$name: every event in the database accepted once");
+	figures($name, $events, $r, $a{recover_s});
+	note "checker: $1" if $r->{output} =~ /^order_check: (messages=.*)$/m;
+	return $r;
+}
+
+# The anomalies (not the duplicates) of a failed check, for the log.
+sub _anomalies
+{
+	my ($mk, $topics, $expect, $r) = @_;
+	my $v = $mk->check(topics => $topics, expect => $expect,
+		opts => ['--verbose', '--timeout-ms', 60000]);
+	my @lines = grep { !/: duplicate: / } split /\n/, $v->{output};
+	my $more = @lines > 60 ? "\n... " . (@lines - 60) . " more lines" : '';
+	return join("\n", @lines[0 .. ($#lines < 59 ? $#lines : 59)]) . $more;
+}
+
+sub figures
+{
+	my ($name, $events, $r, $recover) = @_;
+	my $line = sprintf
+	  "FIGURES scenario=%s events=%s duplicates=%s gaps=%s inversions=%s lost=%s recover_s=%s",
+	  $name, $events, map({ $r->{$_} // '?' } qw(duplicates gaps inversions lost)),
+	  defined $recover ? sprintf('%.2f', $recover) : 'na';
+	note $line;
+	return $line;
+}
+
+# Pids of the running publisher workers.
+sub publisher_pids
+{
+	my ($node) = @_;
+	my $out = $node->safe_psql('postgres',
+		"SELECT pid FROM pg_stat_activity WHERE backend_type = 'outbox publisher' ORDER BY pid");
+	return grep { /^\d+$/ } split /\n/, $out;
+}
+
+# Wait until the server accepts connections and $n publishers run (none
+# of them with a pid in @$exclude: a killed worker stays listed until the
+# postmaster has noticed its death).  Returns the seconds taken or undef.
+sub wait_publisher
+{
+	my ($node, $n, $timeout, $exclude) = @_;
+	$n //= 1;
+	$timeout //= 60;
+	my $not = $exclude && @$exclude ? ' AND pid NOT IN (' . join(',', @$exclude) . ')' : '';
+	my $t0 = time;
+	while (time - $t0 < $timeout)
+	{
+		my ($rc, $out) = $node->psql('postgres',
+			"SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'outbox publisher'$not");
+		return time - $t0 if $rc == 0 && $out >= $n;
+		sleep 0.05;
+	}
+	return undef;
+}
+
+# A procedure that waits (up to max_ms) until a publisher is inside a batch
+# in one of the given phases (default: producing, awaiting acknowledgements
+# or marking published) and returns its pid and phase.  It commits between
+# looks: pg_stat_activity is a per-transaction snapshot.
+sub install_phase_probe
+{
+	my ($node) = @_;
+	$node->safe_psql('postgres', q{
+CREATE OR REPLACE PROCEDURE public.fault_wait_batch(max_ms int,
+	phases text[] DEFAULT ARRAY['producing', 'awaiting acknowledgements', 'marking published'],
+	INOUT wpid int DEFAULT NULL, INOUT wphase text DEFAULT NULL)
+LANGUAGE plpgsql AS $$
+DECLARE
+	t0 timestamptz := clock_timestamp();
+BEGIN
+	LOOP
+		SELECT pid, query INTO wpid, wphase FROM pg_catalog.pg_stat_activity
+		 WHERE backend_type = 'outbox publisher' AND query = ANY (phases)
+		 LIMIT 1;
+		EXIT WHEN wpid IS NOT NULL
+		  OR clock_timestamp() - t0 > make_interval(secs => max_ms / 1000.0);
+		COMMIT;
+		PERFORM pg_catalog.pg_sleep(0.0005);
+	END LOOP;
+END $$});
+}
+
+# SIGKILL a publisher caught inside a batch, in one of @$phases if given.
+# Returns (phase, pid) as seen just before the kill, or () if none was
+# caught within $ms.
+sub kill_publisher_in_batch
+{
+	my ($node, $ms, $phases) = @_;
+	my $arr = $phases
+	  ? ', ARRAY[' . join(',', map { "'$_'" } @$phases) . ']'
+	  : '';
+	my ($rc, $out) = $node->psql('postgres',
+		"CALL public.fault_wait_batch($ms$arr)");
+	return () unless $rc == 0;
+	my ($pid, $phase) = split /\|/, $out;
+	return () unless defined $pid && $pid =~ /^\d+$/;
+	kill 'KILL', $pid or return ();
+	return ($phase, $pid);
+}
+
+1;

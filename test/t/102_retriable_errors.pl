@@ -1,0 +1,112 @@
+# Fault: retriable Produce errors (NOT_LEADER_FOR_PARTITION=6,
+# REQUEST_TIMED_OUT=7, NOT_ENOUGH_REPLICAS=19) injected at a steady rate
+# during a load, while partition leadership moves between brokers.  The
+# mock returns an injected error without appending; librdkafka retries.
+# Every event must reach Kafka once at least, per aggregate in version
+# order.
+#
+# recover_s: from the end of the injection (clear_errors) until every event
+# committed before it was published.
+use strict;
+use warnings;
+
+use PostgreSQL::Test::Utils;
+use Test::More;
+use Time::HiRes qw(time sleep);
+
+use FaultTest;
+use MockKafka;
+use OutboxTest;
+
+my $inject_s = $ENV{OUTBOX_FAULT_SECONDS} // 10;
+my $burst_s = $ENV{OUTBOX_FAULT_BURST_SECONDS} // 4;
+my $partitions = 6;
+my $topic = 'outbox.event.load';
+
+my $dir = $PostgreSQL::Test::Utils::tmp_check;
+mkdir "$dir/mock";
+my $mk = MockKafka->start(dir => "$dir/mock", brokers => 3, max_seconds => 300);
+# Known partitions, so that leader moves hit every one of them.
+$mk->cmd("topic_create $topic $partitions 3");
+my %conf;
+$conf{kafka_properties} = $ENV{OUTBOX_FAULT_KAFKA_PROPERTIES}
+  if $ENV{OUTBOX_FAULT_KAFKA_PROPERTIES};
+my $node = outbox_node('retriable', $mk, %conf);
+note "kafka_properties: " . ($conf{kafka_properties} // '(default)');
+quiet_statements($node);
+
+my $t_start = time;
+my $load = start_load($node, clients => 4, transactions => 1400,
+	events_per_tx => 5, aggregates => 1000, rate => 300);
+sleep 0.2 while max_id($node) < 2000 && time - $t_start < 20;
+
+# Phase 1 ($inject_s s): every 100 ms one more error for the next
+# ProduceRequest, in turn 6, 7, 19; every 500 ms the leader of one
+# partition moves to the next broker.  Requests fail and are retried while
+# later ones are in flight, and the publisher keeps making progress.
+# Phase 2 ($burst_s s): three errors (6 7 19) every 100 ms.  That is more
+# than the producer sends requests when it is retrying a batch, so the
+# mock's error stack grows and nearly every request fails: the batch hits
+# the delivery timeout, the worker waits for the producer to settle, and
+# little or nothing is published until the errors are cleared.
+my @codes = (6, 7, 19);
+my ($pushes, $moves) = (0, 0);
+my @leader = map { 1 + $_ % 3 } 0 .. $partitions - 1;
+my $t_inject = time;
+my $published0 = counter($node, 'events_published');
+while (time - $t_inject < $inject_s)
+{
+	$mk->cmd("errors 0 $codes[$pushes % 3]");
+	$pushes++;
+	if ($pushes % 5 == 0)
+	{
+		my $p = $moves % $partitions;
+		$leader[$p] = 1 + $leader[$p] % 3;
+		$mk->cmd("leader $topic $p $leader[$p]");
+		$moves++;
+	}
+	sleep 0.1;
+}
+my $published1 = counter($node, 'events_published');
+note sprintf "phase 1: %d single errors and %d leader moves over %.1f s; "
+  . "%d events published meanwhile, %d pending at the end",
+  $pushes, $moves, time - $t_inject, $published1 - $published0, pending($node);
+cmp_ok($published1 - $published0, '>', 500,
+	'phase 1: the publisher made progress between the errors');
+
+my $bursts = 0;
+my $t_burst = time;
+while (time - $t_burst < $burst_s)
+{
+	$mk->cmd('errors 0 6 7 19');
+	$bursts++;
+	sleep 0.1;
+}
+$mk->cmd('clear_errors 0');
+my $backlog = max_id($node);
+note sprintf "phase 2: %d x 3 errors over %.1f s; %d events published meanwhile, %d pending at the end",
+  $bursts, time - $t_burst, counter($node, 'events_published') - $published1, pending($node);
+
+my $recover = wait_backlog($node, $backlog, 60);
+ok(defined $recover, 'backlog published after the injection stopped');
+
+ok(stop_load($load, 60), 'emitters finished without errors');
+ok(defined wait_published($node, 60), 'nothing pending after the load');
+cmp_ok(max_id($node), '>=', 15000, 'a substantial load was emitted');
+cmp_ok($node->safe_psql('postgres',
+	q{SELECT count(*) FROM outbox WHERE attempts > 1}), '==', 0,
+	'no event counted a permanent failure');
+is($node->safe_psql('postgres',
+	q{SELECT count(*) FROM aggregate_publication WHERE blocked_version IS NOT NULL}),
+	'0', 'no aggregate blocked by retriable errors');
+
+db_versions_contiguous($node, 'retriable errors');
+my $r = verdict($mk, $node, 'retriable_errors', recover_s => $recover);
+note sprintf "all done %.1f s after the start; counters: %s", time - $t_start,
+  $node->safe_psql('postgres',
+	q{SELECT string_agg(name || '=' || value, ' ') FROM outbox_counters()
+	   WHERE value <> 0});
+
+$node->stop;
+$mk->stop;
+done_testing();

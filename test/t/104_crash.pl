@@ -1,0 +1,105 @@
+# Fault: the publisher dies abruptly under load.
+#
+#  - SIGKILL of the publisher worker caught inside a batch (producing,
+#    awaiting acknowledgements or marking), several times; the postmaster
+#    then does a crash restart (restart_after_crash = on), which also ends
+#    every emitter session: the emitters reconnect and carry on.
+#  - PostgreSQL stopped with -m immediate and started again, twice.
+#
+# Nothing is marked before Kafka acknowledged it, so a crash means re-sends
+# (duplicates), never loss or reordering.  A 20 ms broker round trip keeps
+# requests in flight, so that a kill lands with acknowledgements
+# outstanding.
+#
+# recover_s: from the last restart (server accepting connections again)
+# until every event committed before it was published.
+use strict;
+use warnings;
+
+use PostgreSQL::Test::Utils;
+use Test::More;
+use Time::HiRes qw(time sleep);
+
+use FaultTest;
+use MockKafka;
+use OutboxTest;
+
+my $kills = $ENV{OUTBOX_FAULT_KILLS} // 5;
+my $restarts = $ENV{OUTBOX_FAULT_RESTARTS} // 2;
+
+my $dir = $PostgreSQL::Test::Utils::tmp_check;
+mkdir "$dir/mock";
+my $mk = MockKafka->start(dir => "$dir/mock", brokers => 3, max_seconds => 300);
+my %conf;
+$conf{kafka_properties} = $ENV{OUTBOX_FAULT_KAFKA_PROPERTIES}
+  if $ENV{OUTBOX_FAULT_KAFKA_PROPERTIES};
+my $node = outbox_node('crash', $mk, %conf);
+note "kafka_properties: " . ($conf{kafka_properties} // '(default)');
+$node->append_conf('postgresql.conf', "restart_after_crash = on\n");
+quiet_statements($node);
+install_phase_probe($node);
+$mk->cmd('rtt all 20');
+
+my $t_start = time;
+my $load = start_load($node, clients => 4, events_per_tx => 5,
+	aggregates => 1000, rate => 200, resilient => 1, chunk_s => 3);
+sleep 0.2 while max_id($node) < 2000 && time - $t_start < 20;
+
+# Aim the kills at each phase of a batch in turn; a phase not caught
+# within 3 s falls back to any phase of a batch.
+my @aim = (['awaiting acknowledgements'], ['marking published'], ['producing']);
+my %phases;
+for my $i (1 .. $kills)
+{
+	my ($phase, $pid) = kill_publisher_in_batch($node, 3000, $aim[($i - 1) % @aim]);
+	($phase, $pid) = kill_publisher_in_batch($node, 5000) unless defined $phase;
+	ok(defined $phase, "kill $i: publisher caught inside a batch and killed")
+	  or next;
+	$phases{$phase}++;
+	my $back = wait_publisher($node, 1, 60, [$pid]);
+	ok(defined $back, "kill $i: crash restart brought the publisher back");
+	note sprintf "kill %d: SIGKILL of pid %d while \"%s\"; new publisher after %.2f s",
+	  $i, $pid, $phase, $back // -1;
+	sleep 1.5;
+}
+note 'phases at the kills: ' . join ', ', map { "$_ x$phases{$_}" } sort keys %phases;
+my $log = slurp_file($node->logfile);
+my $crashes = () = $log =~ /background worker "outbox publisher" \(PID \d+\) was terminated by signal 9/g;
+is($crashes, $kills, 'each SIGKILL was seen by the postmaster');
+my $reinit = () = $log =~ /all server processes terminated; reinitializing/g;
+is($reinit, $kills, 'each SIGKILL caused a crash restart');
+
+my $t_last;
+for my $i (1 .. $restarts)
+{
+	sleep 1.5;
+	my $pending = pending($node);
+	$node->stop('immediate');
+	sleep 0.5;
+	$node->start;
+	$t_last = time;
+	ok(defined wait_publisher($node, 1, 60), "immediate restart $i: publisher running again");
+	note sprintf "immediate restart %d with %d pending", $i, $pending;
+}
+my $backlog = max_id($node);
+my $recover = wait_backlog($node, $backlog, 60);
+ok(defined $recover, 'backlog published after the last restart');
+$recover = time - $t_last if defined $recover;
+
+ok(stop_load($load, 60), 'emitters stopped');
+ok(defined wait_published($node, 60), 'nothing pending after the load');
+cmp_ok(max_id($node), '>=', 10000, 'a substantial load was emitted across the crashes');
+my $aborted = () = slurp_file($load->{log}) =~ /pgbench exit [^0]/g;
+note "emitter runs ended by a crash or restart: $aborted";
+
+db_versions_contiguous($node, 'crash');
+my $r = verdict($mk, $node, 'crash_restart', recover_s => $recover);
+note sprintf "all done %.1f s after the start; counters (since the last restart): %s",
+  time - $t_start,
+  $node->safe_psql('postgres',
+	q{SELECT string_agg(name || '=' || value, ' ') FROM outbox_counters()
+	   WHERE value <> 0});
+
+$node->stop;
+$mk->stop;
+done_testing();

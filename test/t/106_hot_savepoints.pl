@@ -1,0 +1,113 @@
+# Fault: many emitter sessions on a few hot aggregates, with savepoints
+# rolled back or released around some emits and whole transactions rolled
+# back, while two publisher workers run (outbox.workers = 2).  Versions must
+# stay contiguous in the database (max = count per aggregate: a rolled-back
+# emit leaves no hole), and what reaches Kafka must be each aggregate's
+# commit order (= version order: emitters of an aggregate are serialized
+# until commit).  A transaction emits on two aggregates, the lower id
+# first, so emitters do not deadlock (deadlock_timeout is lowered and
+# pgbench retries one anyway: --max-tries).
+use strict;
+use warnings;
+
+use PostgreSQL::Test::Utils;
+use Test::More;
+use Time::HiRes qw(time sleep);
+
+use FaultTest;
+use MockKafka;
+use OutboxTest;
+
+my $hot = 8;
+my $topic = 'outbox.event.hot';
+
+my $dir = $PostgreSQL::Test::Utils::tmp_check;
+mkdir "$dir/mock";
+my $mk = MockKafka->start(dir => "$dir/mock", brokers => 3, max_seconds => 300);
+my %conf = (workers => 2);
+$conf{kafka_properties} = $ENV{OUTBOX_FAULT_KAFKA_PROPERTIES}
+  if $ENV{OUTBOX_FAULT_KAFKA_PROPERTIES};
+my $node = outbox_node('hot', $mk, %conf);
+note "kafka_properties: " . ($conf{kafka_properties} // '(default)');
+$node->append_conf('postgresql.conf', "deadlock_timeout = '100ms'\n");
+quiet_statements($node);
+ok(defined wait_publisher($node, 2, 30), 'two publisher workers running');
+
+my $script = <<"EOS";
+\\set x random(1, $hot)
+\\set y random(1, $hot)
+\\set a1 least(:x, :y)
+\\set a2 greatest(:x, :y)
+\\set sp random(1, 100)
+\\set rb random(1, 100)
+BEGIN;
+SELECT outbox_emit('hot', 'hot-' || :a1, 'First', jsonb_build_object('client', :client_id));
+SAVEPOINT s1;
+SELECT outbox_emit('hot', 'hot-' || :a2, 'InSavepoint', jsonb_build_object('client', :client_id));
+SELECT outbox_emit('hot', 'hot-' || :a1, 'InSavepoint', jsonb_build_object('client', :client_id));
+\\if :sp <= 35
+ROLLBACK TO SAVEPOINT s1;
+\\else
+RELEASE SAVEPOINT s1;
+\\endif
+SAVEPOINT s2;
+SELECT outbox_emit('hot', 'hot-' || :a1, 'AfterSavepoint', jsonb_build_object('client', :client_id));
+\\if :sp > 80
+ROLLBACK TO SAVEPOINT s2;
+\\endif
+SELECT outbox_emit('hot', 'hot-' || :a2, 'Last', jsonb_build_object('client', :client_id));
+\\if :rb <= 15
+ROLLBACK;
+\\else
+COMMIT;
+\\endif
+EOS
+
+my $t_start = time;
+my $load = start_load($node, script => $script, clients => 12, jobs => 2,
+	transactions => 1000, max_tries => 1000);
+ok(stop_load($load, 80), 'emitters finished (deadlocks retried)');
+my $emit_s = time - $t_start;
+my $pgb = slurp_file($load->{log});
+my ($tx) = $pgb =~ /number of transactions actually processed: (\d+)/;
+my ($retried) = $pgb =~ /number of transactions retried: (\d+)/;
+my ($failed) = $pgb =~ /number of failed transactions: (\d+)/;
+note sprintf "pgbench: %s transactions in %.1f s, %s retried, %s failed",
+  $tx // '?', $emit_s, $retried // 0, $failed // 0;
+
+my $t_end = time;
+my $drain = wait_published($node, 60);
+ok(defined $drain, 'everything published');
+
+# Every event is on one of the hot aggregates.
+is($node->safe_psql('postgres', 'SELECT count(DISTINCT aggregate_id) FROM outbox'),
+	$hot, 'events on the hot aggregates only');
+db_versions_contiguous($node, 'hot aggregates');
+note 'events per aggregate: ' . join ' ', split /\n/,
+  $node->safe_psql('postgres',
+	q{SELECT aggregate_id || '=' || count(*) FROM outbox GROUP BY aggregate_id ORDER BY 1});
+is($node->safe_psql('postgres', q{
+	SELECT count(*) FROM (
+	  SELECT kafka_offset <= lag(kafka_offset) OVER w AS back,
+	         kafka_partition <> lag(kafka_partition) OVER w AS moved
+	    FROM outbox WINDOW w AS (PARTITION BY aggregate_id ORDER BY aggregate_version)) s
+	 WHERE back OR moved}),
+	'0', 'recorded Kafka offsets increase with the version within each aggregate');
+# Both workers took part (the hot aggregates hash to both halves of the
+# bucket space unless all eight happen to land in one).
+my $per_worker = $node->safe_psql('postgres', qq{
+	SELECT string_agg(w::text || ':' || n, ' ') FROM (
+	  SELECT ((hashtext(aggregate_id) & 2147483647) % 1024) % 2 AS w, count(*) AS n
+	    FROM outbox GROUP BY 1 ORDER BY 1) s});
+note "events per worker (by bucket): $per_worker";
+
+my $r = verdict($mk, $node, 'hot_savepoints', topics => [$topic],
+	recover_s => $drain);
+note sprintf "all done %.1f s after the start; counters: %s", time - $t_start,
+  $node->safe_psql('postgres',
+	q{SELECT string_agg(name || '=' || value, ' ') FROM outbox_counters()
+	   WHERE value <> 0});
+
+$node->stop;
+$mk->stop;
+done_testing();

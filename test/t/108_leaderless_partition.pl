@@ -1,0 +1,88 @@
+# Fault: one partition of six has no leader for 10 s under load (leader
+# <topic> 0 -1), then gets one back.  Its messages cannot be delivered;
+# librdkafka retries them forever.  Every event must reach Kafka, per
+# aggregate in version order, once the partition is back.
+#
+# Known limitation, recorded as a TODO test: the batch that holds messages
+# for the leaderless partition waits outbox.delivery_timeout, commits what
+# was acknowledged, and then the worker waits for the producer to settle
+# ("waiting for Kafka (deliveries outstanding)") before it sends anything
+# else -- so aggregates on the five healthy partitions are not published
+# either until the partition has a leader again.  Measured: 5 events
+# published in 10 s while 9,100 waited, about five sixths of them for
+# healthy partitions.
+#
+# recover_s: from the leader's return until every event committed before it
+# was published.
+use strict;
+use warnings;
+
+use PostgreSQL::Test::Utils;
+use Test::More;
+use Time::HiRes qw(time sleep);
+
+use FaultTest;
+use MockKafka;
+use OutboxTest;
+
+my $outage_s = $ENV{OUTBOX_FAULT_SECONDS} // 10;
+my $topic = 'outbox.event.load';
+
+my $dir = $PostgreSQL::Test::Utils::tmp_check;
+mkdir "$dir/mock";
+my $mk = MockKafka->start(dir => "$dir/mock", brokers => 3, max_seconds => 300);
+$mk->cmd("topic_create $topic 6 3");
+my %conf;
+$conf{kafka_properties} = $ENV{OUTBOX_FAULT_KAFKA_PROPERTIES}
+  if $ENV{OUTBOX_FAULT_KAFKA_PROPERTIES};
+my $node = outbox_node('leaderless', $mk, %conf);
+note "kafka_properties: " . ($conf{kafka_properties} // '(default)');
+quiet_statements($node);
+
+my $t_start = time;
+my $load = start_load($node, clients => 4, transactions => 800,
+	events_per_tx => 5, aggregates => 1000, rate => 200);
+sleep 0.2 while max_id($node) < 2000 && time - $t_start < 20;
+
+my $published0 = counter($node, 'events_published');
+$mk->cmd("leader $topic 0 -1");
+my $t0 = time;
+my %phases;
+while (time - $t0 < $outage_s)
+{
+	sleep 0.5;
+	$phases{ $node->safe_psql('postgres',
+		"SELECT query FROM pg_stat_activity WHERE backend_type = 'outbox publisher'") }++;
+}
+my $published = counter($node, 'events_published') - $published0;
+my $pending = pending($node);
+my $backlog = max_id($node);
+$mk->cmd("leader $topic 0 1");
+my $t_back = time;
+note sprintf "partition 0 leaderless for %.1f s: %d events published meanwhile, %d pending; worker phases sampled: %s",
+  $t_back - $t0, $published, $pending,
+  join(', ', map { "$_ x$phases{$_}" } sort keys %phases);
+
+TODO:
+{
+	local $TODO = 'a batch stuck on one partition holds back every partition (drain_producer)';
+	cmp_ok($published, '>', $pending / 2,
+		'aggregates on healthy partitions keep being published');
+}
+
+my $recover = wait_backlog($node, $backlog, 60);
+ok(defined $recover, 'backlog published after the partition got a leader again');
+
+ok(stop_load($load, 60), 'emitters finished without errors');
+ok(defined wait_published($node, 60), 'nothing pending after the load');
+
+db_versions_contiguous($node, 'leaderless partition');
+my $r = verdict($mk, $node, 'leaderless_partition', recover_s => $recover);
+note sprintf "all done %.1f s after the start; counters: %s", time - $t_start,
+  $node->safe_psql('postgres',
+	q{SELECT string_agg(name || '=' || value, ' ') FROM outbox_counters()
+	   WHERE value <> 0});
+
+$node->stop;
+$mk->stop;
+done_testing();
