@@ -169,13 +169,17 @@ delivery_report(rd_kafka_t *rk, const rd_kafka_message_t *msg, void *opaque)
 	int			index = (int) (uint32) tag;
 	DeliveryResult *r;
 
-	if (tracker == NULL || generation != tracker->generation ||
-		index < 0 || index >= tracker->nresults)
+	if (tracker == NULL)
+		return;
+	if (generation != tracker->generation)
 	{
-		if (tracker)
-			tracker->stale_reports++;
+		tracker->stale_reports++;
+		if (tracker->stale_report)
+			tracker->stale_report(generation, index);
 		return;
 	}
+	if (index < 0 || index >= tracker->nresults)
+		return;
 	r = &tracker->results[index];
 	if (r->done)
 		return;

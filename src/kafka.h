@@ -35,6 +35,8 @@ typedef struct DeliveryTracker
 	int			nresults;
 	int			outstanding;	/* of the current batch */
 	int64		stale_reports;
+	/* Called for a report of an earlier batch; must not ereport. */
+	void		(*stale_report) (uint32 generation, int index);
 } DeliveryTracker;
 
 extern char *outbox_kafka_properties_check(const char *properties);

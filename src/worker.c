@@ -17,7 +17,11 @@
  *	   first failure, and commit once.
  *
  * No snapshot is held while waiting for Kafka, only the aggregates' advisory
- * locks, which emitters never take.  Nothing is marked before Kafka
+ * locks, which emitters never take.  A batch waits at most
+ * outbox.delivery_timeout; messages still unacknowledged then stay with
+ * librdkafka, which retries them forever, and their aggregates are "stalled":
+ * later batches leave them alone until those reports come in, so a stuck
+ * partition holds up only its own aggregates and copies never pile up.  Nothing is marked before Kafka
  * acknowledged it, so a crash anywhere means re-sending (duplicates), never
  * loss.  Because one producer delivers a prefix of what it is given, and a
  * batch starts at the first unpublished version, every re-send starts at or
@@ -112,7 +116,31 @@ typedef struct BatchAggregate
 static int	worker_index;
 static rd_kafka_t *producer = NULL;
 static DeliveryTracker tracker;
-static bool draining = false;
+
+/*
+ * Stalled aggregates: those with messages of an abandoned batch still in the
+ * producer, with a count of them; and per abandoned batch, which aggregate
+ * each outstanding message belongs to.  All in stall_context, reset when the
+ * producer is destroyed (its messages go with it).
+ */
+typedef struct StalledAggregate
+{
+	char	   *aggregate_id;	/* hash key: must be first */
+	int			outstanding;
+} StalledAggregate;
+
+typedef struct StalledBatch
+{
+	uint32		generation;
+	int			nmessages;
+	int			outstanding;
+	StalledAggregate **aggregate;	/* per message index; NULL once settled */
+	struct StalledBatch *next;
+} StalledBatch;
+
+static MemoryContext stall_context = NULL;
+static HTAB *stalled_aggregates = NULL;
+static StalledBatch *stalled_batches = NULL;
 static char *producer_brokers = NULL;
 static char *producer_properties = NULL;
 static MemoryContext batch_context = NULL;
@@ -165,6 +193,108 @@ aggregate_match(const void *key1, const void *key2, Size keysize)
 	return strcmp(*(const char *const *) key1, *(const char *const *) key2);
 }
 
+static void
+reset_stalled(void)
+{
+	HASHCTL		hctl;
+
+	MemoryContextReset(stall_context);
+	stalled_batches = NULL;
+	memset(&hctl, 0, sizeof(hctl));
+	hctl.keysize = sizeof(char *);
+	hctl.entrysize = sizeof(StalledAggregate);
+	hctl.hash = aggregate_hash;
+	hctl.match = aggregate_match;
+	hctl.hcxt = stall_context;
+	stalled_aggregates = hash_create("outbox stalled aggregates", 64, &hctl,
+									 HASH_ELEM | HASH_FUNCTION | HASH_COMPARE | HASH_CONTEXT);
+}
+
+/* A report of an abandoned batch arrived: its aggregate may be free again. */
+static void
+stale_report(uint32 generation, int index)
+{
+	StalledBatch **link = &stalled_batches;
+	StalledBatch *sb;
+	StalledAggregate *agg;
+
+	while ((sb = *link) != NULL && sb->generation != generation)
+		link = &sb->next;
+	if (sb == NULL || index < 0 || index >= sb->nmessages ||
+		(agg = sb->aggregate[index]) == NULL)
+		return;
+
+	sb->aggregate[index] = NULL;
+	if (--agg->outstanding == 0)
+	{
+		char	   *key = agg->aggregate_id;
+
+		(void) hash_search(stalled_aggregates, &key, HASH_REMOVE, NULL);
+		pfree(key);
+	}
+	if (--sb->outstanding == 0)
+	{
+		*link = sb->next;
+		pfree(sb->aggregate);
+		pfree(sb);
+	}
+}
+
+/* The batch stops waiting: remember whose messages are still out there. */
+static void
+stall_batch(BatchEvent *events, int nevents)
+{
+	StalledBatch *sb = MemoryContextAllocZero(stall_context, sizeof(StalledBatch));
+
+	sb->generation = tracker.generation;
+	sb->nmessages = nevents;
+	sb->aggregate = MemoryContextAllocZero(stall_context,
+										   sizeof(StalledAggregate *) * nevents);
+	for (int i = 0; i < nevents; i++)
+	{
+		StalledAggregate *agg;
+		bool		found;
+
+		if (!events[i].produced || tracker.results[i].done)
+			continue;
+		agg = hash_search(stalled_aggregates, &events[i].aggregate_id, HASH_ENTER, &found);
+		if (!found)
+		{
+			agg->aggregate_id = MemoryContextStrdup(stall_context, events[i].aggregate_id);
+			agg->outstanding = 0;
+		}
+		agg->outstanding++;
+		sb->aggregate[i] = agg;
+		sb->outstanding++;
+	}
+	sb->next = stalled_batches;
+	stalled_batches = sb;
+}
+
+/* The stalled aggregates' ids, for the fetch query to leave out. */
+static Datum
+stalled_array(void)
+{
+	long		n = hash_get_num_entries(stalled_aggregates);
+	Datum	   *d = palloc(sizeof(Datum) * Max(n, 1));
+	HASH_SEQ_STATUS seq;
+	StalledAggregate *agg;
+	int			i = 0;
+
+	hash_seq_init(&seq, stalled_aggregates);
+	while ((agg = hash_seq_search(&seq)) != NULL)
+		d[i++] = CStringGetTextDatum(agg->aggregate_id);
+	return PointerGetDatum(construct_array(d, i, TEXTOID, -1, false, TYPALIGN_INT));
+}
+
+static void
+drop_producer(void)
+{
+	outbox_producer_destroy(producer);
+	producer = NULL;
+	reset_stalled();
+}
+
 /* Schema of the extension in this database, or NULL if not installed. */
 static char *
 extension_schema(Oid *nspid)
@@ -200,7 +330,7 @@ static void
 prepare_plans(Oid nspid, const char *schema)
 {
 	const char *s = quote_identifier(schema);
-	Oid			fetch_types[3] = {INT4OID, INT4OID, INT4OID};
+	Oid			fetch_types[4] = {INT4OID, INT4OID, INT4OID, TEXTARRAYOID};
 	Oid			mark_types[5] = {TIMESTAMPTZOID, INT8ARRAYOID, INT4ARRAYOID, INT8ARRAYOID,
 	TEXTARRAYOID};
 	Oid			progress_types[3] = {TIMESTAMPTZOID, TEXTARRAYOID, INT8ARRAYOID};
@@ -232,12 +362,13 @@ prepare_plans(Oid nspid, const char *schema)
 									   "WHERE o.published_at IS NULL "
 									   "AND NOT coalesce((SELECT c.paused FROM %s.publisher_control c), false) "
 									   "AND ($2 = 1 OR ((pg_catalog.hashtext(o.aggregate_id) & 2147483647) %% %d) %% $2 = $3) "
+									   "AND NOT (o.aggregate_id OPERATOR(pg_catalog.=) ANY ($4)) "
 									   "AND NOT EXISTS (SELECT 1 FROM %s.aggregate_publication p "
 									   "WHERE p.aggregate_id = o.aggregate_id "
 									   "AND (p.paused OR p.blocked_version IS NOT NULL "
 									   "OR p.next_attempt_at > pg_catalog.now())) "
 									   "ORDER BY o.id LIMIT $1", s, s, OUTBOX_PUBLISH_BUCKETS, s),
-							  3, fetch_types);
+							  4, fetch_types);
 
 	mark_plan = prepare_kept(psprintf(
 									  "UPDATE %s.outbox o SET published_at = $1, disposition = u.d::%s.outbox_disposition, "
@@ -535,9 +666,7 @@ check_producer_settings(void)
 		 strcmp(producer_properties, outbox_kafka_properties) != 0))
 	{
 		ereport(LOG, (errmsg("outbox: Kafka settings changed, recreating the producer")));
-		outbox_producer_destroy(producer);
-		producer = NULL;
-		draining = false;
+		drop_producer();
 	}
 }
 
@@ -598,7 +727,7 @@ run_batch(void)
 	int			naggregates = 0;
 	char	   *schema;
 	Oid			nspid = InvalidOid;
-	Datum		fetch_args[3];
+	Datum		fetch_args[4];
 	TimestampTz deadline;
 	bool		complete;
 	int64	   *mark_ids;
@@ -637,6 +766,7 @@ run_batch(void)
 	fetch_args[0] = Int32GetDatum(outbox_batch_events);
 	fetch_args[1] = Int32GetDatum(outbox_workers);
 	fetch_args[2] = Int32GetDatum(worker_index);
+	fetch_args[3] = stalled_array();
 	if (SPI_execute_plan(fetch_plan, fetch_args, NULL, true, outbox_batch_events) != SPI_OK_SELECT)
 		elog(ERROR, "could not read pending events");
 	nevents = (int) SPI_processed;
@@ -775,7 +905,7 @@ run_batch(void)
 	if (!complete)
 	{
 		outbox_count(OC_DELIVERY_TIMEOUTS, 1);
-		draining = true;
+		stall_batch(events, nevents);
 	}
 	now = GetCurrentTimestamp();
 	elog(DEBUG1, "outbox: acknowledged at %ld ms",
@@ -896,6 +1026,11 @@ run_batch(void)
 	outbox_count(OC_EVENTS_SKIPPED, nsettled[EV_SKIP]);
 	outbox_shared->workers[worker_index].last_batch_at = now;
 
+	/* From here on, reports of this batch are stale (see stale_report). */
+	tracker.generation++;
+	tracker.results = NULL;
+	tracker.nresults = 0;
+
 	if (outbox_producer_fatal_pending() || rd_kafka_fatal_error(producer, NULL, 0))
 	{
 		char		reason[512];
@@ -904,9 +1039,7 @@ run_batch(void)
 		ereport(LOG,
 				(errmsg("outbox: fatal Kafka producer error, recreating the producer"),
 				 errdetail("%s: %s", rd_kafka_err2name(err), reason)));
-		outbox_producer_destroy(producer);
-		producer = NULL;
-		draining = false;
+		drop_producer();
 	}
 	return nmarks + nfailed;
 }
@@ -979,27 +1112,6 @@ run_retention(void)
 	last_retention_at = start;
 }
 
-/*
- * After a batch gave up waiting, the producer still holds its messages and
- * keeps retrying them.  Wait for them to settle before handing it more, so
- * an outage does not pile up copies of the same events.
- */
-static void
-drain_producer(void)
-{
-	set_state("waiting for Kafka (deliveries outstanding)");
-	while (producer != NULL && rd_kafka_outq_len(producer) > 0)
-	{
-		rd_kafka_poll(producer, 100);
-		CHECK_FOR_INTERRUPTS();
-		if (ConfigReloadPending)
-			return;
-		if (outbox_producer_fatal_pending())
-			return;
-	}
-	draining = false;
-}
-
 static void
 log_worker_error(void)
 {
@@ -1044,6 +1156,10 @@ outbox_worker_main(Datum main_arg)
 
 	batch_context = AllocSetContextCreate(TopMemoryContext, "outbox batch",
 										  ALLOCSET_DEFAULT_SIZES);
+	stall_context = AllocSetContextCreate(TopMemoryContext, "outbox stalled aggregates",
+										  ALLOCSET_DEFAULT_SIZES);
+	reset_stalled();
+	tracker.stale_report = stale_report;
 	slot = &outbox_shared->workers[worker_index];
 	slot->pid = MyProcPid;
 	slot->latch = MyLatch;
@@ -1067,9 +1183,6 @@ outbox_worker_main(Datum main_arg)
 			ProcessConfigFile(PGC_SIGHUP);
 			check_producer_settings();
 		}
-
-		if (draining)
-			drain_producer();
 
 		PG_TRY();
 		{
@@ -1113,7 +1226,11 @@ outbox_worker_main(Datum main_arg)
 			wait_ms = outbox_poll_interval_ms;
 		}
 
-		set_state("idle");
+		if (hash_get_num_entries(stalled_aggregates) > 0)
+			set_state(psprintf("idle, %ld aggregates awaiting Kafka",
+							   hash_get_num_entries(stalled_aggregates)));
+		else
+			set_state("idle");
 		pgstat_report_activity(STATE_IDLE, NULL);
 		rc = WaitLatch(MyLatch,
 					   WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
