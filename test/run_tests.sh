@@ -127,6 +127,8 @@ for suite in $suites; do
 				OUTBOX_SRC="$src" \
 				prove -I "$pgxs/src/test/perl" -I "$src/test/perl" \
 				$(for t in $tests; do echo "$src/test/t/$t"; done)) || rc=$?
+			# The fault scenarios' figures (events, duplicates, gaps, ...).
+			grep -ho 'FIGURES .*' "$work"/tap/tmp_check/log/regress_log_* 2>/dev/null || true
 			if [ "$rc" != 0 ]; then
 				for f in "$work"/tap/tmp_check/log/*; do
 					echo "---- $f"; tail -n 60 "$f"
