@@ -424,16 +424,19 @@ prepare_plans(Oid nspid, const char *schema)
 							   2, policy_types);
 
 	/*
-	 * Retention deletes only what the aggregate's progress already covers,
-	 * so that version assignment never needs a deleted row.
+	 * Retention looks at the oldest settled rows only (primary key order is
+	 * emit order), so a call costs at most a batch of rows however young
+	 * the table is; it deletes only what the aggregate's progress already
+	 * covers, so that version assignment never needs a deleted row.
 	 */
 	retention_plan = prepare_kept(psprintf(
 										   "DELETE FROM %s.outbox o USING ("
-										   "SELECT d.id FROM %s.outbox d "
+										   "SELECT d.id FROM (SELECT id, aggregate_id, aggregate_version, published_at "
+										   "FROM %s.outbox WHERE published_at IS NOT NULL ORDER BY id LIMIT $2) d "
 										   "JOIN %s.aggregate_publication p ON p.aggregate_id = d.aggregate_id "
 										   "WHERE d.published_at < pg_catalog.now() - pg_catalog.make_interval(secs => $1) "
-										   "AND d.aggregate_version <= p.last_published_version "
-										   "ORDER BY d.id LIMIT $2) x WHERE o.id = x.id", s, s, s),
+										   "AND d.aggregate_version <= p.last_published_version) x "
+										   "WHERE o.id = x.id", s, s, s),
 								  2, retention_types);
 
 	inbox_retention_plan = prepare_kept(psprintf(
@@ -1153,6 +1156,12 @@ outbox_worker_main(Datum main_arg)
 										 outbox_role[0] ? outbox_role : NULL, 0);
 	/* Every name in our queries resolves in pg_catalog or is qualified. */
 	SetConfigOption("search_path", "pg_catalog, pg_temp", PGC_SUSET, PGC_S_OVERRIDE);
+
+	/*
+	 * A marking lost in a crash only means sending those events again: no
+	 * need to wait for the WAL flush on every batch.
+	 */
+	SetConfigOption("synchronous_commit", "off", PGC_SUSET, PGC_S_OVERRIDE);
 
 	batch_context = AllocSetContextCreate(TopMemoryContext, "outbox batch",
 										  ALLOCSET_DEFAULT_SIZES);
