@@ -29,3 +29,10 @@ test: all
 # A local PostgreSQL and a mock Kafka: events emitted and read back.
 demo: all
 	test/demo.sh
+
+# Every suite with outbox.so and the test tools built with
+# -fsanitize=address,undefined, against a private copy of PostgreSQL in
+# /tmp/outbox-asan (the system install is not touched).
+.PHONY: sanitize
+sanitize:
+	test/sanitize.sh
