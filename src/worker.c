@@ -990,8 +990,6 @@ run_batch(void)
 												rd_kafka_err2str(r->err)));
 				nfailed++;
 			}
-			else if (r->err == RD_KAFKA_RESP_ERR__FATAL)
-				outbox_count(OC_DELIVERY_ERRORS_FATAL, 1);
 			else
 				outbox_count(OC_DELIVERY_ERRORS_RETRIABLE, 1);
 			if (failed->next >= 0 || r->err != RD_KAFKA_RESP_ERR_NO_ERROR)
@@ -1039,6 +1037,7 @@ run_batch(void)
 		char		reason[512];
 		rd_kafka_resp_err_t err = rd_kafka_fatal_error(producer, reason, sizeof(reason));
 
+		outbox_count(OC_DELIVERY_ERRORS_FATAL, 1);
 		ereport(LOG,
 				(errmsg("outbox: fatal Kafka producer error, recreating the producer"),
 				 errdetail("%s: %s", rd_kafka_err2name(err), reason)));

@@ -153,6 +153,7 @@ ok(poll_until(q{SELECT count(*) = 0 FROM outbox WHERE aggregate_id = 'good-1'}),
 	'retention deletes published rows');
 ok(poll_until(q{SELECT count(*) = 0 FROM inbox}), 'inbox retention deletes old entries');
 cmp_ok(counter($node, 'retention_deleted'), '>', 0, 'retention counted');
+cmp_ok(counter($node, 'inbox_retention_deleted'), '>=', 2, 'inbox retention counted');
 is(psql(q{SELECT aggregate_version FROM outbox_emit('order', 'good-1', 'E', '{}', topic => 'good')}),
 	'8', 'versions continue after retention deleted every row of the aggregate');
 ok(poll_until(q{SELECT count(*) = 0 FROM outbox WHERE published_at IS NULL}), 'and it is published');

@@ -68,6 +68,7 @@ for my $i (1 .. $n_fatal)
 	  $i, $burst ? ' (burst)' : '', $t_new - $t0, $backlog, $t // -1;
 	sleep 1;
 }
+is(counter($node, 'delivery_errors_fatal'), $n_fatal, 'each fatal producer error is counted');
 ok(stop_load($load, 60), 'emitters finished without errors');
 ok(defined wait_published($node, 60), 'nothing pending after the load');
 

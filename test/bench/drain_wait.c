@@ -1,0 +1,185 @@
+/*-------------------------------------------------------------------------
+ *
+ * drain_wait.c
+ *		Time how long a publisher takes to empty an outbox table.
+ *
+ *	drain_wait --dsn DSN --table T [--exec SQL] [--interval-ms 20]
+ *	           [--timeout-s 600]
+ *
+ *	With --exec, first runs SQL (typically "BEGIN; <preload>; COMMIT") on
+ *	its own connection; the clock starts when that returns, i.e. when the
+ *	preload has committed and the publisher can see it.  Then, every
+ *	--interval-ms on the same connection,
+ *
+ *	    SELECT EXISTS (SELECT 1 FROM T WHERE published_at IS NULL)
+ *
+ *	(what count(*) ... = 0 asks, but it stops at the first pending row of
+ *	the partial index instead of counting 100,000 of them every 20 ms on a
+ *	2-core machine) until it is false.  Prints one line:
+ *
+ *	    drain: events=N seconds=S events_per_s=R table_seconds=TS first_ack_s=FA exec_s=E
+ *
+ *	seconds is the polled wall-clock time from commit to "nothing pending"
+ *	(resolution: the interval plus one query); table_seconds is
+ *	max(published_at) - commit time, from the table itself (published_at is
+ *	when the last acknowledgement of the final batch came in, so it leaves
+ *	out that batch's marking commit); first_ack_s is min(published_at) -
+ *	commit time (start-up: wake-up, first fetch, first round trip); exec_s
+ *	is how long --exec took (the preload itself).  N is
+ *	the number of rows published since the commit.  Exit status 1 on
+ *	timeout.
+ *
+ * test/bench/drain_wait.c
+ *
+ *-------------------------------------------------------------------------
+ */
+#define _GNU_SOURCE
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <libpq-fe.h>
+
+static void
+fatal(const char *fmt,...)
+{
+	va_list		ap;
+
+	fprintf(stderr, "drain_wait: ");
+	va_start(ap, fmt);
+	vfprintf(stderr, fmt, ap);
+	va_end(ap);
+	fputc('\n', stderr);
+	exit(1);
+}
+
+static double
+now_s(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double) ts.tv_sec + (double) ts.tv_nsec / 1e9;
+}
+
+static PGresult *
+query(PGconn *conn, const char *sql, ExecStatusType want)
+{
+	PGresult   *res = PQexec(conn, sql);
+
+	if (PQresultStatus(res) != want)
+		fatal("query failed: %s\n%s", PQerrorMessage(conn), sql);
+	return res;
+}
+
+int
+main(int argc, char **argv)
+{
+	const char *dsn = NULL,
+			   *table = NULL,
+			   *exec = NULL;
+	long		interval_ms = 20,
+				timeout_s = 600;
+	PGconn	   *conn;
+	PGresult   *res;
+	char		sql[1024];
+	char		commit_epoch[64];
+	double		t0,
+				t1,
+				texec = now_s(),
+				deadline;
+
+	for (int i = 1; i < argc; i++)
+	{
+		const char *val = i + 1 < argc ? argv[i + 1] : NULL;
+
+		if (val == NULL)
+			fatal("option %s needs an argument", argv[i]);
+		if (strcmp(argv[i], "--dsn") == 0)
+			dsn = val;
+		else if (strcmp(argv[i], "--table") == 0)
+			table = val;
+		else if (strcmp(argv[i], "--exec") == 0)
+			exec = val;
+		else if (strcmp(argv[i], "--interval-ms") == 0)
+			interval_ms = atol(val);
+		else if (strcmp(argv[i], "--timeout-s") == 0)
+			timeout_s = atol(val);
+		else
+			fatal("unknown option \"%s\"", argv[i]);
+		i++;
+	}
+	if (dsn == NULL || table == NULL || interval_ms < 1 || timeout_s < 1)
+		fatal("usage: drain_wait --dsn DSN --table T [--exec SQL] [--interval-ms 20] [--timeout-s 600]");
+
+	conn = PQconnectdb(dsn);
+	if (PQstatus(conn) != CONNECTION_OK)
+		fatal("could not connect: %s", PQerrorMessage(conn));
+
+	if (exec)
+	{
+		texec = now_s();
+		res = PQexec(conn, exec);
+		if (PQresultStatus(res) != PGRES_COMMAND_OK && PQresultStatus(res) != PGRES_TUPLES_OK)
+			fatal("--exec failed: %s", PQerrorMessage(conn));
+		PQclear(res);
+	}
+	t0 = now_s();
+	res = query(conn, "SELECT extract(epoch FROM clock_timestamp())", PGRES_TUPLES_OK);
+	snprintf(commit_epoch, sizeof(commit_epoch), "%s", PQgetvalue(res, 0, 0));
+	PQclear(res);
+
+	snprintf(sql, sizeof(sql),
+			 "SELECT EXISTS (SELECT 1 FROM %s WHERE published_at IS NULL)", table);
+	deadline = t0 + timeout_s;
+	for (;;)
+	{
+		double		before = now_s();
+		int			pending;
+
+		res = query(conn, sql, PGRES_TUPLES_OK);
+		pending = strcmp(PQgetvalue(res, 0, 0), "t") == 0;
+		PQclear(res);
+		t1 = now_s();
+		if (!pending)
+			break;
+		if (t1 > deadline)
+		{
+			fprintf(stderr, "drain_wait: still pending after %ld s\n", timeout_s);
+			return 1;
+		}
+		{
+			long		left_us = interval_ms * 1000 - (long) ((t1 - before) * 1e6);
+
+			if (left_us > 0)
+			{
+				struct timespec ts = {left_us / 1000000, (left_us % 1000000) * 1000};
+
+				nanosleep(&ts, NULL);
+			}
+		}
+	}
+
+	snprintf(sql, sizeof(sql),
+			 "SELECT count(*), "
+			 "coalesce(extract(epoch FROM max(published_at)) - %s, 0), "
+			 "coalesce(extract(epoch FROM min(published_at)) - %s, 0) "
+			 "FROM %s WHERE published_at >= to_timestamp(%s)",
+			 commit_epoch, commit_epoch, table, commit_epoch);
+	res = query(conn, sql, PGRES_TUPLES_OK);
+	{
+		long		n = atol(PQgetvalue(res, 0, 0));
+		double		secs = t1 - t0;
+
+		printf("drain: events=%ld seconds=%.3f events_per_s=%.0f table_seconds=%.3f first_ack_s=%.3f exec_s=%.3f\n",
+			   n, secs, secs > 0 ? n / secs : 0,
+			   atof(PQgetvalue(res, 0, 1)), atof(PQgetvalue(res, 0, 2)), t0 - texec);
+	}
+	PQclear(res);
+	PQfinish(conn);
+	return 0;
+}

@@ -1,0 +1,1062 @@
+#!/usr/bin/env bash
+#
+# test/bench/run.sh [quick]
+#
+# The outbox benchmark suite: prints figures, judges nothing.  One command
+# starts a mock Kafka cluster (test/tools/mock_kafka, 3 brokers on
+# 127.0.0.1) and a throwaway PostgreSQL cluster with
+# shared_preload_libraries = 'outbox', and measures in the same run, so that
+# ratios are meaningful:
+#
+#   a. emit cost: pgbench, 2 clients, a business UPDATE + outbox_emit() vs
+#      the same UPDATE + a plain INSERT into relay_outbox; with the publisher
+#      stopped (outbox.workers = 0) and running (workers = 1; for the plain
+#      table: with the relay running, and with only an idle worker)
+#   b. publish throughput: 100,000 preloaded events over 10,000 / 10 / 1
+#      aggregates: the extension vs the polling relay (relay.c) vs a raw
+#      librdkafka producer
+#   c. (b, 10,000 aggregates) with the mock's round trip set to 1, 5, 20 ms
+#   d. emit-to-acknowledgement latency at steady 500/1,000/2,000/5,000
+#      events/s (pgbench --rate), from published_at - created_at per event
+#   e. 1, 2, 4 publisher workers on (b, 10,000 aggregates)
+#   f. (b, 10,000 aggregates) and (d, 2,000/s) against the mock as shipped
+#      (Nagle's algorithm on its sockets; see nodelay.c)
+#
+# As root: builds test/tools and test/bench, re-runs itself as postgres and
+# writes docs/benchmarks.md and docs/*.png (quick mode: into
+# /tmp/outbox-bench-quick/ unless BENCH_OUT is set, so the committed figures
+# always come from a full run).  The extension must be installed
+# (make && make install).  Full mode takes about 15 minutes, quick about 2.
+# Every step is bounded in time; the clusters and processes it started stop
+# when it exits.  The work directory (logs) is kept when a run fails.
+#
+# Environment: BENCH_OUT (output directory), BENCH_MOCK_NAGLE=1 (run a-e
+# against the mock as shipped too, i.e. without the TCP_NODELAY shim).
+#
+set -euo pipefail
+
+mode=${1:-full}
+case $mode in
+	full | quick) ;;
+	*)
+		echo "usage: $0 [quick]" >&2
+		exit 2
+		;;
+esac
+
+bench=$(cd "$(dirname "$0")" && pwd)
+src=$(cd "$bench/../.." && pwd)
+tools=$src/test/tools
+
+# ---------------------------------------------------------------- as root
+if [ "$(id -u)" = 0 ]; then
+	export PATH="$(pg_config --bindir):$PATH"
+	if [ ! -f "$(pg_config --pkglibdir)/outbox.so" ]; then
+		echo "run.sh: the extension is not installed (make && make install)" >&2
+		exit 1
+	fi
+	make -s -C "$tools" >/dev/null
+	make -s -C "$bench" >/dev/null
+	work=$(mktemp -d /tmp/outbox-bench.XXXXXX)
+	chown postgres: "$work"
+	if [ "$mode" = quick ]; then limit=600; else limit=2400; fi
+	git_rev=$(git -C "$src" rev-parse --short HEAD 2>/dev/null || echo unknown)
+	git_dirty=$(git -C "$src" status --porcelain -- src sql 2>/dev/null | wc -l)
+	so=$(pg_config --pkglibdir)/outbox.so
+	so_info="$(date -u -r "$so" '+%Y-%m-%d %H:%M UTC'), md5 $(md5sum "$so" | cut -c1-12)"
+	started=$(date +%s)
+	rc=0
+	timeout -k 30 "$limit" runuser -u postgres -- env BENCH_WORK="$work" \
+		BENCH_GIT="$git_rev (src/ and sql/: $git_dirty uncommitted changes)" \
+		BENCH_SO="$so_info" BENCH_MOCK_NAGLE="${BENCH_MOCK_NAGLE:-0}" \
+		BENCH_STARTED="$started" bash "$bench/run.sh" "$mode" || rc=$?
+	if [ "$mode" = quick ]; then out=${BENCH_OUT:-/tmp/outbox-bench-quick}; else out=${BENCH_OUT:-$src/docs}; fi
+	if [ "$rc" = 0 ] && [ -s "$work/out/benchmarks.md" ]; then
+		mkdir -p "$out"
+		cp "$work/out/benchmarks.md" "$work/out/"*.png "$out/"
+		echo "run.sh: wrote $out/benchmarks.md, $out/throughput_vs_rtt.png, $out/latency_cdf.png ($(($(date +%s) - started)) s)"
+		rm -rf "$work"
+	else
+		echo "run.sh: failed (status $rc); logs kept in $work" >&2
+	fi
+	exit "$rc"
+fi
+
+# ------------------------------------------------------ as postgres: setup
+work=${BENCH_WORK:-$(mktemp -d /tmp/outbox-bench.XXXXXX)}
+out=$work/out
+mkdir -p "$out"
+export PATH="$(pg_config --bindir):$PATH"
+export PGHOST=127.0.0.1 PGDATABASE=postgres
+started=${BENCH_STARTED:-$(date +%s)}
+
+if [ "$mode" = quick ]; then
+	N=10000            # events per throughput run
+	EMIT_S=3           # seconds per pgbench emit run
+	EMIT_ROUNDS=1
+	PERF_S=2
+	LAT_S=4            # seconds per latency run
+	RATES="1000 2000"
+	NAGLE_RELAY_N=5000
+	B_REPS=1           # repetitions of (b, 10,000 aggregates)
+else
+	N=100000
+	EMIT_S=5
+	EMIT_ROUNDS=4      # 4 x 5 s per configuration, interleaved, order alternating
+	PERF_S=5
+	LAT_S=20
+	RATES="500 1000 2000 5000"
+	NAGLE_RELAY_N=20000
+	B_REPS=3
+fi
+LAT_CLIENTS=8
+if [ "$mode" = quick ]; then DRAIN_TIMEOUT=60; else DRAIN_TIMEOUT=300; fi
+AGGS_MAIN=10000
+
+mock_pid=
+mock2_pid=
+relay_pid=
+cleanup() {
+	[ -n "$relay_pid" ] && kill "$relay_pid" 2>/dev/null || true
+	pg_ctl -D "$work/data" -m immediate stop >/dev/null 2>&1 || true
+	[ -n "$mock_pid" ] && kill "$mock_pid" 2>/dev/null || true
+	[ -n "$mock2_pid" ] && kill "$mock2_pid" 2>/dev/null || true
+	wait 2>/dev/null || true
+}
+trap cleanup EXIT
+
+say() { printf '%s [%4ds] %s\n' "$(date +%H:%M:%S)" "$(($(date +%s) - started))" "$*"; }
+q() { psql -X -q -At -v ON_ERROR_STOP=1 "$@"; }
+
+# key=value results, in order, for the report
+declare -A R
+res() {
+	R[$1]=$2
+	printf '%s\t%s\n' "$1" "$2" >>"$out/results.tsv"
+}
+# value of key in a "k=v k=v" line
+kv() { tr ' ' '\n' <<<"$1" | sed -n "s/^$2=//p" | head -n1; }
+
+start_mock() { # name preload
+	local name=$1 pre=$2
+	rm -f "$work/$name.bootstrap" "$work/$name.control"
+	env ${pre:+LD_PRELOAD=$pre} "$tools/mock_kafka" --brokers 3 \
+		--bootstrap-file "$work/$name.bootstrap" --control-file "$work/$name.control" \
+		--max-seconds 2700 >"$work/$name.log" 2>&1 &
+	local pid=$!
+	for _ in $(seq 100); do [ -s "$work/$name.control" ] && break; sleep 0.1; done
+	[ -s "$work/$name.control" ] || { echo "mock $name did not start" >&2; exit 1; }
+	eval "${name}_pid=$pid"
+}
+
+say "mock Kafka (3 brokers, TCP_NODELAY shim) and PostgreSQL in $work"
+if [ "${BENCH_MOCK_NAGLE:-0}" = 1 ]; then start_mock mock ""; else start_mock mock "$bench/nodelay.so"; fi
+ctl=$work/mock.control
+brokers=$(cat "$work/mock.bootstrap")
+mk() { "$tools/mockctl" "$ctl" "$@" >/dev/null; }
+
+tn=0
+new_topic() { # prefix -> $T, 16 partitions (the mock keeps ~5 MB per partition)
+	tn=$((tn + 1))
+	T="bench.$1.$tn"
+	mk topic_create "$T" 16 3
+}
+
+initdb -D "$work/data" -A trust --no-sync -E UTF8 --locale=C >/dev/null
+cat >>"$work/data/postgresql.conf" <<EOF
+listen_addresses = '127.0.0.1'
+unix_socket_directories = '$work'
+shared_preload_libraries = 'outbox'
+outbox.database = 'postgres'
+shared_buffers = '256MB'
+# the preload emits to 10,000 aggregates in one transaction: one lock each
+max_locks_per_transaction = 512
+max_wal_size = '8GB'
+checkpoint_timeout = '30min'
+log_line_prefix = '%m [%p] '
+log_checkpoints = on
+EOF
+for _ in 1 2 3 4 5; do
+	PGPORT=$((20000 + RANDOM % 20000))
+	cat >"$work/data/postgresql.auto.conf" <<EOF
+port = $PGPORT
+outbox.brokers = '$brokers'
+outbox.workers = 1
+EOF
+	if pg_ctl -D "$work/data" -l "$work/postgres.log" -w -t 60 start >/dev/null; then break; fi
+	PGPORT=
+done
+[ -n "$PGPORT" ] || { echo "PostgreSQL did not start" >&2; exit 1; }
+export PGPORT
+dsn="host=127.0.0.1 port=$PGPORT dbname=postgres"
+pglog=$work/postgres.log
+
+q <<'EOF'
+CREATE EXTENSION outbox;
+-- the relay's table, and the plain outbox of the emit benchmark
+CREATE TABLE relay_outbox (
+	id bigserial PRIMARY KEY,
+	aggregate_id text,
+	aggregate_version bigint,
+	topic text,
+	headers jsonb,
+	payload jsonb,
+	created_at timestamptz DEFAULT clock_timestamp(),
+	published_at timestamptz
+);
+CREATE INDEX relay_outbox_pending_idx ON relay_outbox (id) WHERE published_at IS NULL;
+-- diagnostic: a plain table with every column, constraint and index of outbox
+CREATE TABLE outbox_copy (LIKE outbox INCLUDING ALL);
+CREATE TABLE orders (id int PRIMARY KEY, status text NOT NULL, total numeric NOT NULL,
+	version bigint NOT NULL);
+EOF
+
+wait_workers() { # n
+	for _ in $(seq 200); do
+		[ "$(q -c "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'outbox publisher'")" = "$1" ] && return 0
+		sleep 0.05
+	done
+	echo "publisher workers did not start ($1 expected)" >&2
+	exit 1
+}
+restart_pg() { # workers
+	q -c "ALTER SYSTEM SET outbox.workers = $1"
+	pg_ctl -D "$work/data" -l "$pglog" -w -t 120 -m fast restart >/dev/null
+	wait_workers "$1"
+}
+set_debug() { # on|off: per-batch timings of the publisher in the server log
+	if [ "$1" = on ]; then
+		q -c "ALTER SYSTEM SET log_min_messages = 'debug1'" -c "SELECT pg_reload_conf()" >/dev/null
+	else
+		q -c "ALTER SYSTEM RESET log_min_messages" -c "SELECT pg_reload_conf()" >/dev/null
+	fi
+	sleep 0.2
+}
+reset_tables() {
+	q -c "TRUNCATE outbox, aggregate_publication, relay_outbox" -c "CHECKPOINT"
+}
+
+start_relay() { # brokers
+	"$bench/relay" --dsn "$dsn" --brokers "$1" --batch 100 --poll-ms 100 \
+		--max-seconds 900 >"$work/relay.out" 2>>"$work/relay.err" &
+	relay_pid=$!
+}
+stop_relay() {
+	kill -TERM "$relay_pid" 2>/dev/null || true
+	wait "$relay_pid" || true
+	relay_pid=
+	RELAY_LINE=$(tail -n1 "$work/relay.out")
+}
+drain() { # table [exec-sql] -> $DRAIN_LINE
+	if [ $# -gt 1 ]; then
+		DRAIN_LINE=$("$bench/drain_wait" --dsn "$dsn" --table "$1" --exec "$2" \
+			--interval-ms 20 --timeout-s "$DRAIN_TIMEOUT")
+	else
+		DRAIN_LINE=$("$bench/drain_wait" --dsn "$dsn" --table "$1" --interval-ms 20 \
+			--timeout-s "$DRAIN_TIMEOUT")
+	fi
+}
+warm_ours() { # topic: every worker's producer, connections and topic metadata ready
+	q -c "SELECT count(*) FROM generate_series(1, 64) i,
+		LATERAL outbox_emit('order', 'warmup-' || i, 'Warmup', '{}', topic => '$1') e" >/dev/null
+	drain outbox
+}
+warm_relay() {
+	q -c "INSERT INTO relay_outbox (aggregate_id, aggregate_version, topic, headers, payload)
+		VALUES ('warmup', 1, '$1', '{\"event_id\": \"warmup-$tn\", \"event_type\": \"Warmup\", \"aggregate_type\": \"order\"}', '{}')"
+	drain relay_outbox
+}
+
+# CPU time (clock ticks) of the publishers: the extension's workers, or the
+# relay process plus its server backend; and the extension's batch counters.
+pub_pids() {
+	q -c "SELECT pid FROM pg_stat_activity WHERE backend_type = 'outbox publisher'
+		OR application_name = 'outbox-bench-relay'"
+	if [ -n "$relay_pid" ]; then echo "$relay_pid"; fi
+}
+cpu_of() {
+	local t=0 p
+	for p in "$@"; do
+		if [ -r "/proc/$p/stat" ]; then t=$((t + $(sed 's/.*) //' "/proc/$p/stat" | awk '{ print $12 + $13 }'))); fi
+	done
+	echo "$t"
+}
+counters() {
+	q -F ' ' -c "SELECT max(value) FILTER (WHERE name = 'batches'), max(value) FILTER (WHERE name = 'events_published') FROM outbox_counters()"
+}
+HZ=$(getconf CLK_TCK)
+# usage: snap_start; <run>; snap_end key seconds -> key.pub_cpu (% of one CPU), key.per_batch
+snap_start() { SNAP_PIDS=$(pub_pids | xargs); SNAP_CPU=$(cpu_of $SNAP_PIDS); SNAP_CTR=$(counters); }
+snap_end() {
+	local c1 k1
+	c1=$(cpu_of $SNAP_PIDS)
+	k1=$(counters)
+	res "$1.pub_cpu" "$(awk -v a="$SNAP_CPU" -v b="$c1" -v hz="$HZ" -v s="$2" 'BEGIN { printf "%.0f\n", 100 * (b - a) / hz / s }')"
+	res "$1.per_batch" "$(awk -v a="$SNAP_CTR" -v b="$k1" 'BEGIN { split(a, x, " "); split(b, y, " ");
+		n = y[1] - x[1]; if (n > 0) printf "%.1f\n", (y[2] - x[2]) / n; else print "-" }')"
+}
+
+# The payload both sides store: ~95 bytes as JSON text.
+PAYLOAD_SQL="jsonb_build_object('seq', i, 'note', 'benchmark payload of about a hundred bytes', 'amount', 10, 'currency', 'EUR')"
+ours_preload() { # n aggregates topic
+	echo "BEGIN; SELECT count(*) FROM generate_series(0, $1 - 1) AS i,
+		LATERAL outbox_emit('order', 'order-' || (i % $2), 'OrderPaid', $PAYLOAD_SQL, topic => '$3') AS e;
+		COMMIT;"
+}
+relay_preload() { # n aggregates topic
+	echo "BEGIN; INSERT INTO relay_outbox (aggregate_id, aggregate_version, topic, headers, payload)
+		SELECT 'order-' || (i % $2), i / $2 + 1, '$3',
+			jsonb_build_object('event_id', gen_random_uuid()::text, 'event_type', 'OrderPaid',
+				'aggregate_type', 'order'), $PAYLOAD_SQL
+		FROM generate_series(0, $1 - 1) AS i;
+		COMMIT;"
+}
+
+# Per-batch timings of the publisher from the debug1 lines logged since
+# byte offset $1: "batches events/batch fetch produce ack commit total" (ms).
+batch_stats() {
+	tail -c +"$(($1 + 1))" "$pglog" | awk '
+		function after(w,   i) { for (i = 1; i <= NF; i++) if ($i == w) return $(i + 1); return "" }
+		/outbox: fetched [0-9]+ events in/ { p = $4; n[p] = after("fetched"); f[p] = after("in") }
+		/outbox: produced [0-9]+ events of/ { p = $4; pr[p] = after("at") }
+		/outbox: acknowledged at/ { p = $4; ak[p] = after("at") }
+		/outbox: committed [0-9]+ marks at/ {
+			p = $4
+			if (n[p] > 0) {
+				b++; ev += n[p]; sf += f[p]; sp += pr[p] - f[p]; sa += ak[p] - pr[p]
+				sc += after("at") - ak[p]; st += after("at")
+			}
+			n[p] = 0
+		}
+		END {
+			if (b == 0) { print "0 0 0 0 0 0 0"; exit }
+			printf "%d %.0f %.1f %.1f %.1f %.1f %.1f\n", b, ev / b, sf / b, sp / b, sa / b, sc / b, st / b
+		}'
+}
+
+# One extension throughput run: key prefix, events, aggregates.
+measure_ours() {
+	local key=$1 n=$2 aggs=$3 pos
+	new_topic "${key//./-}"
+	reset_tables
+	warm_ours "$T"
+	pos=$(stat -c %s "$pglog")
+	drain outbox "$(ours_preload "$n" "$aggs" "$T")"
+	res "$key.eps" "$(kv "$DRAIN_LINE" events_per_s)"
+	res "$key.seconds" "$(kv "$DRAIN_LINE" seconds)"
+	res "$key.table_seconds" "$(kv "$DRAIN_LINE" table_seconds)"
+	res "$key.first_ack" "$(kv "$DRAIN_LINE" first_ack_s)"
+	res "$key.preload_s" "$(kv "$DRAIN_LINE" exec_s)"
+	res "$key.events" "$(kv "$DRAIN_LINE" events)"
+	sleep 0.3 # let the last batch's debug lines reach the log
+	res "$key.batches" "$(batch_stats "$pos")"
+	say "  $key: ${R[$key.eps]} events/s (${R[$key.seconds]} s; batches: ${R[$key.batches]})"
+}
+measure_relay() { # key events aggregates [brokers]
+	local key=$1 n=$2 aggs=$3 br=${4:-$brokers}
+	new_topic "${key//./-}"
+	reset_tables
+	start_relay "$br"
+	warm_relay "$T"
+	kill -USR1 "$relay_pid"
+	drain relay_outbox "$(relay_preload "$n" "$aggs" "$T")"
+	stop_relay
+	res "$key.eps" "$(kv "$DRAIN_LINE" events_per_s)"
+	res "$key.seconds" "$(kv "$DRAIN_LINE" seconds)"
+	res "$key.preload_s" "$(kv "$DRAIN_LINE" exec_s)"
+	res "$key.events" "$(kv "$DRAIN_LINE" events)"
+	res "$key.relay" "${RELAY_LINE#relay: }"
+	say "  $key: ${R[$key.eps]} events/s (${R[$key.seconds]} s; ${R[$key.relay]})"
+}
+measure_raw() { # key events aggregates
+	local key=$1 line
+	new_topic "${key//./-}"
+	line=$("$bench/relay" raw --brokers "$brokers" --topic "$T" --events "$2" --aggregates "$3" 2>>"$work/relay.err")
+	res "$key.eps" "$(kv "$line" events_per_s)"
+	res "$key.seconds" "$(kv "$line" seconds)"
+	say "  $key: ${R[$key.eps]} events/s"
+}
+order_check() { # key table topic
+	local line
+	q -c "SELECT aggregate_id || E'\t' || max(aggregate_version) FROM $2 GROUP BY aggregate_id" >"$work/expect"
+	line=$("$tools/order_check" --brokers "$brokers" --topic "$3" --expect "$work/expect" \
+		--any-start --timeout-ms 60000 2>>"$work/order_check.err" | tail -n1) || true
+	res "$1.order_check" "${line#order_check: }"
+}
+
+res machine.nproc "$(nproc)"
+res machine.cpu "$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n1)"
+res machine.mem "$(free -h | awk '/^Mem:/ {print $2 " total, " $7 " available"}')"
+res machine.kernel "$(uname -sr)"
+res machine.load_start "$(cut -d' ' -f1-3 /proc/loadavg)"
+res date "$(date -u '+%Y-%m-%d %H:%M UTC')"
+res pg "$(q -c 'SELECT version()')"
+res rdkafka "$(dpkg-query -W -f '${Version}' librdkafka1 2>/dev/null || echo '?')"
+res ext "$(q -c "SELECT extversion FROM pg_extension WHERE extname = 'outbox'")"
+res git "${BENCH_GIT:-?}"
+res so "${BENCH_SO:-?}"
+res mode "$mode"
+res mock_nodelay "$([ "${BENCH_MOCK_NAGLE:-0}" = 1 ] && echo no || echo yes)"
+
+# ------------------------------------------------------------ a. emit cost
+cat >"$work/emit_ours.sql" <<'EOF'
+\set id random(1, 10000)
+BEGIN;
+UPDATE orders SET total = total + 1, version = version + 1 WHERE id = :id RETURNING version \gset
+SELECT event_id FROM outbox_emit('order', 'order-' || :id, 'OrderPaid', '{"amount": 10, "currency": "EUR"}', topic => 'bench.emit.ours');
+END;
+EOF
+cat >"$work/emit_plain.sql" <<'EOF'
+\set id random(1, 10000)
+BEGIN;
+UPDATE orders SET total = total + 1, version = version + 1 WHERE id = :id RETURNING version \gset
+INSERT INTO relay_outbox (aggregate_id, aggregate_version, topic, headers, payload) VALUES ('order-' || :id, :version, 'bench.emit.plain', jsonb_build_object('event_id', gen_random_uuid()::text, 'event_type', 'OrderPaid', 'aggregate_type', 'order'), '{"amount": 10, "currency": "EUR"}');
+END;
+EOF
+cat >"$work/emit_update.sql" <<'EOF'
+\set id random(1, 10000)
+BEGIN;
+UPDATE orders SET total = total + 1, version = version + 1 WHERE id = :id RETURNING version \gset
+END;
+EOF
+cat >"$work/emit_copy.sql" <<'EOF'
+\set id random(1, 10000)
+BEGIN;
+UPDATE orders SET total = total + 1, version = version + 1 WHERE id = :id RETURNING version \gset
+INSERT INTO outbox_copy (event_id, aggregate_type, aggregate_id, aggregate_version, event_type, topic, payload) VALUES (uuid_v7()::text, 'order', 'order-' || :id, :version, 'OrderPaid', 'bench.emit.ours', '{"amount": 10, "currency": "EUR"}');
+END;
+EOF
+mk topic_create bench.emit.ours 16 3
+mk topic_create bench.emit.plain 16 3
+
+reset_emit() {
+	q <<'EOF'
+TRUNCATE outbox, aggregate_publication, relay_outbox, outbox_copy, orders;
+INSERT INTO orders SELECT g, 'new', 0, 0 FROM generate_series(1, 10000) g;
+VACUUM ANALYZE orders;
+CHECKPOINT;
+EOF
+}
+emit_run() { # key script
+	local log=$work/pgbench.$1.log tps
+	reset_emit
+	snap_start
+	pgbench -n -M prepared -c 2 -j 2 -T "$EMIT_S" -f "$2" >"$log" 2>&1 || { cat "$log" >&2; exit 1; }
+	snap_end "$1" "$EMIT_S"
+	tps=$(sed -n 's/^tps = \([0-9.]*\) .*/\1/p' "$log")
+	res "$1.tps" "$tps"
+	res "$1.backlog" "$(q -c "SELECT (SELECT count(*) FROM outbox WHERE published_at IS NULL) + (SELECT count(*) FROM relay_outbox WHERE published_at IS NULL)")"
+	say "  $1: $tps tps"
+}
+script_of() {
+	case $1 in
+		update.*) echo "$work/emit_update.sql" ;;
+		plain.*) echo "$work/emit_plain.sql" ;;
+		copy.*) echo "$work/emit_copy.sql" ;;
+		ours.*) echo "$work/emit_ours.sql" ;;
+	esac
+}
+# ratio of the per-round values of two configurations, and their median
+round_ratios() { # a b
+	local r v=""
+	for r in $(seq "$EMIT_ROUNDS"); do
+		v="$v $(awk -v a="${R[a.$1.r$r.tps]}" -v b="${R[a.$2.r$r.tps]}" 'BEGIN { printf "%.2f", a / b }')"
+	done
+	echo "$v" | tr ' ' '\n' | sed '/^$/d' | sort -n | awk '{ x[NR] = $1 } END {
+		m = NR % 2 ? x[(NR + 1) / 2] : (x[NR / 2] + x[NR / 2 + 1]) / 2
+		s = ""; for (i = 1; i <= NR; i++) s = s (i > 1 ? ", " : "") x[i]
+		printf "%.2f (rounds, sorted: %s)\n", m, s }'
+}
+
+say "a. emit cost: pgbench -c 2 -T $EMIT_S x $EMIT_ROUNDS round(s), order alternating"
+W0="update.w0 plain.w0 copy.w0 ours.w0"
+W1="ours.w1 plain.relay plain.w1"
+for r in $(seq "$EMIT_ROUNDS"); do
+	if [ $((r % 2)) = 1 ]; then o0=$W0 o1=$W1; else
+		o0=$(tr ' ' '\n' <<<"$W0" | tac | xargs) o1=$(tr ' ' '\n' <<<"$W1" | tac | xargs)
+	fi
+	restart_pg 0
+	for c in $o0; do emit_run "a.$c.r$r" "$(script_of "$c")"; done
+	restart_pg 1
+	warm_ours bench.emit.ours
+	for c in $o1; do
+		if [ "$c" = plain.relay ]; then
+			start_relay "$brokers"
+			emit_run "a.$c.r$r" "$work/emit_plain.sql"
+			stop_relay
+			res "a.$c.r$r.relay" "${RELAY_LINE#relay: }"
+		else
+			emit_run "a.$c.r$r" "$(script_of "$c")"
+		fi
+	done
+done
+for k in $W0 $W1; do
+	vals=""
+	for r in $(seq "$EMIT_ROUNDS"); do vals="$vals ${R[a.$k.r$r.tps]}"; done
+	res "a.$k.tps" "$(awk -v v="$vals" 'BEGIN { n = split(v, x, " "); for (i = 1; i <= n; i++) s += x[i]; printf "%.0f\n", s / n }')"
+done
+res a.ratio.w0 "$(round_ratios ours.w0 plain.w0)"
+res a.ratio.w1 "$(round_ratios ours.w1 plain.relay)"
+res a.ratio.copy "$(round_ratios copy.w0 plain.w0)"
+
+# Where an emitting transaction's CPU goes: perf on the one backend of a
+# 1-client pgbench (publisher stopped).  Inclusive shares of its samples.
+res a.perf ""
+if command -v perf >/dev/null && perf record -q -o "$work/perf.test" -- true >/dev/null 2>&1; then
+	restart_pg 0
+	reset_emit
+	pgbench -n -M prepared -c 1 -T $((PERF_S + 3)) -f "$work/emit_ours.sql" >"$work/pgbench.perf.log" 2>&1 &
+	pb=$!
+	sleep 1.5
+	bpid=$(q -c "SELECT pid FROM pg_stat_activity WHERE application_name = 'pgbench' LIMIT 1")
+	if [ -n "$bpid" ] && perf record -q -g -p "$bpid" -o "$work/perf.data" -- sleep "$PERF_S" >/dev/null 2>&1; then
+		perf report -i "$work/perf.data" --children --sort symbol --stdio -g none 2>/dev/null >"$work/perf.txt" || true
+		shares=""
+		# (Debian's postgres binary is stripped: static functions do not resolve)
+		for sym in PostgresMain fmgr_security_definer outbox_emit SPI_execute_plan standard_ExecutorStart ExecInitNode ExecConstraints stringToNode ExecInsertIndexTuples GetCachedPlan CommitTransactionCommand heap_page_prune_opt; do
+			v=$(awk -v s="$sym" '$3 == "[.]" && $4 == s { print $1; exit }' "$work/perf.txt")
+			[ -n "$v" ] && shares="$shares $sym=$v"
+		done
+		shares="$shares samples=$(sed -n 's/^# Samples: \([^ ]*\) .*/\1/p' "$work/perf.txt" | head -n1)"
+		res a.perf "${shares# }"
+		say "  perf: ${R[a.perf]}"
+	fi
+	wait "$pb" || true
+	restart_pg 1
+fi
+
+# --------------------------------------------------- b. publish throughput
+set_debug on
+say "b. publish throughput: $N preloaded events"
+# copy the fields of the median repetition (by events/s) to the base key
+median_of() { # base reps
+	local base=$1 reps=$2 r list="" best f
+	for r in $(seq "$reps"); do list="$list ${R[$base.r$r.eps]}:$r"; done
+	best=$(tr ' ' '\n' <<<"$list" | sed '/^$/d' | sort -t: -k1,1n |
+		awk -F: '{ x[NR] = $2 } END { print x[int((NR + 1) / 2)] }')
+	for f in eps seconds table_seconds first_ack preload_s events batches relay; do
+		if [ -n "${R[$base.r$best.$f]:-}" ]; then res "$base.$f" "${R[$base.r$best.$f]}"; fi
+	done
+	list=""
+	for r in $(seq "$reps"); do list="$list${list:+, }$(printf '%.0f' "${R[$base.r$r.eps]}")"; done
+	res "$base.all" "$list"
+}
+for aggs in 10000 10 1; do
+	reps=1
+	[ "$aggs" = 10000 ] && reps=$B_REPS
+	for r in $(seq "$reps"); do measure_ours "b.ours.$aggs.r$r" "$N" "$aggs"; done
+	[ "$aggs" = 10000 ] && order_check b.ours.10000 outbox "$T"
+	median_of "b.ours.$aggs" "$reps"
+	for r in $(seq "$reps"); do measure_relay "b.relay.$aggs.r$r" "$N" "$aggs"; done
+	[ "$aggs" = 10000 ] && order_check b.relay.10000 relay_outbox "$T"
+	median_of "b.relay.$aggs" "$reps"
+	measure_raw "b.raw.$aggs" "$N" "$aggs"
+done
+
+# The extension's marking statements (as prepared in src/worker.c) against
+# the relay's, by hand on 10,000 pending events: EXPLAIN ANALYZE times, ms.
+say "b'. marking 10,000 events by hand"
+restart_pg 0
+reset_tables
+q -o /dev/null -c "$(ours_preload 10000 10000 bench.mark)"
+q -o /dev/null -c "INSERT INTO relay_outbox (aggregate_id, aggregate_version, topic, headers, payload)
+	SELECT 'order-' || i, 1, 'bench.mark', jsonb_build_object('event_id', gen_random_uuid()::text), '{}'
+	FROM generate_series(0, 9999) i"
+q -c CHECKPOINT
+dtype=$(q -c "SELECT format_type(atttypid, atttypmod) FROM pg_attribute
+	WHERE attrelid = 'outbox'::regclass AND attname = 'disposition'")
+res outbox.indexes "$(q -c "SELECT string_agg(c.relname, ', ' ORDER BY c.relname) FROM pg_index i
+	JOIN pg_class c ON c.oid = i.indexrelid WHERE i.indrelid = 'outbox'::regclass")"
+res outbox.checks "$(q -c "SELECT count(*) FROM pg_constraint WHERE conrelid = 'outbox'::regclass AND contype = 'c'")"
+psql -X -q -v ON_ERROR_STOP=1 -v dtype="$dtype" >"$work/mark.txt" 2>&1 <<'EOF' || true
+BEGIN;
+SELECT array_agg(id) AS ids, array_agg(aggregate_id) AS aggs, array_agg(aggregate_version) AS vers,
+	count(*) AS n FROM outbox WHERE published_at IS NULL \gset
+EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF) UPDATE outbox o SET published_at = now(), disposition = u.d,
+	attempts = o.attempts + CASE WHEN u.d = 'skipped' THEN 0 ELSE 1 END,
+	last_error = CASE WHEN u.d = 'published' THEN NULL ELSE o.last_error END,
+	kafka_partition = NULLIF(u.p, -1), kafka_offset = NULLIF(u.off, -1)
+	FROM unnest(:'ids'::bigint[], array_fill(3, ARRAY[:n]), array_fill(7::bigint, ARRAY[:n]),
+		array_fill(CAST('published' AS :dtype), ARRAY[:n])) AS u(id, p, off, d) WHERE o.id = u.id;
+SELECT pg_stat_get_xact_tuples_hot_updated('outbox'::regclass) AS hot,
+	pg_stat_get_xact_tuples_updated('outbox'::regclass) AS upd \gset
+\echo HOT :hot of :upd
+EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF) INSERT INTO aggregate_publication AS a
+	(aggregate_id, last_published_version, last_published_at, updated_at)
+	SELECT u.id, u.v, now(), now() FROM unnest(:'aggs'::text[], :'vers'::bigint[]) AS u(id, v)
+	ON CONFLICT (aggregate_id) DO UPDATE SET
+	last_published_version = GREATEST(a.last_published_version, excluded.last_published_version),
+	last_published_at = excluded.last_published_at, attempts = 0, last_error = NULL,
+	next_attempt_at = NULL, updated_at = excluded.updated_at;
+COMMIT;
+BEGIN;
+SELECT array_agg(id) AS rids FROM relay_outbox WHERE published_at IS NULL \gset
+EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF) UPDATE relay_outbox SET published_at = clock_timestamp()
+	WHERE id = ANY(:'rids'::bigint[]);
+COMMIT;
+EOF
+res mark "$(sed -n 's/.*Execution Time: \([0-9.]*\) ms.*/\1/p' "$work/mark.txt" | xargs)"
+[ -n "${R[mark]}" ] || cut -c1-300 "$work/mark.txt" | head -n 20 >&2
+res mark.hot "$(sed -n 's/^HOT //p' "$work/mark.txt")"
+say "  execution ms (extension UPDATE, extension upsert, relay UPDATE): ${R[mark]}"
+restart_pg 1
+
+# ------------------------------------------------ c. round-trip sensitivity
+say "c. round-trip delay (mock rtt all <ms>), $N events over $AGGS_MAIN aggregates"
+for rtt in 1 5 20; do
+	mk rtt all "$rtt"
+	measure_ours "c.ours.$rtt" "$N" "$AGGS_MAIN"
+	measure_relay "c.relay.$rtt" "$N" "$AGGS_MAIN"
+	measure_raw "c.raw.$rtt" "$N" "$AGGS_MAIN"
+done
+mk rtt all 0
+set_debug off
+
+# ---------------------------------------------------------------- d. latency
+cdf() { # table since file: thinned CDF of the per-event latency in ms
+	q -c "SELECT round((extract(epoch FROM published_at - created_at) * 1000)::numeric, 3) FROM $1
+		WHERE created_at >= '$2' ORDER BY 1" >"$work/lat.raw"
+	awk -v n="$(wc -l <"$work/lat.raw")" 'BEGIN { step = int(n / 1500) + 1 }
+		{ i++; if (i % step == 0 || i == n || i == 1) print $1, i / n }' "$work/lat.raw" >"$3"
+}
+lat_stats() { # key table since
+	res "$1.stats" "$(q -F ' ' -c "SELECT count(*),
+		round((percentile_disc(0.5) WITHIN GROUP (ORDER BY ms))::numeric, 1),
+		round((percentile_disc(0.99) WITHIN GROUP (ORDER BY ms))::numeric, 1),
+		round(max(ms)::numeric, 1)
+		FROM (SELECT extract(epoch FROM published_at - created_at) * 1000 AS ms FROM $2
+			WHERE created_at >= '$3') s")"
+}
+lat_tail() { # key table since: are the > 20 ms events spread out, or a few bad seconds?
+	res "$1.tail" "$(q -F ' ' -c "WITH l AS (SELECT date_trunc('second', created_at) AS s,
+			extract(epoch FROM published_at - created_at) * 1000 AS ms FROM $2 WHERE created_at >= '$3'),
+		per AS (SELECT s, count(*) FILTER (WHERE ms > 20) AS n FROM l GROUP BY s)
+		SELECT sum(n), count(*) FILTER (WHERE n > 0), coalesce(max(n), 0), count(*) FROM per")"
+}
+lat_run() { # key side(ours|relay) rate [brokers]
+	local key=$1 side=$2 rate=$3 br=${4:-$brokers} since log
+	log=$work/pgbench.$key.log
+	new_topic "${key//./-}"
+	reset_tables
+	if [ "$side" = ours ]; then
+		warm_ours "$T"
+		printf '%s\n' '\set id random(1, 10000)' \
+			"SELECT event_id FROM outbox_emit('order', 'order-' || :id, 'OrderPaid', '{\"amount\": 10, \"currency\": \"EUR\"}', topic => '$T');" \
+			>"$work/lat.sql"
+	else
+		start_relay "$br"
+		warm_relay "$T"
+		kill -USR1 "$relay_pid"
+		printf '%s\n' '\set id random(1, 10000)' \
+			"INSERT INTO relay_outbox (aggregate_id, aggregate_version, topic, headers, payload) VALUES ('order-' || :id, (extract(epoch FROM clock_timestamp()) * 1000000)::bigint, '$T', jsonb_build_object('event_id', gen_random_uuid()::text, 'event_type', 'OrderPaid', 'aggregate_type', 'order'), '{\"amount\": 10, \"currency\": \"EUR\"}');" \
+			>"$work/lat.sql"
+	fi
+	since=$(q -c "SELECT clock_timestamp()")
+	snap_start
+	pgbench -n -M prepared -c "$LAT_CLIENTS" -j 2 --rate "$rate" -T "$LAT_S" -f "$work/lat.sql" >"$log" 2>&1 ||
+		{ cat "$log" >&2; exit 1; }
+	snap_end "$key" "$LAT_S"
+	res "$key.tps" "$(sed -n 's/^tps = \([0-9.]*\) .*/\1/p' "$log" | xargs printf '%.0f')"
+	if [ "$side" = ours ]; then
+		drain outbox
+		lat_stats "$key" outbox "$since"
+		lat_tail "$key" outbox "$since"
+	else
+		drain relay_outbox
+		stop_relay
+		res "$key.relay" "${RELAY_LINE#relay: }"
+		lat_stats "$key" relay_outbox "$since"
+		lat_tail "$key" relay_outbox "$since"
+	fi
+	[ "$rate" = 2000 ] && cdf "$([ "$side" = ours ] && echo outbox || echo relay_outbox)" "$since" "$work/$key.cdf"
+	say "  $key: ${R[$key.tps]} tps; count p50 p99 max (ms): ${R[$key.stats]}"
+}
+say "d. latency: pgbench --rate, $LAT_CLIENTS clients, $LAT_S s per rate"
+for rate in $RATES; do
+	lat_run "d.ours.$rate" ours "$rate"
+	lat_run "d.relay.$rate" relay "$rate"
+done
+
+# ---------------------------------------------------------------- e. scaling
+set_debug on
+say "e. workers: $N events over $AGGS_MAIN aggregates"
+for w in 1 2 4; do
+	restart_pg "$w"
+	measure_ours "e.ours.$w.cold" "$N" "$AGGS_MAIN"   # first run after the restart
+	measure_ours "e.ours.$w" "$N" "$AGGS_MAIN"
+done
+set_debug off
+
+# ------------------------------------------- f. the mock as shipped (Nagle)
+say "f. the mock without the TCP_NODELAY shim"
+start_mock mock2 ""
+brokers2=$(cat "$work/mock2.bootstrap")
+ctl_main=$ctl
+ctl=$work/mock2.control
+brokers_main=$brokers
+brokers=$brokers2
+q -c "ALTER SYSTEM SET outbox.brokers = '$brokers2'"
+restart_pg 1
+set_debug on
+measure_ours f.ours.10000 "$N" "$AGGS_MAIN"
+measure_relay f.relay.10000 "$NAGLE_RELAY_N" "$AGGS_MAIN"
+set_debug off
+lat_run f.d.ours.2000 ours 2000
+lat_run f.d.relay.2000 relay 2000
+brokers=$brokers_main
+ctl=$ctl_main
+
+res machine.load_end "$(cut -d' ' -f1-3 /proc/loadavg)"
+res total_s "$(($(date +%s) - started))"
+
+# ------------------------------------------------------------------ plots
+say "plots and report"
+{
+	echo "0 ${R[b.ours.10000.eps]} ${R[b.relay.10000.eps]} ${R[b.raw.10000.eps]}"
+	for rtt in 1 5 20; do echo "$rtt ${R[c.ours.$rtt.eps]} ${R[c.relay.$rtt.eps]} ${R[c.raw.$rtt.eps]}"; done
+} >"$work/rtt.dat"
+if [ -s "$work/d.ours.2000.cdf" ] && [ -s "$work/d.relay.2000.cdf" ]; then
+	cdf_ours=$work/d.ours.2000.cdf cdf_relay=$work/d.relay.2000.cdf
+else
+	cdf_ours=/dev/null cdf_relay=/dev/null
+fi
+gnuplot <<EOF
+set terminal pngcairo size 960,600 font "DejaVu Sans,11" noenhanced
+set output "$out/throughput_vs_rtt.png"
+set title "Publish throughput vs broker round trip\n($N preloaded events over $AGGS_MAIN aggregates; mock Kafka, 3 brokers, 16 partitions)"
+set xlabel "round-trip delay added by the mock broker (ms)"
+set ylabel "events/s (log scale)"
+set logscale y
+set format y "%.0s%c"
+set yrange [500:2000000]
+set grid ytics mytics
+set key bottom left box opaque
+set xrange [-0.3:3.3]
+plot "$work/rtt.dat" using 0:2:xtic(1) with linespoints lw 2 pt 7 ps 1.3 lc rgb "#0072B2" title "outbox extension (1 worker)", \
+     "$work/rtt.dat" using 0:3 with linespoints lw 2 pt 5 ps 1.3 lc rgb "#D55E00" title "polling relay (100 rows/batch)", \
+     "$work/rtt.dat" using 0:4 with linespoints lw 1 dt 2 pt 6 lc rgb "#666666" title "raw librdkafka producer (limit)", \
+     "$work/rtt.dat" using 0:(\$1 == 5 ? 10000 : 1/0) with points pt 2 ps 2.5 lw 2 lc rgb "red" title "target: 10,000 events/s at 5 ms"
+
+set output "$out/latency_cdf.png"
+set title "Emit-to-acknowledgement latency at 2,000 events/s\n(published_at - created_at of every event; mock Kafka, 3 brokers)"
+set xlabel "latency (ms, log scale)"
+set ylabel "fraction of events"
+unset logscale y
+set format y "%g"
+set format x "%g"
+set logscale x
+set xrange [0.2:500]
+set yrange [0:1.02]
+set xtics auto
+set grid xtics ytics mxtics
+set key bottom right box opaque
+set arrow 1 from 20, graph 0 to 20, graph 1 nohead dt 3 lc rgb "red"
+set label 1 "20 ms (p99 target at 1,000/s)" at 21, graph 0.5 tc rgb "red"
+plot "$cdf_ours" using 1:2 with lines lw 2 lc rgb "#0072B2" title "outbox extension (1 worker)", \
+     "$cdf_relay" using 1:2 with lines lw 2 lc rgb "#D55E00" title "polling relay (100 rows/batch, 100 ms idle poll)"
+EOF
+
+# ----------------------------------------------------------------- report
+set +u
+ratio() { # a b -> a/b with 2 decimals, or "-"
+	awk -v a="${1:-}" -v b="${2:-}" 'BEGIN { if (a == "" || b == "" || b + 0 <= 0) print "-"; else printf "%.2f\n", a / b }'
+}
+fmt() { # 12345.6 -> 12,346
+	if [ -z "${1:-}" ]; then echo -; return; fi
+	printf '%.0f' "$1" | sed ':a;s/\B[0-9]\{3\}\>/,&/;ta'
+}
+met() { # awk condition
+	if awk "BEGIN { exit !($1) }" 2>/dev/null; then echo "met"; else echo "**not met**"; fi
+}
+bfield() { awk -v i="$2" '{print $i}' <<<"${R[$1.batches]:-0 0 0 0 0 0 0}"; }
+lf() { awk -v i="$2" '{print $i}' <<<"${R[$1.stats]:-0 0 0 0}"; }
+
+{
+	cat <<EOF
+# Benchmarks
+
+Produced by \`test/bench/run.sh\` (${R[mode]} mode) on ${R[date]}; total run time ${R[total_s]} s.
+Do not edit by hand: run the benchmark again (as root: \`bash test/bench/run.sh\`,
+about 15 minutes; \`bash test/bench/run.sh quick\` checks the script in about 2 minutes
+and writes to /tmp/outbox-bench-quick/).
+
+| | |
+|---|---|
+| command | \`bash test/bench/run.sh$([ "$mode" = quick ] && echo " quick")\` (as root; re-runs itself as postgres) |
+| machine | ${R[machine.nproc]} CPUs (\`nproc\`), ${R[machine.cpu]}; memory ${R[machine.mem]} (\`free -h\`); ${R[machine.kernel]} |
+| load average | ${R[machine.load_start]} at start, ${R[machine.load_end]} at the end (the machine is shared with other test runs) |
+| PostgreSQL | ${R[pg]} |
+| librdkafka | ${R[rdkafka]} (extension, relay, raw producer and mock alike) |
+| extension | outbox ${R[ext]}, repository at ${R[git]}; installed outbox.so ${R[so]} |
+| Kafka | \`test/tools/mock_kafka --brokers 3\` on 127.0.0.1, topics of 16 partitions; TCP_NODELAY shim: ${R[mock_nodelay]} (see below) |
+
+Everything runs on one machine: PostgreSQL, the publisher, the mock brokers, pgbench and
+the relay share the ${R[machine.nproc]} CPUs.  All clients connect over TCP to 127.0.0.1.
+PostgreSQL runs with default durability (\`fsync\` and \`synchronous_commit\` on; fsync of
+this disk takes ~0.13 ms), \`shared_buffers = 256MB\`, \`max_wal_size = 8GB\`,
+\`checkpoint_timeout = 30min\` (an explicit CHECKPOINT precedes every measurement) and
+\`max_locks_per_transaction = 512\` (the preload emits to 10,000 aggregates in one
+transaction and \`outbox_emit\` takes one lock per aggregate).  The publisher runs with
+its defaults (\`batch_events = 10000\`, librdkafka \`linger.ms = 1\`).
+
+**The baselines.** \`test/bench/relay.c\`: the classic polling relay over a plain table
+\`relay_outbox(id bigserial primary key, aggregate_id, aggregate_version, topic, headers
+jsonb, payload jsonb, created_at default clock_timestamp(), published_at)\` with a partial
+index on unpublished rows.  Loop: \`BEGIN; SELECT ... WHERE published_at IS NULL ORDER BY
+id LIMIT 100 FOR UPDATE SKIP LOCKED\`, produce every row (key = aggregate_id; headers
+event_id, event_type, aggregate_type from the headers column plus aggregate_id and
+aggregate_version — the extension's set), one \`rd_kafka_flush()\` for all acks (it polls
+in steps of at most 10 ms, returns as soon as the last delivery report is served, and
+makes \`linger.ms\` count as elapsed), \`UPDATE ... SET published_at = clock_timestamp()
+WHERE id = ANY(...)\`, COMMIT; an empty fetch sleeps 100 ms.  (\`clock_timestamp()\`, not
+\`now()\`: \`now()\` is the transaction's start, before the SELECT, and would understate
+the relay's latency.)  One relay process.  The **raw producer** (\`relay raw\`) produces N
+pre-built messages of the same shape (key, the five headers, the same ~95-byte payload)
+with librdkafka alone and waits for every ack (after a warm-up message).  Producer
+settings of both: librdkafka defaults plus \`enable.idempotence=true\` and
+\`partitioner=murmur2_random\`, as the extension.
+
+**The mock's Nagle stall.** librdkafka 2.0.2 sends one ProduceRequest per partition, and
+its mock broker never sets TCP_NODELAY on the connections it accepts (a real Kafka broker
+does).  A batch spanning several partitions of one broker gets several small responses
+written back to back, and Nagle's algorithm holds all but the first until the client's
+delayed ACK: about 40 ms per batch, even on loopback, for any batch size (measured: 1, 2
+or 10,000 messages to a 1-partition topic ack in ~5 ms; 5 to 10,000 messages to a
+16-partition topic in ~45-50 ms; \`socket.nagle.disable\` on the client changes nothing).
+Sections a–e therefore run the mock with \`LD_PRELOAD=test/bench/nodelay.so\`, which sets
+TCP_NODELAY on every accepted socket; section f repeats two measurements against the mock
+as shipped.
+
+EOF
+
+	echo "## a. Emit cost (pgbench, 2 clients)"
+	echo
+	echo "Each transaction: \`UPDATE orders SET total = total + 1, version = version + 1 WHERE id = :id RETURNING version\`"
+	echo "(10,000 rows, id random), then either \`outbox_emit('order', 'order-' || :id, 'OrderPaid', <payload>, topic => ...)\`"
+	echo "or a plain \`INSERT INTO relay_outbox (...)\` (aggregate_version from the business row, headers"
+	echo "\`jsonb_build_object('event_id', gen_random_uuid()::text, ...)\`); \`pgbench -n -M prepared -c 2 -j 2\`,"
+	echo "$EMIT_ROUNDS round(s) of $EMIT_S s per configuration, interleaved (configurations of one publisher state"
+	echo "back to back, their order reversed every other round); tables truncated and CHECKPOINT before each."
+	echo "Two diagnostic rows: the UPDATE alone, and a plain INSERT into \`outbox_copy\` (\`LIKE outbox"
+	echo "INCLUDING ALL\`: every column, CHECK constraint and index of the extension's table, event_id from"
+	echo "\`uuid_v7()\`), to separate the cost of the table from the cost of the function."
+	echo
+	echo "| configuration | tps (mean) | per round | backlog at end | + µs per transaction over the UPDATE alone | publisher CPU, % of one core (per round) | events per publisher batch (per round) |"
+	echo "|---|---:|---|---:|---:|---|---|"
+	rounds() { local s="" r; for r in $(seq "$EMIT_ROUNDS"); do s="$s${s:+, }$(fmt "${R[a.$1.r$r.tps]}")"; done; echo "$s"; }
+	backl() { local s="" r; for r in $(seq "$EMIT_ROUNDS"); do s="$s${s:+, }${R[a.$1.r$r.backlog]}"; done; echo "$s"; }
+	extra() { awk -v a="${R[a.$1.tps]}" -v u="${R[a.update.w0.tps]}" 'BEGIN { if (a > 0 && u > 0) printf "%.0f\n", 2e6 / a - 2e6 / u; else print "-" }'; }
+	perround() { local s="" r; for r in $(seq "$EMIT_ROUNDS"); do s="$s${s:+, }${R[a.$1.r$r.$2]}"; done; echo "$s"; }
+	row() {
+		local cpu="-" pb="-"
+		case $1 in ours.w1 | plain.relay | plain.w1) cpu=$(perround "$1" pub_cpu) ;; esac
+		[ "$1" = ours.w1 ] && pb=$(perround "$1" per_batch)
+		echo "| $2 | $(fmt "${R[a.$1.tps]}") | $(rounds "$1") | $(backl "$1") | $3 | $cpu | $pb |"
+	}
+	R[a.update.w0.r1.backlog]="-"; R[a.copy.w0.r1.backlog]="-"
+	for r in $(seq 2 "$EMIT_ROUNDS"); do R[a.update.w0.r$r.backlog]="-"; R[a.copy.w0.r$r.backlog]="-"; done
+	row update.w0 "UPDATE alone (no event), workers = 0" "0"
+	row plain.w0 "plain INSERT, outbox.workers = 0" "$(extra plain.w0)"
+	row copy.w0 "plain INSERT into outbox_copy, workers = 0" "$(extra copy.w0)"
+	row ours.w0 "outbox_emit, outbox.workers = 0" "$(extra ours.w0)"
+	row plain.w1 "plain INSERT, workers = 1 (idle: nothing to publish)" "-"
+	row plain.relay "plain INSERT, relay running" "-"
+	row ours.w1 "outbox_emit, workers = 1 (publishing)" "-"
+	echo
+	echo "(µs per transaction: 2 clients × 10⁶ / tps, minus the same for the UPDATE alone: the event write's"
+	echo "share of a transaction's wall time, including its extra client round trip.  Publisher CPU: user +"
+	echo "system time from /proc of the extension's worker, or of the relay process plus its backend, over"
+	echo "the run; events per batch from \`outbox_counters()\` (events_published / batches).)"
+	echo
+	echo "| ratio | of mean tps | median of per-round ratios |"
+	echo "|---|---:|---|"
+	echo "| outbox_emit / plain INSERT, no publisher | **$(ratio "${R[a.ours.w0.tps]}" "${R[a.plain.w0.tps]}")** | ${R[a.ratio.w0]} |"
+	echo "| outbox_emit with its worker / plain INSERT with the relay running | **$(ratio "${R[a.ours.w1.tps]}" "${R[a.plain.relay.tps]}")** | ${R[a.ratio.w1]} |"
+	echo "| outbox_emit with its worker / plain INSERT with an idle worker | $(ratio "${R[a.ours.w1.tps]}" "${R[a.plain.w1.tps]}") | |"
+	echo "| INSERT into outbox_copy / plain INSERT, no publisher | $(ratio "${R[a.copy.w0.tps]}" "${R[a.plain.w0.tps]}") | ${R[a.ratio.copy]} |"
+	echo
+	echo "Target: emit transactions ≥ 0.85× plain insert — without publishers"
+	echo "$(met "${R[a.ours.w0.tps]} >= 0.85 * ${R[a.plain.w0.tps]}") ($(ratio "${R[a.ours.w0.tps]}" "${R[a.plain.w0.tps]}")×); each with its publisher running"
+	echo "$(met "${R[a.ours.w1.tps]} >= 0.85 * ${R[a.plain.relay.tps]}") ($(ratio "${R[a.ours.w1.tps]}" "${R[a.plain.relay.tps]}")×)."
+	echo "Backlog = events still unpublished when pgbench ended (workers = 0: all of them)."
+	echo
+	if [ -n "${R[a.perf]}" ]; then
+		echo "Where an emitting transaction's CPU goes: \`perf record -g\` on the backend of a 1-client run of"
+		echo "the outbox_emit script (publisher stopped, $PERF_S s); inclusive share of the backend's samples"
+		echo "(PostgresMain ≈ everything the backend did; outbox_emit runs inside fmgr_security_definer,"
+		echo "the SECURITY DEFINER / SET search_path wrapper; SPI_execute_plan = its two queries; stringToNode"
+		echo "is mostly ExecConstraints reading the table's CHECK constraints back from their stored form for"
+		echo "every SPI insert):"
+		echo
+		echo "| function | share |"
+		echo "|---|---:|"
+		tr ' ' '\n' <<<"${R[a.perf]}" | awk -F= '{ printf "| %s | %s |\n", $1, $2 }'
+		echo
+	fi
+
+	echo "## b. Publish throughput ($(fmt "$N") preloaded events)"
+	echo
+	echo "Method: the publisher (extension worker, or relay process) is running and warm (one event of"
+	echo "the same topic published first); one transaction emits (\`outbox_emit\` per row, from"
+	echo "\`generate_series\`) or inserts all events, aggregate \`order-<i mod A>\`; the clock starts when its"
+	echo "COMMIT returns; \`drain_wait\` polls \`SELECT EXISTS (SELECT 1 FROM <table> WHERE published_at IS NULL)\`"
+	echo "every 20 ms on one connection (= \`count(*) = 0\`, without counting 100,000 rows 50 times a second)"
+	echo "and stops the clock when nothing is pending.  events/s = events / that time.  Raw: time from the"
+	echo "first produce to the last ack."
+	echo
+	echo "| aggregates | extension events/s | relay events/s | raw producer events/s | extension / relay | extension / raw | relay / raw |"
+	echo "|---:|---:|---:|---:|---:|---:|---:|"
+	for a in 10000 10 1; do
+		echo "| $(fmt $a) | $(fmt "${R[b.ours.$a.eps]}") | $(fmt "${R[b.relay.$a.eps]}") | $(fmt "${R[b.raw.$a.eps]}") | **$(ratio "${R[b.ours.$a.eps]}" "${R[b.relay.$a.eps]}")×** | $(ratio "${R[b.ours.$a.eps]}" "${R[b.raw.$a.eps]}") | $(ratio "${R[b.relay.$a.eps]}" "${R[b.raw.$a.eps]}") |"
+	done
+	echo
+	echo "| aggregates | extension: s to drain (table: max(published_at) − commit) | first ack after commit | preload transaction | relay: s to drain | relay preload |"
+	echo "|---:|---|---:|---:|---:|---:|"
+	for a in 10000 10 1; do
+		echo "| $(fmt $a) | ${R[b.ours.$a.seconds]} (${R[b.ours.$a.table_seconds]}) | ${R[b.ours.$a.first_ack]} s | ${R[b.ours.$a.preload_s]} s | ${R[b.relay.$a.seconds]} | ${R[b.relay.$a.preload_s]} s |"
+	done
+	echo
+	if [ "$B_REPS" -gt 1 ]; then
+		echo "10,000 aggregates: the median of $B_REPS repetitions (each its own preload), here and below;"
+		echo "all of them, events/s: extension ${R[b.ours.10000.all]}; relay ${R[b.relay.10000.all]}."
+		echo
+	fi
+	echo "Order check of the 10,000-aggregate runs (\`test/tools/order_check\`, every partition read back):"
+	echo
+	echo "- extension: \`${R[b.ours.10000.order_check]:-not run}\`"
+	echo "- relay: \`${R[b.relay.10000.order_check]:-not run}\`"
+	echo
+	echo "Target: ≥ 25,000 events/s with one worker (100k over 10k aggregates):"
+	echo "$(met "${R[b.ours.10000.eps]} >= 25000") ($(fmt "${R[b.ours.10000.eps]}")/s)$([ "$N" != 100000 ] && echo " — quick mode: $N events, not comparable")."
+	echo "Target: beat the relay 10×: $(met "${R[b.ours.10000.eps]} >= 10 * ${R[b.relay.10000.eps]}") at 10,000 aggregates ($(ratio "${R[b.ours.10000.eps]}" "${R[b.relay.10000.eps]}")×),"
+	echo "$(met "${R[b.ours.10.eps]} >= 10 * ${R[b.relay.10.eps]}") at 10 ($(ratio "${R[b.ours.10.eps]}" "${R[b.relay.10.eps]}")×), $(met "${R[b.ours.1.eps]} >= 10 * ${R[b.relay.1.eps]}") at 1 ($(ratio "${R[b.ours.1.eps]}" "${R[b.relay.1.eps]}")×)."
+	echo
+	echo "Where the extension's time goes — per-batch means from the server log (\`log_min_messages = debug1\`:"
+	echo "\"fetched ... produced ... acknowledged ... committed\"; ms, integer resolution per line):"
+	echo
+	echo "| run | batches | events/batch | fetch | produce | wait for acks | mark + commit | batch total | sum of batches / drain time |"
+	echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|"
+	for k in b.ours.10000 b.ours.10 b.ours.1 c.ours.1 c.ours.5 c.ours.20 e.ours.1.cold e.ours.1 e.ours.2.cold e.ours.2 e.ours.4.cold e.ours.4 f.ours.10000; do
+		[ -n "${R[$k.batches]:-}" ] || continue
+		b=$(bfield "$k" 1)
+		busy=$(awk -v b="$b" -v t="$(bfield "$k" 7)" 'BEGIN { print b * t / 1000 }')
+		echo "| $k | $b | $(bfield "$k" 2) | $(bfield "$k" 3) | $(bfield "$k" 4) | $(bfield "$k" 5) | $(bfield "$k" 6) | $(bfield "$k" 7) | $(ratio "$busy" "${R[$k.seconds]}") |"
+	done
+	echo
+	echo "(With several workers the sum of batch times is over all workers, so it can exceed 1.)"
+	echo
+	mk_=(${R[mark]:-})
+	if [ "${#mk_[@]}" = 3 ]; then
+		echo "The marking, by hand: the worker's two marking statements (as prepared in src/worker.c) on"
+		echo "10,000 pending events of 10,000 aggregates, and the relay's UPDATE of 10,000 rows"
+		echo "(\`EXPLAIN ANALYZE\` execution time, publisher stopped):"
+		echo
+		echo "| statement | ms per 10,000 | µs per event |"
+		echo "|---|---:|---:|"
+		echo "| extension: \`UPDATE outbox ... FROM unnest(ids, partitions, offsets, dispositions)\` (6 columns; HOT updates: ${R[mark.hot]}; outbox's indexes: ${R[outbox.indexes]}; CHECK constraints: ${R[outbox.checks]}) | ${mk_[0]} | $(awk -v a="${mk_[0]}" 'BEGIN { printf "%.1f", a / 10 }') |"
+		echo "| extension: \`INSERT INTO aggregate_publication ... ON CONFLICT DO UPDATE\` (one row per aggregate) | ${mk_[1]} | $(awk -v a="${mk_[1]}" 'BEGIN { printf "%.1f", a / 10 }') |"
+		echo "| relay: \`UPDATE relay_outbox SET published_at = clock_timestamp() WHERE id = ANY(...)\` (pk only) | ${mk_[2]} | $(awk -v a="${mk_[2]}" 'BEGIN { printf "%.1f", a / 10 }') |"
+		echo
+	fi
+	echo "The relay's own totals (per batch of ≤ 100 rows, ms):"
+	echo
+	for k in b.relay.10000 b.relay.10 b.relay.1 c.relay.1 c.relay.5 c.relay.20 f.relay.10000; do
+		[ -n "${R[$k.relay]:-}" ] && echo "- $k: \`${R[$k.relay]}\`"
+	done
+	echo
+
+	echo "## c. Round-trip sensitivity ($(fmt "$N") events, 10,000 aggregates)"
+	echo
+	echo "\`rtt all <ms>\` on the mock delays every broker response (as (b), same method)."
+	echo
+	echo "| round trip | extension events/s | relay events/s | raw events/s | extension / relay | extension / raw |"
+	echo "|---:|---:|---:|---:|---:|---:|"
+	echo "| 0 ms (b) | $(fmt "${R[b.ours.10000.eps]}") | $(fmt "${R[b.relay.10000.eps]}") | $(fmt "${R[b.raw.10000.eps]}") | $(ratio "${R[b.ours.10000.eps]}" "${R[b.relay.10000.eps]}") | $(ratio "${R[b.ours.10000.eps]}" "${R[b.raw.10000.eps]}") |"
+	for rtt in 1 5 20; do
+		echo "| $rtt ms | $(fmt "${R[c.ours.$rtt.eps]}") | $(fmt "${R[c.relay.$rtt.eps]}") | $(fmt "${R[c.raw.$rtt.eps]}") | **$(ratio "${R[c.ours.$rtt.eps]}" "${R[c.relay.$rtt.eps]}")×** | $(ratio "${R[c.ours.$rtt.eps]}" "${R[c.raw.$rtt.eps]}") |"
+	done
+	echo
+	echo "Target: ≥ 10,000 events/s with 5 ms RTT: $(met "${R[c.ours.5.eps]} >= 10000") ($(fmt "${R[c.ours.5.eps]}")/s)."
+	echo
+	echo "![throughput vs round trip](throughput_vs_rtt.png)"
+	echo
+
+	echo "## d. Latency at a steady rate"
+	echo
+	echo "\`pgbench -n -M prepared -c $LAT_CLIENTS -j 2 --rate R -T $LAT_S\`, each transaction one statement:"
+	echo "\`SELECT outbox_emit(...)\` (aggregate random of 10,000), or the relay's plain INSERT with the relay"
+	echo "running (100 rows per batch, 100 ms sleep after an empty fetch).  Measured per event, from the"
+	echo "table after the run: \`published_at - created_at\`.  created_at is \`clock_timestamp()\` at the emit,"
+	echo "which for a one-statement transaction is just before its commit (so this is commit-to-ack plus"
+	echo "the statement's own run time, ~0.1-0.5 ms); published_at is when the publisher had all"
+	echo "acknowledgements of the event's batch (the extension: the time after its wait for delivery reports;"
+	echo "the relay: \`clock_timestamp()\` in its UPDATE, right after the flush), so the marking commit is not"
+	echo "included on either side.  Every event of the run counts, none is sampled."
+	echo
+	echo "| rate (events/s) | achieved tps | extension p50 | p99 | max | relay p50 | p99 | max | p99 relay / extension | publisher CPU % (ext. / relay) | events per extension batch |"
+	echo "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+	for rate in $RATES; do
+		echo "| $(fmt "$rate") | $(fmt "${R[d.ours.$rate.tps]}") / $(fmt "${R[d.relay.$rate.tps]}") | $(lf d.ours.$rate 2) ms | **$(lf d.ours.$rate 3) ms** | $(lf d.ours.$rate 4) ms | $(lf d.relay.$rate 2) ms | $(lf d.relay.$rate 3) ms | $(lf d.relay.$rate 4) ms | $(ratio "$(lf d.relay.$rate 3)" "$(lf d.ours.$rate 3)") | ${R[d.ours.$rate.pub_cpu]} / ${R[d.relay.$rate.pub_cpu]} | ${R[d.ours.$rate.per_batch]} |"
+	done
+	echo
+	if [ -n "${R[d.ours.1000.stats]:-}" ]; then
+		echo "Target: p99 < 20 ms at 1,000 events/s: $(met "$(lf d.ours.1000 3) < 20") ($(lf d.ours.1000 3) ms)."
+	fi
+	echo
+	echo "Events over 20 ms, and how they cluster in time (seconds of the run, by created_at):"
+	echo
+	echo "| rate | extension: events > 20 ms | in how many of the run's seconds | worst second | relay: events > 20 ms |"
+	echo "|---:|---:|---:|---:|---:|"
+	for rate in $RATES; do
+		t=(${R[d.ours.$rate.tail]:-0 0 0 0}); u=(${R[d.relay.$rate.tail]:-0 0 0 0})
+		echo "| $(fmt "$rate") | ${t[0]} of $(lf d.ours.$rate 1) | ${t[1]} of ${t[3]} | ${t[2]} | ${u[0]} of $(lf d.relay.$rate 1) |"
+	done
+	echo
+	echo "![latency CDF at 2,000 events/s](latency_cdf.png)"
+	echo
+	echo "The relay at each rate: "
+	echo
+	for rate in $RATES; do echo "- $rate/s: \`${R[d.relay.$rate.relay]:-}\`"; done
+	echo
+
+	echo "## e. Scaling with publisher workers ($(fmt "$N") events, 10,000 aggregates)"
+	echo
+	echo "\`outbox.workers\` = 1, 2, 4 (restart each), as (b).  The workers split the aggregates by"
+	echo "\`hashtext(aggregate_id)\` bucket."
+	echo
+	echo "| workers | events/s | vs 1 worker | s to drain | first run right after the restart: events/s |"
+	echo "|---:|---:|---:|---:|---:|"
+	for w in 1 2 4; do
+		echo "| $w | $(fmt "${R[e.ours.$w.eps]}") | $(ratio "${R[e.ours.$w.eps]}" "${R[e.ours.1.eps]}") | ${R[e.ours.$w.seconds]} | $(fmt "${R[e.ours.$w.cold.eps]}") |"
+	done
+	echo
+
+	echo "## f. Against the mock as shipped (no TCP_NODELAY)"
+	echo
+	echo "| measurement | extension | relay | extension / relay |"
+	echo "|---|---:|---:|---:|"
+	echo "| throughput, $(fmt "$N") events (relay: $(fmt "$NAGLE_RELAY_N")) over 10,000 aggregates | $(fmt "${R[f.ours.10000.eps]}")/s | $(fmt "${R[f.relay.10000.eps]}")/s | $(ratio "${R[f.ours.10000.eps]}" "${R[f.relay.10000.eps]}") |"
+	echo "| latency at 2,000/s, p50 / p99 / max | $(lf f.d.ours.2000 2) / $(lf f.d.ours.2000 3) / $(lf f.d.ours.2000 4) ms | $(lf f.d.relay.2000 2) / $(lf f.d.relay.2000 3) / $(lf f.d.relay.2000 4) ms | |"
+	echo
+	echo "With the shim, for comparison: $(fmt "${R[b.ours.10000.eps]}")/s vs $(fmt "${R[b.relay.10000.eps]}")/s; at 2,000/s"
+	echo "$(lf d.ours.2000 2) / $(lf d.ours.2000 3) / $(lf d.ours.2000 4) ms vs $(lf d.relay.2000 2) / $(lf d.relay.2000 3) / $(lf d.relay.2000 4) ms."
+	echo
+
+	echo "## Targets"
+	echo
+	echo "| target | result | |"
+	echo "|---|---|---|"
+	echo "| ≥ 25,000 events/s, one worker, 100k events over 10k aggregates | $(fmt "${R[b.ours.10000.eps]}")/s | $(met "${R[b.ours.10000.eps]} >= 25000") |"
+	echo "| ≥ 10,000 events/s with 5 ms RTT | $(fmt "${R[c.ours.5.eps]}")/s | $(met "${R[c.ours.5.eps]} >= 10000") |"
+	if [ -n "${R[d.ours.1000.stats]:-}" ]; then
+		echo "| p99 < 20 ms at 1,000 events/s | $(lf d.ours.1000 3) ms | $(met "$(lf d.ours.1000 3) < 20") |"
+	fi
+	echo "| emit transactions ≥ 0.85× plain insert (no publishers / each with its publisher) | $(ratio "${R[a.ours.w0.tps]}" "${R[a.plain.w0.tps]}")× / $(ratio "${R[a.ours.w1.tps]}" "${R[a.plain.relay.tps]}")× | $(met "${R[a.ours.w0.tps]} >= 0.85 * ${R[a.plain.w0.tps]}") / $(met "${R[a.ours.w1.tps]} >= 0.85 * ${R[a.plain.relay.tps]}") |"
+	echo "| beat the relay 10× (throughput, 10k / 10 / 1 aggregates) | $(ratio "${R[b.ours.10000.eps]}" "${R[b.relay.10000.eps]}")× / $(ratio "${R[b.ours.10.eps]}" "${R[b.relay.10.eps]}")× / $(ratio "${R[b.ours.1.eps]}" "${R[b.relay.1.eps]}")× | $(met "${R[b.ours.10000.eps]} >= 10 * ${R[b.relay.10000.eps]}") / $(met "${R[b.ours.10.eps]} >= 10 * ${R[b.relay.10.eps]}") / $(met "${R[b.ours.1.eps]} >= 10 * ${R[b.relay.1.eps]}") |"
+	echo "| beat the relay 10× (throughput at 1 / 5 / 20 ms RTT) | $(ratio "${R[c.ours.1.eps]}" "${R[c.relay.1.eps]}")× / $(ratio "${R[c.ours.5.eps]}" "${R[c.relay.5.eps]}")× / $(ratio "${R[c.ours.20.eps]}" "${R[c.relay.20.eps]}")× | $(met "${R[c.ours.1.eps]} >= 10 * ${R[c.relay.1.eps]}") / $(met "${R[c.ours.5.eps]} >= 10 * ${R[c.relay.5.eps]}") / $(met "${R[c.ours.20.eps]} >= 10 * ${R[c.relay.20.eps]}") |"
+	echo
+	echo "Raw results (key, value): see the run's results.tsv; per-step logs stay in the work directory"
+	echo "only when a run fails."
+} >"$out/benchmarks.md"
+cp "$out/results.tsv" "$work/" 2>/dev/null || true
+say "done: $out/benchmarks.md"
