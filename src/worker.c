@@ -1162,6 +1162,14 @@ outbox_worker_main(Datum main_arg)
 	 */
 	SetConfigOption("synchronous_commit", "off", PGC_SUSET, PGC_S_OVERRIDE);
 
+	/*
+	 * The pending fraction swings from nothing to everything faster than
+	 * statistics follow; an estimate of a few pending rows made the fetch a
+	 * bitmap scan of every pending row plus a sort.  Walking the pending
+	 * index in id order is right at any backlog.
+	 */
+	SetConfigOption("enable_bitmapscan", "off", PGC_SUSET, PGC_S_OVERRIDE);
+
 	batch_context = AllocSetContextCreate(TopMemoryContext, "outbox batch",
 										  ALLOCSET_DEFAULT_SIZES);
 	stall_context = AllocSetContextCreate(TopMemoryContext, "outbox stalled aggregates",

@@ -90,7 +90,6 @@ ok($node->log_contains('Kafka settings changed, recreating the producer'),
 
 cmp_ok(counter($node, 'delivery_timeouts'), '>', 0, 'the batch that waited on the dead broker list timed out');
 cmp_ok(counter($node, 'batches'), '>', 0, 'batches are counted');
-cmp_ok(counter($node, 'polls'), '>', 0, 'fallback polls are counted');
 cmp_ok(counter($node, 'latency_sum_us'), '>', 0, 'the latency sum is kept');
 is($node->safe_psql('postgres', q{SELECT max(count) = (SELECT value FROM outbox_counters() WHERE name = 'events_published')
 	FROM outbox_latency_histogram()}), 't', 'the latency histogram counts every published event');

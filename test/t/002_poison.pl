@@ -73,6 +73,7 @@ is(psql(q{SELECT count(*) FROM outbox WHERE aggregate_id = 'poison-1' AND publis
 	'0', 'block: stays blocked without an operator');
 
 # The operator retries once the cause is gone: everything goes out in order.
+cmp_ok(counter($node, 'polls'), '>', 0, 'fallback polls are counted (poll interval 500 ms)');
 is(psql(q{SELECT outbox_retry('poison-1')}), 't', 'outbox_retry unblocks');
 ok(poll_until(q{SELECT count(*) = 0 FROM outbox WHERE aggregate_id = 'poison-1' AND published_at IS NULL}),
 	'after retry the aggregate is published');
