@@ -155,6 +155,7 @@ static SPIPlanPtr policy_plan = NULL;
 static SPIPlanPtr retention_plan = NULL;
 static SPIPlanPtr inbox_retention_plan = NULL;
 static TimestampTz last_retention_at = 0;
+static bool retention_behind = false;
 
 static char last_logged_error[256];
 
@@ -1097,20 +1098,23 @@ retention_batch(void)
 }
 
 /*
- * Retention, once a second: batches until one is not full, for at most a
- * tenth of a second so that publishing is not held up.
+ * Retention: batches until one is not full, for at most a tenth of a second
+ * so that publishing is not held up.  Runs once a second, or after every
+ * publishing batch while it is behind.
  */
 static void
 run_retention(void)
 {
 	TimestampTz start = GetCurrentTimestamp();
+	bool		full;
 
 	if (outbox_retention_s < 0 && outbox_inbox_retention_s < 0)
 		return;
 	set_state("retention");
-	while (retention_batch() &&
+	while ((full = retention_batch()) &&
 		   !TimestampDifferenceExceeds(start, GetCurrentTimestamp(), 100))
 		CHECK_FOR_INTERRUPTS();
+	retention_behind = full;
 	last_retention_at = start;
 }
 
@@ -1203,9 +1207,10 @@ outbox_worker_main(Datum main_arg)
 		PG_TRY();
 		{
 			n = run_batch();
-			/* One worker keeps the tables small; at most once a second. */
+			/* One worker keeps the tables small. */
 			if (worker_index == 0 &&
-				TimestampDifferenceExceeds(last_retention_at, GetCurrentTimestamp(), 1000))
+				(retention_behind ||
+				 TimestampDifferenceExceeds(last_retention_at, GetCurrentTimestamp(), 1000)))
 				run_retention();
 		}
 		PG_CATCH();
@@ -1217,6 +1222,13 @@ outbox_worker_main(Datum main_arg)
 			failed = true;
 		}
 		PG_END_TRY();
+
+		/*
+		 * Report table statistics as a backend does between transactions:
+		 * the marking updates and retention deletes are the outbox's dead
+		 * tuples, and autovacuum only sees what is reported.
+		 */
+		(void) pgstat_report_stat(false);
 
 		if (failed)
 		{
