@@ -194,21 +194,29 @@ aggregate_match(const void *key1, const void *key2, Size keysize)
 	return strcmp(*(const char *const *) key1, *(const char *const *) key2);
 }
 
-static void
-reset_stalled(void)
+/* A hash table keyed by aggregate id (a char * as the entry's first field). */
+static HTAB *
+aggregate_table(const char *name, Size entrysize, long nelem, MemoryContext cxt)
 {
 	HASHCTL		hctl;
 
-	MemoryContextReset(stall_context);
-	stalled_batches = NULL;
 	memset(&hctl, 0, sizeof(hctl));
 	hctl.keysize = sizeof(char *);
-	hctl.entrysize = sizeof(StalledAggregate);
+	hctl.entrysize = entrysize;
 	hctl.hash = aggregate_hash;
 	hctl.match = aggregate_match;
-	hctl.hcxt = stall_context;
-	stalled_aggregates = hash_create("outbox stalled aggregates", 64, &hctl,
-									 HASH_ELEM | HASH_FUNCTION | HASH_COMPARE | HASH_CONTEXT);
+	hctl.hcxt = cxt;
+	return hash_create(name, nelem, &hctl,
+					   HASH_ELEM | HASH_FUNCTION | HASH_COMPARE | HASH_CONTEXT);
+}
+
+static void
+reset_stalled(void)
+{
+	MemoryContextReset(stall_context);
+	stalled_batches = NULL;
+	stalled_aggregates = aggregate_table("outbox stalled aggregates",
+										 sizeof(StalledAggregate), 64, stall_context);
 }
 
 /* A report of an abandoned batch arrived: its aggregate may be free again. */
@@ -725,7 +733,6 @@ run_batch(void)
 	int			nfailed = 0;
 	MemoryContext oldcxt;
 	HTAB	   *aggregates;
-	HASHCTL		hctl;
 	BatchEvent *events;
 	int			nevents;
 	int			naggregates = 0;
@@ -794,14 +801,8 @@ run_batch(void)
 	tracker.nresults = nevents;
 	tracker.outstanding = 0;
 
-	memset(&hctl, 0, sizeof(hctl));
-	hctl.keysize = sizeof(char *);
-	hctl.entrysize = sizeof(BatchAggregate);
-	hctl.hash = aggregate_hash;
-	hctl.match = aggregate_match;
-	hctl.hcxt = batch_context;
-	aggregates = hash_create("outbox batch aggregates", 1024, &hctl,
-							 HASH_ELEM | HASH_FUNCTION | HASH_COMPARE | HASH_CONTEXT);
+	aggregates = aggregate_table("outbox batch aggregates", sizeof(BatchAggregate),
+								 1024, batch_context);
 
 	for (int i = 0; i < nevents; i++)
 		copy_row(&events[i], SPI_tuptable->vals[i], SPI_tuptable->tupdesc);
