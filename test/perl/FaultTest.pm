@@ -27,7 +27,8 @@ use OutboxTest;
 
 our @EXPORT = qw(start_load stop_load pending max_id wait_backlog
   db_versions_contiguous verdict figures publisher_pids wait_publisher
-  kill_publisher_in_batch install_phase_probe quiet_statements);
+  kill_publisher_in_batch install_phase_probe quiet_statements fault_conf
+  note_counters);
 
 my $load_seq = 0;
 my @loads;			# every start_load() handle, for END
@@ -318,6 +319,26 @@ sub kill_publisher_in_batch
 	return () unless defined $pid && $pid =~ /^\d+$/;
 	kill 'KILL', $pid or return ();
 	return ($phase, $pid);
+}
+
+# Node settings of a fault test: OUTBOX_FAULT_KAFKA_PROPERTIES reruns any
+# scenario with other producer properties (e.g. max.in.flight=1).
+sub fault_conf
+{
+	my %conf;
+	$conf{kafka_properties} = $ENV{OUTBOX_FAULT_KAFKA_PROPERTIES}
+	  if $ENV{OUTBOX_FAULT_KAFKA_PROPERTIES};
+	return %conf;
+}
+
+# The run's duration and every non-zero publisher counter, for the log.
+sub note_counters
+{
+	my ($node, $t_start) = @_;
+	note sprintf "all done %.1f s after the start; counters: %s", time - $t_start,
+	  $node->safe_psql('postgres',
+		q{SELECT string_agg(name || '=' || value, ' ') FROM outbox_counters()
+		   WHERE value <> 0});
 }
 
 1;

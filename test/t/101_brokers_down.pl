@@ -21,9 +21,7 @@ use OutboxTest;
 my $dir = $PostgreSQL::Test::Utils::tmp_check;
 mkdir "$dir/mock";
 my $mk = MockKafka->start(dir => "$dir/mock", brokers => 3, max_seconds => 300);
-my %conf;
-$conf{kafka_properties} = $ENV{OUTBOX_FAULT_KAFKA_PROPERTIES}
-  if $ENV{OUTBOX_FAULT_KAFKA_PROPERTIES};
+my %conf = fault_conf();
 my $node = outbox_node('down', $mk, %conf);
 note "kafka_properties: " . ($conf{kafka_properties} // '(default)');
 quiet_statements($node);
@@ -74,10 +72,7 @@ cmp_ok(counter($node, 'delivery_timeouts'), '>=', 1,
 
 db_versions_contiguous($node, 'brokers down');
 my $r = verdict($mk, $node, 'brokers_down', recover_s => $recover);
-note sprintf "all done %.1f s after the start; counters: %s", time - $t_start,
-  $node->safe_psql('postgres',
-	q{SELECT string_agg(name || '=' || value, ' ') FROM outbox_counters()
-	   WHERE value <> 0});
+note_counters($node, $t_start);
 
 $node->stop;
 $mk->stop;

@@ -28,9 +28,7 @@ mkdir "$dir/mock";
 my $mk = MockKafka->start(dir => "$dir/mock", brokers => 3, max_seconds => 300);
 # Known partitions, so that leader moves hit every one of them.
 $mk->cmd("topic_create $topic $partitions 3");
-my %conf;
-$conf{kafka_properties} = $ENV{OUTBOX_FAULT_KAFKA_PROPERTIES}
-  if $ENV{OUTBOX_FAULT_KAFKA_PROPERTIES};
+my %conf = fault_conf();
 my $node = outbox_node('retriable', $mk, %conf);
 note "kafka_properties: " . ($conf{kafka_properties} // '(default)');
 quiet_statements($node);
@@ -102,10 +100,7 @@ is($node->safe_psql('postgres',
 
 db_versions_contiguous($node, 'retriable errors');
 my $r = verdict($mk, $node, 'retriable_errors', recover_s => $recover);
-note sprintf "all done %.1f s after the start; counters: %s", time - $t_start,
-  $node->safe_psql('postgres',
-	q{SELECT string_agg(name || '=' || value, ' ') FROM outbox_counters()
-	   WHERE value <> 0});
+note_counters($node, $t_start);
 
 $node->stop;
 $mk->stop;

@@ -74,10 +74,7 @@ ok(defined wait_published($node, 60), 'nothing pending after the load');
 db_versions_contiguous($node, 'lost acks');
 my $r = verdict($mk, $node, 'lost_acks', recover_s => $recover);
 cmp_ok($r->{duplicates}, '>', 0, 'lost acknowledgements produced duplicates, as expected');
-note sprintf "all done %.1f s after the start; counters: %s", time - $t_start,
-  $node->safe_psql('postgres',
-	q{SELECT string_agg(name || '=' || value, ' ') FROM outbox_counters()
-	   WHERE value <> 0});
+note_counters($node, $t_start);
 
 $node->stop;
 $mk->stop;

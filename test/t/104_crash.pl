@@ -30,9 +30,7 @@ my $restarts = $ENV{OUTBOX_FAULT_RESTARTS} // 2;
 my $dir = $PostgreSQL::Test::Utils::tmp_check;
 mkdir "$dir/mock";
 my $mk = MockKafka->start(dir => "$dir/mock", brokers => 3, max_seconds => 300);
-my %conf;
-$conf{kafka_properties} = $ENV{OUTBOX_FAULT_KAFKA_PROPERTIES}
-  if $ENV{OUTBOX_FAULT_KAFKA_PROPERTIES};
+my %conf = fault_conf();
 my $node = outbox_node('crash', $mk, %conf);
 note "kafka_properties: " . ($conf{kafka_properties} // '(default)');
 $node->append_conf('postgresql.conf', "restart_after_crash = on\n");

@@ -31,9 +31,7 @@ my $n_fatal = $ENV{OUTBOX_FAULT_FATALS} // 5;
 my $dir = $PostgreSQL::Test::Utils::tmp_check;
 mkdir "$dir/mock";
 my $mk = MockKafka->start(dir => "$dir/mock", brokers => 3, max_seconds => 300);
-my %conf = (enable_test_hooks => 'on');
-$conf{kafka_properties} = $ENV{OUTBOX_FAULT_KAFKA_PROPERTIES}
-  if $ENV{OUTBOX_FAULT_KAFKA_PROPERTIES};
+my %conf = (fault_conf(), enable_test_hooks => 'on');
 my $node = outbox_node('fatal', $mk, %conf);
 note "kafka_properties: " . ($conf{kafka_properties} // '(default)');
 quiet_statements($node);
@@ -85,10 +83,7 @@ unlike($log, qr/was acknowledged although version/, 'no order violation reported
 
 db_versions_contiguous($node, 'fatal error');
 my $r = verdict($mk, $node, 'fatal_error', recover_s => $recover);
-note sprintf "all done %.1f s after the start; counters: %s", time - $t_start,
-  $node->safe_psql('postgres',
-	q{SELECT string_agg(name || '=' || value, ' ') FROM outbox_counters()
-	   WHERE value <> 0});
+note_counters($node, $t_start);
 
 $node->stop;
 $mk->stop;

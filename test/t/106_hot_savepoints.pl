@@ -24,9 +24,7 @@ my $topic = 'outbox.event.hot';
 my $dir = $PostgreSQL::Test::Utils::tmp_check;
 mkdir "$dir/mock";
 my $mk = MockKafka->start(dir => "$dir/mock", brokers => 3, max_seconds => 300);
-my %conf = (workers => 2);
-$conf{kafka_properties} = $ENV{OUTBOX_FAULT_KAFKA_PROPERTIES}
-  if $ENV{OUTBOX_FAULT_KAFKA_PROPERTIES};
+my %conf = (fault_conf(), workers => 2);
 my $node = outbox_node('hot', $mk, %conf);
 note "kafka_properties: " . ($conf{kafka_properties} // '(default)');
 $node->append_conf('postgresql.conf', "deadlock_timeout = '100ms'\n");
@@ -103,10 +101,7 @@ note "events per worker (by bucket): $per_worker";
 
 my $r = verdict($mk, $node, 'hot_savepoints', topics => [$topic],
 	recover_s => $drain);
-note sprintf "all done %.1f s after the start; counters: %s", time - $t_start,
-  $node->safe_psql('postgres',
-	q{SELECT string_agg(name || '=' || value, ' ') FROM outbox_counters()
-	   WHERE value <> 0});
+note_counters($node, $t_start);
 
 $node->stop;
 $mk->stop;

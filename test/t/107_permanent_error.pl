@@ -47,9 +47,7 @@ $mk->cmd("topic_create $topic 1 3");
 $mk->cmd("leader $topic 0 3");
 $mk->cmd("topic_create $load_topic 4 3");
 $mk->cmd("leader $load_topic $_ " . (1 + $_ % 2)) for 0 .. 3;
-my %conf = (max_attempts => 2, poison_policy => 'block');
-$conf{kafka_properties} = $ENV{OUTBOX_FAULT_KAFKA_PROPERTIES}
-  if $ENV{OUTBOX_FAULT_KAFKA_PROPERTIES};
+my %conf = (fault_conf(), max_attempts => 2, poison_policy => 'block');
 my $node = outbox_node('perm', $mk, %conf);
 note "kafka_properties: " . ($conf{kafka_properties} // '(default)');
 quiet_statements($node);

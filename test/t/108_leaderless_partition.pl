@@ -29,9 +29,7 @@ my $dir = $PostgreSQL::Test::Utils::tmp_check;
 mkdir "$dir/mock";
 my $mk = MockKafka->start(dir => "$dir/mock", brokers => 3, max_seconds => 300);
 $mk->cmd("topic_create $topic 6 3");
-my %conf;
-$conf{kafka_properties} = $ENV{OUTBOX_FAULT_KAFKA_PROPERTIES}
-  if $ENV{OUTBOX_FAULT_KAFKA_PROPERTIES};
+my %conf = fault_conf();
 my $node = outbox_node('leaderless', $mk, %conf);
 note "kafka_properties: " . ($conf{kafka_properties} // '(default)');
 quiet_statements($node);
@@ -71,10 +69,7 @@ ok(defined wait_published($node, 60), 'nothing pending after the load');
 
 db_versions_contiguous($node, 'leaderless partition');
 my $r = verdict($mk, $node, 'leaderless_partition', recover_s => $recover);
-note sprintf "all done %.1f s after the start; counters: %s", time - $t_start,
-  $node->safe_psql('postgres',
-	q{SELECT string_agg(name || '=' || value, ' ') FROM outbox_counters()
-	   WHERE value <> 0});
+note_counters($node, $t_start);
 
 $node->stop;
 $mk->stop;
