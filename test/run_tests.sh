@@ -87,8 +87,8 @@ for suite in $suites; do
 		regress)
 			needs_cluster
 			rc=0
-			tests=$(list_tests "$src/sql" '[0-9]*.sql' '\.sql') &&
-			"$pgxs/src/test/regress/pg_regress" --inputdir="$src" \
+			tests=$(list_tests "$src/test/sql" '[0-9]*.sql' '\.sql') &&
+			"$pgxs/src/test/regress/pg_regress" --inputdir="$src/test" \
 				--outputdir="$work/regress" --bindir="$bindir" \
 				--dbname=contrib_regression $tests || rc=$?
 			[ "$rc" != 0 ] && cat "$work/regress/regression.diffs" 2>/dev/null | head -200
