@@ -7,6 +7,7 @@
 # the tree to a directory the postgres user owns and runs itself as postgres.
 #
 # Usage: test/run_tests.sh [suite ...]   suites: regress isolation pgtap tools tap
+#        PROVE_TESTS="001_publish.pl 101_brokers_down.pl" runs only those TAP files.
 #
 set -euo pipefail
 
@@ -122,7 +123,7 @@ for suite in $suites; do
 		tap)
 			rc=0
 			mkdir -p "$work/tap"
-			tests=$(list_tests "$src/test/t" '*.pl') &&
+			tests=${PROVE_TESTS:-$(list_tests "$src/test/t" '*.pl')} &&
 			(cd "$work/tap" && TESTDIR="$work/tap" PG_REGRESS="$pgxs/src/test/regress/pg_regress" \
 				OUTBOX_SRC="$src" \
 				prove -I "$pgxs/src/test/perl" -I "$src/test/perl" \
