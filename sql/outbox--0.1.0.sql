@@ -3,6 +3,19 @@
 -- complain if script is sourced in psql, rather than via CREATE EXTENSION
 \echo Use "CREATE EXTENSION outbox" to load this file. \quit
 
+-- Names bind to the search_path when an object is created, and CREATE
+-- EXTENSION runs with the target schema on it: whoever may create objects
+-- there (in PG15 the database owner owns public) could plant a
+-- better-matching num_nonnulls(text, text) or =(text, text) that a
+-- superuser's inserts would then run.  So every function, aggregate and
+-- operator in constraints, defaults, index predicates and views is
+-- schema-qualified, and so is every function call in function bodies.
+-- Bodies are also bound at run time under their pinned search_path
+-- (pg_catalog, pg_temp), where operators can only resolve to pg_catalog's
+-- (pg_temp is never searched for functions and operators).  Built-in type
+-- names need no qualification: a type name matches exactly, and pg_catalog
+-- is searched before the target schema.
+
 --
 -- Events written by outbox_emit() in the caller's transaction.
 --
@@ -27,7 +40,7 @@ CREATE TABLE @extschema@.outbox (
 	topic text NOT NULL,
 	headers jsonb,
 	payload jsonb,
-	created_at timestamptz NOT NULL DEFAULT clock_timestamp(),
+	created_at timestamptz NOT NULL DEFAULT pg_catalog.clock_timestamp(),
 	-- NULL while pending; set together with disposition (only the publisher
 	-- and the operator functions write them) when Kafka acknowledged the
 	-- event or a poison policy disposed of it.
@@ -82,7 +95,7 @@ CREATE TABLE @extschema@.aggregate_publication (
 	last_error text,
 	next_attempt_at timestamptz,
 	paused boolean NOT NULL DEFAULT false,
-	updated_at timestamptz NOT NULL DEFAULT clock_timestamp()
+	updated_at timestamptz NOT NULL DEFAULT pg_catalog.clock_timestamp()
 );
 
 -- Updated once per published batch of each aggregate: leave room for HOT
@@ -100,7 +113,7 @@ CREATE TABLE @extschema@.inbox (
 	-- inbox_claim() rejects empty values (no CHECK: see outbox).
 	consumer text NOT NULL,
 	event_id text NOT NULL,
-	processed_at timestamptz NOT NULL DEFAULT now(),
+	processed_at timestamptz NOT NULL DEFAULT pg_catalog.now(),
 	PRIMARY KEY (consumer, event_id)
 );
 
@@ -119,8 +132,10 @@ ALTER TABLE @extschema@.inbox SET (
 CREATE TABLE @extschema@.poison_policy (
 	topic text UNIQUE,
 	aggregate_type text UNIQUE,
-	policy text NOT NULL CHECK (policy IN ('block', 'dead_letter', 'skip')),
-	CONSTRAINT poison_policy_one_key CHECK (num_nonnulls(topic, aggregate_type) = 1)
+	policy text NOT NULL
+		CHECK (policy OPERATOR(pg_catalog.=) ANY ('{block,dead_letter,skip}'::text[])),
+	CONSTRAINT poison_policy_one_key
+		CHECK (pg_catalog.num_nonnulls(topic, aggregate_type) OPERATOR(pg_catalog.=) 1)
 );
 
 COMMENT ON TABLE @extschema@.poison_policy IS
@@ -260,9 +275,11 @@ REVOKE ALL ON FUNCTION @extschema@.outbox_test_fatal_error() FROM PUBLIC;
 --
 -- Operator functions.  SECURITY DEFINER with a pinned search_path; EXECUTE
 -- is revoked from PUBLIC: grant them to an operator role.  Each takes the
--- publisher's lock of the aggregate's bucket first, so it never races a
--- batch in flight (it waits at most outbox.delivery_timeout), and wakes the
--- publisher when it commits.
+-- publisher's lock of the aggregate's bucket before it reads or locks any
+-- row, so it never races a batch in flight (it waits at most
+-- outbox.delivery_timeout), and wakes the publisher when it commits.  The
+-- publisher takes the same lock before it writes the aggregate's rows: one
+-- lock order everywhere, so no deadlock (test/isolation/specs/operator_lock_order.spec).
 --
 CREATE FUNCTION @extschema@.outbox_lock_aggregate(aggregate_id text)
 RETURNS void
@@ -328,7 +345,7 @@ BEGIN
 	END IF;
 	UPDATE @extschema@.aggregate_publication p
 	   SET blocked_version = NULL, blocked_at = NULL, next_attempt_at = NULL,
-		   attempts = 0, updated_at = clock_timestamp()
+		   attempts = 0, updated_at = pg_catalog.clock_timestamp()
 	 WHERE p.aggregate_id = agg;
 	-- A fresh count of attempts before the poison policy applies again.
 	UPDATE @extschema@.outbox o SET attempts = 0
@@ -354,7 +371,7 @@ AS $$
 DECLARE
 	agg text;
 	disposition @extschema@.outbox_disposition;
-	action text := replace(wanted::text, '_', '-');
+	action text := pg_catalog.replace(wanted::text, '_', '-');
 BEGIN
 	PERFORM @extschema@.outbox_check_arg('event_id', event_id);
 	SELECT o.aggregate_id INTO agg FROM @extschema@.outbox o WHERE o.event_id = outbox_pending_event.event_id;
@@ -370,9 +387,9 @@ BEGIN
 	IF already THEN
 		RAISE NOTICE 'event "%" is already %', event_id, action;
 	ELSIF disposition IS NOT NULL THEN
-		RAISE EXCEPTION 'event "%" is already %', event_id, replace(disposition::text, '_', '-')
+		RAISE EXCEPTION 'event "%" is already %', event_id, pg_catalog.replace(disposition::text, '_', '-')
 			USING ERRCODE = 'object_not_in_prerequisite_state',
-			HINT = format('Only pending events can be %s; outbox_replay() publishes events again.', action);
+			HINT = pg_catalog.format('Only pending events can be %s; outbox_replay() publishes events again.', action);
 	END IF;
 END
 $$;
@@ -387,14 +404,15 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 	INSERT INTO @extschema@.aggregate_publication AS p (aggregate_id, last_published_version, updated_at)
 	SELECT $1, CASE WHEN NOT EXISTS (SELECT 1 FROM @extschema@.outbox o
-									  WHERE o.aggregate_id = $1 AND o.published_at IS NULL
-									  AND o.aggregate_version < $2)
-					THEN $2 ELSE 0 END, clock_timestamp()
+									  WHERE o.aggregate_id OPERATOR(pg_catalog.=) $1
+									  AND o.published_at IS NULL
+									  AND o.aggregate_version OPERATOR(pg_catalog.<) $2)
+					THEN $2 ELSE 0 END, pg_catalog.clock_timestamp()
 	ON CONFLICT (aggregate_id) DO UPDATE SET
 		last_published_version = GREATEST(p.last_published_version, excluded.last_published_version),
-		blocked_version = CASE WHEN p.blocked_version = $2 THEN NULL ELSE p.blocked_version END,
-		blocked_at = CASE WHEN p.blocked_version = $2 THEN NULL ELSE p.blocked_at END,
-		attempts = CASE WHEN p.blocked_version = $2 THEN 0 ELSE p.attempts END,
+		blocked_version = CASE WHEN p.blocked_version OPERATOR(pg_catalog.=) $2 THEN NULL ELSE p.blocked_version END,
+		blocked_at = CASE WHEN p.blocked_version OPERATOR(pg_catalog.=) $2 THEN NULL ELSE p.blocked_at END,
+		attempts = CASE WHEN p.blocked_version OPERATOR(pg_catalog.=) $2 THEN 0 ELSE p.attempts END,
 		next_attempt_at = NULL,
 		updated_at = excluded.updated_at;
 $$;
@@ -412,7 +430,7 @@ BEGIN
 		RETURN false;
 	END IF;
 	UPDATE @extschema@.outbox o
-	   SET published_at = clock_timestamp(), disposition = 'skipped',
+	   SET published_at = pg_catalog.clock_timestamp(), disposition = 'skipped',
 		   last_error = coalesce('skipped by ' || session_user || coalesce(': ' || reason, ''), o.last_error)
 	 WHERE o.id = ev.id;
 	PERFORM @extschema@.outbox_settled(ev.aggregate_id, ev.aggregate_version);
@@ -445,7 +463,7 @@ BEGIN
 	-- The publisher sends it to the dead-letter topic next, then goes on.
 	UPDATE @extschema@.aggregate_publication p
 	   SET blocked_version = NULL, blocked_at = NULL, next_attempt_at = NULL,
-		   updated_at = clock_timestamp()
+		   updated_at = pg_catalog.clock_timestamp()
 	 WHERE p.aggregate_id = ev.aggregate_id AND p.blocked_version = ev.aggregate_version;
 	RAISE LOG 'outbox: % sent event "%" (aggregate "%" version %) to the dead-letter topic',
 		session_user, event_id, ev.aggregate_id, ev.aggregate_version;
@@ -472,7 +490,7 @@ BEGIN
 		RAISE EXCEPTION 'from_version must be a version, 1 or more' USING ERRCODE = 'invalid_parameter_value';
 	END IF;
 	PERFORM @extschema@.outbox_lock_aggregate(agg);
-	SELECT min(o.aggregate_version), max(o.aggregate_version) INTO lo, hi
+	SELECT pg_catalog.min(o.aggregate_version), pg_catalog.max(o.aggregate_version) INTO lo, hi
 	  FROM @extschema@.outbox o WHERE o.aggregate_id = agg;
 	IF hi IS NULL THEN
 		RAISE EXCEPTION 'aggregate "%" has no events', agg USING ERRCODE = 'no_data_found';
@@ -483,7 +501,7 @@ BEGIN
 										 WHERE p.aggregate_id = agg AND p.last_published_version >= from_version) THEN
 		RAISE EXCEPTION 'versions % to % of aggregate "%" were deleted by retention', from_version, lo - 1, agg
 			USING ERRCODE = 'object_not_in_prerequisite_state',
-			HINT = format('Replay from version %s or later.', lo);
+			HINT = pg_catalog.format('Replay from version %s or later.', lo);
 	END IF;
 	UPDATE @extschema@.outbox o
 	   SET published_at = NULL, disposition = NULL, kafka_partition = NULL, kafka_offset = NULL,
@@ -493,7 +511,7 @@ BEGIN
 	UPDATE @extschema@.aggregate_publication p
 	   SET last_published_version = LEAST(p.last_published_version, from_version - 1),
 		   blocked_version = NULL, blocked_at = NULL, next_attempt_at = NULL, attempts = 0,
-		   updated_at = clock_timestamp()
+		   updated_at = pg_catalog.clock_timestamp()
 	 WHERE p.aggregate_id = agg;
 	RAISE LOG 'outbox: % replays aggregate "%" from version % (% events queued again)',
 		session_user, agg, from_version, n;
@@ -515,7 +533,7 @@ DECLARE
 BEGIN
 	IF agg IS NULL THEN
 		UPDATE @extschema@.publisher_control c
-		   SET paused = true, changed_at = clock_timestamp(), changed_by = session_user
+		   SET paused = true, changed_at = pg_catalog.clock_timestamp(), changed_by = session_user
 		 WHERE NOT c.paused;
 		changed := FOUND;
 		IF changed THEN
@@ -524,12 +542,13 @@ BEGIN
 		RETURN changed;
 	END IF;
 	PERFORM @extschema@.outbox_check_arg('aggregate_id', agg);
+	PERFORM @extschema@.outbox_lock_aggregate(agg);
 	IF NOT EXISTS (SELECT 1 FROM @extschema@.outbox o WHERE o.aggregate_id = agg)
 	   AND NOT EXISTS (SELECT 1 FROM @extschema@.aggregate_publication p WHERE p.aggregate_id = agg) THEN
 		RAISE EXCEPTION 'aggregate "%" has no events', agg USING ERRCODE = 'no_data_found';
 	END IF;
 	INSERT INTO @extschema@.aggregate_publication AS p (aggregate_id, paused, updated_at)
-	VALUES (agg, true, clock_timestamp())
+	VALUES (agg, true, pg_catalog.clock_timestamp())
 	ON CONFLICT ON CONSTRAINT aggregate_publication_pkey DO UPDATE
 		SET paused = true, updated_at = excluded.updated_at
 		WHERE NOT p.paused;
@@ -555,7 +574,7 @@ DECLARE
 BEGIN
 	IF agg IS NULL THEN
 		UPDATE @extschema@.publisher_control c
-		   SET paused = false, changed_at = clock_timestamp(), changed_by = session_user
+		   SET paused = false, changed_at = pg_catalog.clock_timestamp(), changed_by = session_user
 		 WHERE c.paused;
 		changed := FOUND;
 		IF changed THEN
@@ -565,12 +584,12 @@ BEGIN
 		RETURN changed;
 	END IF;
 	PERFORM @extschema@.outbox_check_arg('aggregate_id', agg);
+	PERFORM @extschema@.outbox_lock_aggregate(agg);
 	UPDATE @extschema@.aggregate_publication p
-	   SET paused = false, updated_at = clock_timestamp()
+	   SET paused = false, updated_at = pg_catalog.clock_timestamp()
 	 WHERE p.aggregate_id = agg AND p.paused;
 	changed := FOUND;
 	IF changed THEN
-		PERFORM @extschema@.outbox_lock_aggregate(agg);
 		RAISE LOG 'outbox: % resumed aggregate "%"', session_user, agg;
 	ELSIF NOT EXISTS (SELECT 1 FROM @extschema@.aggregate_publication p WHERE p.aggregate_id = agg)
 		  AND NOT EXISTS (SELECT 1 FROM @extschema@.outbox o WHERE o.aggregate_id = agg) THEN
@@ -605,20 +624,21 @@ GRANT EXECUTE ON FUNCTION @extschema@.outbox_workers() TO pg_monitor;
 
 -- Dead-lettered and skipped rows are rare: count them without a scan.
 CREATE INDEX outbox_disposed_idx ON @extschema@.outbox (disposition)
-	WHERE disposition IN ('dead_lettered', 'skipped');
+	WHERE disposition OPERATOR(pg_catalog.=) ANY (ARRAY['dead_lettered'::@extschema@.outbox_disposition,
+														 'skipped'::@extschema@.outbox_disposition]);
 
 CREATE VIEW @extschema@.outbox_aggregate_status AS
-SELECT aggregate_id,
+SELECT coalesce(p.aggregate_id, q.aggregate_id) AS aggregate_id,
 	   GREATEST(q.last_pending_version, p.last_published_version) AS last_emitted_version,
 	   coalesce(p.last_published_version, 0) AS last_published_version,
 	   GREATEST(q.last_pending_version, p.last_published_version)
-		   - coalesce(p.last_published_version, 0) AS gap,
+		   OPERATOR(pg_catalog.-) coalesce(p.last_published_version, 0) AS gap,
 	   coalesce(q.pending_events, 0) AS pending_events,
 	   q.pending_since,
 	   CASE WHEN p.paused THEN 'paused'
 			WHEN p.blocked_version IS NOT NULL THEN 'blocked'
-			WHEN p.next_attempt_at > now() THEN 'backing_off'
-			WHEN q.pending_events > 0 THEN 'pending'
+			WHEN p.next_attempt_at OPERATOR(pg_catalog.>) pg_catalog.now() THEN 'backing_off'
+			WHEN q.pending_events OPERATOR(pg_catalog.>) 0 THEN 'pending'
 			ELSE 'published' END AS state,
 	   coalesce(q.attempts, 0) AS attempts,
 	   coalesce(q.last_error, p.last_error) AS last_error,
@@ -628,39 +648,39 @@ SELECT aggregate_id,
 	   p.last_published_at
   FROM @extschema@.aggregate_publication p
   FULL JOIN (SELECT o.aggregate_id,
-					count(*) AS pending_events,
-					min(o.created_at) AS pending_since,
-					max(o.aggregate_version) AS last_pending_version,
-					max(o.attempts) AS attempts,
-					(array_agg(o.last_error ORDER BY o.aggregate_version)
+					pg_catalog.count(*) AS pending_events,
+					pg_catalog.min(o.created_at) AS pending_since,
+					pg_catalog.max(o.aggregate_version) AS last_pending_version,
+					pg_catalog.max(o.attempts) AS attempts,
+					(pg_catalog.array_agg(o.last_error ORDER BY o.aggregate_version)
 						FILTER (WHERE o.last_error IS NOT NULL))[1] AS last_error
 			   FROM @extschema@.outbox o
 			  WHERE o.published_at IS NULL
-			  GROUP BY o.aggregate_id) q USING (aggregate_id);
+			  GROUP BY o.aggregate_id) q ON q.aggregate_id OPERATOR(pg_catalog.=) p.aggregate_id;
 
 COMMENT ON VIEW @extschema@.outbox_aggregate_status IS
 'per aggregate: last emitted vs last published version, pending since, state, attempts, last error';
 
 CREATE VIEW @extschema@.outbox_status AS
-SELECT (SELECT count(*) FROM @extschema@.outbox WHERE published_at IS NULL) AS pending_events,
-	   (SELECT count(DISTINCT aggregate_id) FROM @extschema@.outbox WHERE published_at IS NULL) AS pending_aggregates,
-	   (SELECT min(created_at) FROM @extschema@.outbox WHERE published_at IS NULL) AS oldest_pending_at,
-	   clock_timestamp() - (SELECT min(created_at) FROM @extschema@.outbox WHERE published_at IS NULL)
+SELECT (SELECT pg_catalog.count(*) FROM @extschema@.outbox WHERE published_at IS NULL) AS pending_events,
+	   (SELECT pg_catalog.count(DISTINCT aggregate_id) FROM @extschema@.outbox WHERE published_at IS NULL) AS pending_aggregates,
+	   (SELECT pg_catalog.min(created_at) FROM @extschema@.outbox WHERE published_at IS NULL) AS oldest_pending_at,
+	   pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-) (SELECT pg_catalog.min(created_at) FROM @extschema@.outbox WHERE published_at IS NULL)
 		   AS oldest_pending_age,
-	   (SELECT count(*) FROM @extschema@.aggregate_publication WHERE blocked_version IS NOT NULL)
+	   (SELECT pg_catalog.count(*) FROM @extschema@.aggregate_publication WHERE blocked_version IS NOT NULL)
 		   AS blocked_aggregates,
-	   (SELECT jsonb_agg(jsonb_build_object('aggregate_id', aggregate_id, 'version', blocked_version,
+	   (SELECT pg_catalog.jsonb_agg(pg_catalog.jsonb_build_object('aggregate_id', aggregate_id, 'version', blocked_version,
 											'since', blocked_at, 'error', last_error)
 						 ORDER BY blocked_at)
 		  FROM (SELECT * FROM @extschema@.aggregate_publication
 				 WHERE blocked_version IS NOT NULL ORDER BY blocked_at LIMIT 100) b) AS blocked,
-	   (SELECT count(*) FROM @extschema@.aggregate_publication
-		 WHERE next_attempt_at > now() AND blocked_version IS NULL) AS backing_off_aggregates,
-	   (SELECT count(*) FROM @extschema@.aggregate_publication WHERE paused) AS paused_aggregates,
-	   (SELECT count(*) FROM @extschema@.outbox WHERE disposition = 'dead_lettered') AS dead_lettered_events,
-	   (SELECT count(*) FROM @extschema@.outbox WHERE disposition = 'skipped') AS skipped_events,
+	   (SELECT pg_catalog.count(*) FROM @extschema@.aggregate_publication
+		 WHERE next_attempt_at OPERATOR(pg_catalog.>) pg_catalog.now() AND blocked_version IS NULL) AS backing_off_aggregates,
+	   (SELECT pg_catalog.count(*) FROM @extschema@.aggregate_publication WHERE paused) AS paused_aggregates,
+	   (SELECT pg_catalog.count(*) FROM @extschema@.outbox WHERE disposition OPERATOR(pg_catalog.=) 'dead_lettered') AS dead_lettered_events,
+	   (SELECT pg_catalog.count(*) FROM @extschema@.outbox WHERE disposition OPERATOR(pg_catalog.=) 'skipped') AS skipped_events,
 	   (SELECT paused FROM @extschema@.publisher_control) AS publisher_paused,
-	   (SELECT jsonb_agg(to_jsonb(w) ORDER BY w.worker) FROM @extschema@.outbox_workers() w) AS workers;
+	   (SELECT pg_catalog.jsonb_agg(pg_catalog.to_jsonb(w) ORDER BY w.worker) FROM @extschema@.outbox_workers() w) AS workers;
 
 COMMENT ON VIEW @extschema@.outbox_status IS
 'one row: how far behind publishing is, what is stuck, what each worker does';
