@@ -110,7 +110,7 @@ ALTER TABLE @extschema@.aggregate_publication SET (
 -- Consumer-side deduplication: one row per (consumer, event) processed.
 --
 CREATE TABLE @extschema@.inbox (
-	-- inbox_claim() rejects empty values (no CHECK: see outbox).
+	-- inbox_claim() rejects empty and overlong values (no CHECK: see outbox).
 	consumer text NOT NULL,
 	event_id text NOT NULL,
 	processed_at timestamptz NOT NULL DEFAULT pg_catalog.now(),
@@ -203,11 +203,29 @@ SET search_path = pg_catalog, pg_temp;
 COMMENT ON FUNCTION @extschema@.outbox_emit(text, text, text, jsonb, text, jsonb, text, bigint) IS
 'write one event to the outbox in the current transaction';
 
+-- Who may claim for a consumer: a consumer listed here only members of its
+-- role (checked against session_user: a session can always return to it
+-- with RESET ROLE, so SET ROLE neither gains nor loses anything here).  An
+-- unlisted consumer name may be claimed for by any role with EXECUTE on
+-- inbox_claim().
+CREATE TABLE @extschema@.inbox_consumer (
+	consumer text PRIMARY KEY,
+	role name NOT NULL
+);
+
+COMMENT ON TABLE @extschema@.inbox_consumer IS
+'consumers whose events only members of a role may claim with inbox_claim()';
+
+REVOKE ALL ON @extschema@.inbox_consumer FROM PUBLIC;
+SELECT pg_catalog.pg_extension_config_dump('@extschema@.inbox_consumer', '');
+
 CREATE FUNCTION @extschema@.inbox_claim(consumer text, event_id text)
 RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
+DECLARE
+	owner name;
 BEGIN
 	IF consumer IS NULL OR event_id IS NULL THEN
 		RAISE EXCEPTION 'inbox_claim: % must not be NULL',
@@ -218,6 +236,23 @@ BEGIN
 		RAISE EXCEPTION 'inbox_claim: % must not be empty',
 			CASE WHEN consumer = '' THEN 'consumer' ELSE 'event_id' END
 			USING ERRCODE = 'invalid_parameter_value';
+	END IF;
+	-- The same limit as outbox_emit()'s event_id: a key of the primary key
+	-- index must fit a third of a page.
+	IF pg_catalog.octet_length(consumer) > 1024 OR pg_catalog.octet_length(event_id) > 1024 THEN
+		RAISE EXCEPTION 'inbox_claim: % is too long (% bytes)',
+			CASE WHEN pg_catalog.octet_length(consumer) > 1024 THEN 'consumer' ELSE 'event_id' END,
+			GREATEST(pg_catalog.octet_length(consumer), pg_catalog.octet_length(event_id))
+			USING ERRCODE = 'string_data_right_truncation',
+			DETAIL = 'consumer and event_id may have at most 1024 bytes each.';
+	END IF;
+	SELECT c.role INTO owner FROM @extschema@.inbox_consumer c WHERE c.consumer = inbox_claim.consumer;
+	IF FOUND AND NOT (EXISTS (SELECT 1 FROM pg_catalog.pg_roles r WHERE r.rolname = owner)
+					  AND pg_catalog.pg_has_role(session_user, owner, 'MEMBER')) THEN
+		RAISE EXCEPTION 'inbox_claim: permission denied to claim for consumer "%"', consumer
+			USING ERRCODE = 'insufficient_privilege',
+			DETAIL = pg_catalog.format('Consumer "%s" is registered in inbox_consumer to role "%s".', consumer, owner),
+			HINT = pg_catalog.format('Grant role "%s" to the role claiming.', owner);
 	END IF;
 	-- A concurrent uncommitted claim of the same pair makes this wait: false
 	-- if that transaction commits, true if it aborts.  Under REPEATABLE READ
@@ -317,6 +352,12 @@ BEGIN
 		RAISE EXCEPTION '% must not be NULL', name USING ERRCODE = 'null_value_not_allowed';
 	ELSIF value = '' THEN
 		RAISE EXCEPTION '% must not be empty', name USING ERRCODE = 'invalid_parameter_value';
+	ELSIF pg_catalog.octet_length(value) > 1024 THEN
+		-- No such identifier exists (outbox_emit refuses them): say so
+		-- without repeating the value.
+		RAISE EXCEPTION '% is too long (% bytes)', name, pg_catalog.octet_length(value)
+			USING ERRCODE = 'string_data_right_truncation',
+			DETAIL = pg_catalog.format('%s may have at most 1024 bytes.', name);
 	END IF;
 END
 $$;
@@ -499,9 +540,14 @@ BEGIN
 			USING ERRCODE = 'invalid_parameter_value';
 	ELSIF from_version < lo AND EXISTS (SELECT 1 FROM @extschema@.aggregate_publication p
 										 WHERE p.aggregate_id = agg AND p.last_published_version >= from_version) THEN
-		RAISE EXCEPTION 'versions % to % of aggregate "%" were deleted by retention', from_version, lo - 1, agg
+		-- Retention may have deleted them, or they never existed (explicit
+		-- versions may start anywhere and leave gaps): nothing tells which.
+		RAISE EXCEPTION 'aggregate "%" has no % in the outbox', agg,
+			CASE WHEN from_version = lo - 1 THEN 'version ' || from_version
+				 ELSE 'versions ' || from_version || ' to ' || (lo - 1) END
 			USING ERRCODE = 'object_not_in_prerequisite_state',
-			HINT = pg_catalog.format('Replay from version %s or later.', lo);
+			DETAIL = pg_catalog.format('Its first retained version is %s; earlier versions were deleted by retention or never emitted.', lo),
+			HINT = pg_catalog.format('Replay from version %s to publish every retained version again.', lo);
 	END IF;
 	UPDATE @extschema@.outbox o
 	   SET published_at = NULL, disposition = NULL, kafka_partition = NULL, kafka_offset = NULL,

@@ -10,6 +10,7 @@
 
 #include <sys/time.h>
 
+#include "access/detoast.h"
 #include "access/htup_details.h"
 #include "access/xact.h"
 #include "catalog/pg_type.h"
@@ -17,9 +18,12 @@
 #include "fmgr.h"
 #include "funcapi.h"
 #include "lib/stringinfo.h"
+#include "mb/pg_wchar.h"
 #include "miscadmin.h"
+#include "parser/scansup.h"
 #include "port/pg_bswap.h"
 #include "utils/builtins.h"
+#include "utils/guc.h"
 #include "utils/jsonb.h"
 #include "utils/lsyscache.h"
 #include "utils/snapmgr.h"
@@ -27,7 +31,9 @@
 #include "utils/uuid.h"
 
 #include "compat.h"
+#include "kafka.h"
 #include "outbox.h"
+#include "record_headers.h"
 
 PG_FUNCTION_INFO_V1(outbox_emit);
 PG_FUNCTION_INFO_V1(outbox_uuid_v7);
@@ -43,9 +49,25 @@ PG_FUNCTION_INFO_V1(outbox_uuid_v7);
 
 /* Headers the publisher sets itself from the event's identity. */
 static const char *const reserved_headers[] = {
-	"event_id", "event_type", "aggregate_type", "aggregate_id",
-	"aggregate_version"
+	OUTBOX_HEADER_EVENT_ID, OUTBOX_HEADER_EVENT_TYPE,
+	OUTBOX_HEADER_AGGREGATE_TYPE, OUTBOX_HEADER_AGGREGATE_ID,
+	OUTBOX_HEADER_AGGREGATE_VERSION
 };
+
+/*
+ * What a Kafka record costs beyond its key, value and headers, as librdkafka
+ * counts it against message.max.bytes (a v2 record's length, attributes,
+ * timestamp and offset deltas and length varints, at their largest), and
+ * what each header adds beyond its name and value (two length varints).
+ */
+#define KAFKA_RECORD_OVERHEAD 36
+#define KAFKA_HEADER_OVERHEAD 10
+
+/* Values longer than this are cut in error messages. */
+#define OUTBOX_DISPLAY_BYTES 64
+
+/* outbox.allowed_topics: comma-separated patterns, '*' matches anything. */
+char	   *outbox_allowed_topics = NULL;
 
 /*
  * Plans are prepared once per backend, for the schema the extension lives
@@ -109,6 +131,27 @@ outbox_uuid_v7(PG_FUNCTION_ARGS)
 	PG_RETURN_UUID_P(uuid);
 }
 
+/*
+ * Set when an argument of the current call is larger than any valid
+ * identifier: its errors then leave the statement out of the server log, so
+ * that a megabyte argument is not logged again on every failed call.
+ */
+static bool hide_statement = false;
+
+/*
+ * A value as shown in an error message: cut (at a character boundary) after
+ * OUTBOX_DISPLAY_BYTES bytes.
+ */
+static const char *
+display(const char *value)
+{
+	int			len = strlen(value);
+
+	if (len <= OUTBOX_DISPLAY_BYTES)
+		return value;
+	return psprintf("%.*s...", pg_mbcliplen(value, len, OUTBOX_DISPLAY_BYTES), value);
+}
+
 static void
 check_identifier(const char *value, const char *name)
 {
@@ -123,7 +166,8 @@ check_identifier(const char *value, const char *name)
 				(errcode(ERRCODE_STRING_DATA_RIGHT_TRUNCATION),
 				 errmsg("outbox_emit: %s is too long (%zu bytes)", name, len),
 				 errdetail("%s may have at most %d bytes.", name,
-						   OUTBOX_MAX_IDENTIFIER_BYTES)));
+						   OUTBOX_MAX_IDENTIFIER_BYTES),
+				 errhidestmt(true)));
 }
 
 static char *
@@ -166,7 +210,88 @@ outbox_topic_error(const char *topic)
 	return NULL;
 }
 
-/* Reject what a Kafka broker would reject, before anything is written. */
+/*
+ * Whether topic matches the pattern [p, pend), in which '*' matches any run
+ * of characters (backtracking to the last '*' only: enough for globs).
+ */
+static bool
+topic_matches(const char *topic, const char *p, const char *pend)
+{
+	const char *star = NULL;
+	const char *resume = NULL;
+
+	while (*topic)
+	{
+		if (p < pend && *p == '*')
+		{
+			star = p++;
+			resume = topic;
+		}
+		else if (p < pend && *p == *topic)
+		{
+			p++;
+			topic++;
+		}
+		else if (star != NULL)
+		{
+			p = star + 1;
+			topic = ++resume;
+		}
+		else
+			return false;
+	}
+	while (p < pend && *p == '*')
+		p++;
+	return p == pend;
+}
+
+/*
+ * Calls fn for each trimmed item of a comma-separated list until it returns
+ * true; returns whether one did.
+ */
+static bool
+any_list_item(const char *list, bool (*fn) (const char *item, const char *end, void *arg),
+			  void *arg)
+{
+	const char *p = list ? list : "";
+
+	for (;;)
+	{
+		const char *next = strchr(p, ',');
+		const char *end = next ? next : p + strlen(p);
+
+		while (p < end && *p == ' ')
+			p++;
+		while (end > p && end[-1] == ' ')
+			end--;
+		if (fn(p, end, arg))
+			return true;
+		if (next == NULL)
+			return false;
+		p = next + 1;
+	}
+}
+
+static bool
+pattern_matches(const char *item, const char *end, void *topic)
+{
+	return end > item && topic_matches((const char *) topic, item, end);
+}
+
+/* Kafka treats '.' and '_' alike when it checks topic names for collisions. */
+static bool
+same_kafka_topic(const char *a, const char *b)
+{
+	for (; *a && *b; a++, b++)
+		if ((*a == '.' ? '_' : *a) != (*b == '.' ? '_' : *b))
+			return false;
+	return *a == *b;
+}
+
+/*
+ * Reject what a Kafka broker would reject, and what an emitter may not
+ * reach, before anything is written.
+ */
 static void
 validate_topic(const char *topic, const char *origin)
 {
@@ -175,9 +300,84 @@ validate_topic(const char *topic, const char *origin)
 	if (err != NULL)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("outbox_emit: invalid topic name \"%s\"", topic),
+				 errmsg("outbox_emit: invalid topic name \"%s\"", display(topic)),
 				 errdetail("%s", err),
-				 errhint("The topic came from %s.", origin)));
+				 errhint("The topic came from %s.", origin),
+				 errhidestmt(hide_statement)));
+	if (strncmp(topic, "__", 2) == 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
+				 errmsg("outbox_emit: topic \"%s\" is internal to Kafka", topic),
+				 errdetail("Topics whose names begin with \"__\", such as __consumer_offsets and __transaction_state, belong to Kafka itself."),
+				 errhint("The topic came from %s.", origin),
+				 errhidestmt(hide_statement)));
+	if (outbox_dead_letter_topic != NULL &&
+		same_kafka_topic(topic, outbox_dead_letter_topic))
+		ereport(ERROR,
+				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
+				 errmsg("outbox_emit: topic \"%s\" is the dead-letter topic", topic),
+				 errdetail("Only the publisher writes to outbox.dead_letter_topic (Kafka treats '.' and '_' in topic names alike)."),
+				 errhint("The topic came from %s.", origin),
+				 errhidestmt(hide_statement)));
+	if (!any_list_item(outbox_allowed_topics, pattern_matches, (void *) topic))
+		ereport(ERROR,
+				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
+				 errmsg("outbox_emit: topic \"%s\" is not allowed", topic),
+				 errdetail("outbox.allowed_topics is \"%s\".", display(outbox_allowed_topics)),
+				 errhint("The topic came from %s; a superuser can allow it in outbox.allowed_topics.", origin),
+				 errhidestmt(hide_statement)));
+}
+
+/* An item of outbox.allowed_topics that is not a pattern of topic names. */
+static bool
+bad_pattern(const char *item, const char *end, void *arg)
+{
+	if (item == end)
+	{
+		GUC_check_errdetail("Patterns must not be empty.");
+		return true;
+	}
+	if (end - item > KAFKA_TOPIC_MAX_LEN)
+	{
+		GUC_check_errdetail("Patterns have at most %d characters.", KAFKA_TOPIC_MAX_LEN);
+		return true;
+	}
+	for (const char *p = item; p < end; p++)
+	{
+		unsigned char c = (unsigned char) *p;
+
+		if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+			  (c >= '0' && c <= '9') || c == '.' || c == '_' || c == '-' || c == '*'))
+		{
+			GUC_check_errdetail("Patterns may contain only ASCII letters, digits, '.', '_', '-' and '*'.");
+			return true;
+		}
+	}
+	return false;
+}
+
+static bool
+check_allowed_topics(char **newval, void **extra, GucSource source)
+{
+	/* An empty list allows no topic. */
+	if (*newval == NULL || (*newval)[strspn(*newval, " ")] == '\0')
+		return true;
+	return !any_list_item(*newval, bad_pattern, NULL);
+}
+
+/* Settings of outbox_emit(); called from _PG_init(). */
+void
+outbox_define_emit_settings(void)
+{
+	DefineCustomStringVariable("outbox.allowed_topics",
+							   "Topics outbox_emit() may write to: comma-separated patterns in which * matches any characters.",
+							   "Kafka's internal topics (names beginning with __) and outbox.dead_letter_topic are refused "
+							   "whatever this allows; an empty list allows no topic.",
+							   &outbox_allowed_topics,
+							   "*",
+							   PGC_SUSET,
+							   GUC_LIST_INPUT,
+							   check_allowed_topics, NULL, NULL);
 }
 
 /* The default topic: outbox.default_topic with {aggregate_type} replaced. */
@@ -201,16 +401,45 @@ default_topic(const char *aggregate_type)
 }
 
 /*
- * Headers travel as Kafka record headers: a flat map of names to strings.
- * The identity headers are the publisher's, so callers may not set them.
+ * Whether a consumer could take a header name for one the publisher sets:
+ * compared case-insensitively, ignoring surrounding blanks.
  */
-static void
+static bool
+header_is_reserved(const char *name, int len)
+{
+	int			prefix_len = strlen(OUTBOX_HEADER_DEAD_LETTER_PREFIX);
+
+	while (len > 0 && scanner_isspace(name[0]))
+	{
+		name++;
+		len--;
+	}
+	while (len > 0 && scanner_isspace(name[len - 1]))
+		len--;
+	if (len >= prefix_len &&
+		pg_strncasecmp(name, OUTBOX_HEADER_DEAD_LETTER_PREFIX, prefix_len) == 0)
+		return true;
+	for (int i = 0; i < lengthof(reserved_headers); i++)
+		if (strlen(reserved_headers[i]) == len &&
+			pg_strncasecmp(name, reserved_headers[i], len) == 0)
+			return true;
+	return false;
+}
+
+/*
+ * Headers travel as Kafka record headers: a flat map of names to strings.
+ * The identity and dead-letter headers are the publisher's, so callers may
+ * not set them, nor anything a consumer could mistake for them.  Returns
+ * what the headers add to the record, as librdkafka counts it.
+ */
+static size_t
 validate_headers(Jsonb *headers)
 {
 	JsonbIterator *it;
 	JsonbValue	v;
 	JsonbIteratorToken tok;
 	char	   *key = NULL;
+	size_t		bytes = 0;
 
 	if (!JB_ROOT_IS_OBJECT(headers) || JB_ROOT_IS_SCALAR(headers))
 		ereport(ERROR,
@@ -224,23 +453,58 @@ validate_headers(Jsonb *headers)
 		if (tok == WJB_KEY)
 		{
 			key = pnstrdup(v.val.string.val, v.val.string.len);
-			if (key[0] == '\0')
+			if (strspn(key, " \t\n\r\f\v") == strlen(key))
 				ereport(ERROR,
 						(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-						 errmsg("outbox_emit: header names must not be empty")));
-			for (int i = 0; i < lengthof(reserved_headers); i++)
-				if (strcmp(key, reserved_headers[i]) == 0)
-					ereport(ERROR,
-							(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-							 errmsg("outbox_emit: header \"%s\" is reserved", key),
-							 errdetail("The publisher sets event_id, event_type, aggregate_type, aggregate_id and aggregate_version itself.")));
+						 errmsg("outbox_emit: header names must not be empty or blank"),
+						 errhidestmt(hide_statement)));
+			if (header_is_reserved(key, strlen(key)))
+				ereport(ERROR,
+						(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+						 errmsg("outbox_emit: header \"%s\" is reserved", display(key)),
+						 errdetail("The publisher sets event_id, event_type, aggregate_type, aggregate_id, aggregate_version and dead_letter_* itself; "
+								   "names are compared case-insensitively, ignoring surrounding blanks."),
+						 errhidestmt(hide_statement)));
+			bytes += v.val.string.len + KAFKA_HEADER_OVERHEAD;
 		}
 		else if (tok == WJB_VALUE && v.type != jbvString)
 			ereport(ERROR,
 					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-					 errmsg("outbox_emit: header \"%s\" must have a string value", key),
-					 errhint("Convert numbers and booleans to strings, e.g. with to_jsonb(x::text).")));
+					 errmsg("outbox_emit: header \"%s\" must have a string value", display(key)),
+					 errhint("Convert numbers and booleans to strings, e.g. with to_jsonb(x::text)."),
+					 errhidestmt(hide_statement)));
+		else if (tok == WJB_VALUE)
+			bytes += v.val.string.len;
 	}
+	return bytes;
+}
+
+/*
+ * What the publisher adds to every record besides the caller's headers: the
+ * key and the identity headers, and the dead-letter headers in case the
+ * event ends up there.
+ */
+static size_t
+publisher_record_bytes(const char *aggregate_type, const char *aggregate_id,
+					   const char *event_type, const char *event_id,
+					   const char *topic)
+{
+	const char *const names[] = {
+		OUTBOX_HEADER_EVENT_ID, OUTBOX_HEADER_EVENT_TYPE,
+		OUTBOX_HEADER_AGGREGATE_TYPE, OUTBOX_HEADER_AGGREGATE_ID,
+		OUTBOX_HEADER_AGGREGATE_VERSION,
+		OUTBOX_HEADER_DEAD_LETTER_ORIGINAL_TOPIC,
+		OUTBOX_HEADER_DEAD_LETTER_ERROR, OUTBOX_HEADER_DEAD_LETTER_ATTEMPTS
+	};
+	const size_t values = strlen(event_id) + strlen(event_type) +
+		strlen(aggregate_type) + strlen(aggregate_id) +
+		20 /* version */ + strlen(topic) +
+		OUTBOX_DEAD_LETTER_ERROR_MAX_BYTES + 10 /* attempts */ ;
+	size_t		bytes = KAFKA_RECORD_OVERHEAD + strlen(aggregate_id) + values;
+
+	for (int i = 0; i < lengthof(names); i++)
+		bytes += strlen(names[i]) + KAFKA_HEADER_OVERHEAD;
+	return bytes;
 }
 
 static void
@@ -267,8 +531,10 @@ prepare_plans(Oid nspid)
 	 * (only published rows are ever deleted).
 	 */
 	plan = SPI_prepare(psprintf("SELECT GREATEST("
-								"(SELECT max(o.aggregate_version) FROM %s.outbox o WHERE o.aggregate_id = $1), "
-								"(SELECT p.last_published_version FROM %s.aggregate_publication p WHERE p.aggregate_id = $1))",
+								"(SELECT pg_catalog.max(o.aggregate_version) FROM %s.outbox o "
+								"WHERE o.aggregate_id OPERATOR(pg_catalog.=) $1), "
+								"(SELECT p.last_published_version FROM %s.aggregate_publication p "
+								"WHERE p.aggregate_id OPERATOR(pg_catalog.=) $1))",
 								nsp, nsp),
 					   1, one_text);
 	if (plan == NULL)
@@ -276,7 +542,7 @@ prepare_plans(Oid nspid)
 	SPI_keepplan(plan);
 	last_version_plan = plan;
 
-	plan = SPI_prepare(psprintf("SELECT o.aggregate_id, o.aggregate_version FROM %s.outbox o WHERE o.event_id = $1",
+	plan = SPI_prepare(psprintf("SELECT 1 FROM %s.outbox o WHERE o.event_id OPERATOR(pg_catalog.=) $1",
 								nsp),
 					   1, one_text);
 	if (plan == NULL)
@@ -287,15 +553,21 @@ prepare_plans(Oid nspid)
 	/*
 	 * Without a version, the insert assigns the next one itself: one
 	 * statement instead of two on the common path.  Under READ COMMITTED
-	 * its snapshot is taken after the lock was granted.
+	 * its snapshot is taken after the lock was granted.  An aggregate at the
+	 * largest bigint has no next version: then nothing is inserted.
 	 */
 	plan = SPI_prepare(psprintf("INSERT INTO %s.outbox (event_id, aggregate_id, aggregate_type, "
 								"aggregate_version, event_type, topic, headers, payload) "
-								"VALUES ($1, $2, $3, COALESCE($4, COALESCE(GREATEST("
-								"(SELECT max(o.aggregate_version) FROM %s.outbox o WHERE o.aggregate_id = $2), "
-								"(SELECT p.last_published_version FROM %s.aggregate_publication p WHERE p.aggregate_id = $2)"
-								"), 0) + 1), $5, $6, $7, $8) RETURNING id, aggregate_version",
-								nsp, nsp, nsp),
+								"SELECT $1, $2, $3, n.v, $5, $6, $7, $8 FROM (SELECT COALESCE($4, "
+								"CASE WHEN l.v OPERATOR(pg_catalog.<) " INT64_FORMAT " "
+								"THEN l.v OPERATOR(pg_catalog.+) 1 END) AS v "
+								"FROM (SELECT COALESCE(GREATEST("
+								"(SELECT pg_catalog.max(o.aggregate_version) FROM %s.outbox o "
+								"WHERE o.aggregate_id OPERATOR(pg_catalog.=) $2), "
+								"(SELECT p.last_published_version FROM %s.aggregate_publication p "
+								"WHERE p.aggregate_id OPERATOR(pg_catalog.=) $2)), 0) AS v) l) n "
+								"WHERE n.v IS NOT NULL RETURNING id, aggregate_version",
+								nsp, PG_INT64_MAX, nsp, nsp),
 					   8, insert_types);
 	if (plan == NULL)
 		elog(ERROR, "SPI_prepare failed: %s", SPI_result_code_string(SPI_result));
@@ -303,6 +575,17 @@ prepare_plans(Oid nspid)
 	insert_plan = plan;
 
 	plans_nspid = nspid;
+}
+
+/* An aggregate at the largest version has no next one: never wrap around. */
+static void
+version_exhausted(const char *aggregate_id)
+{
+	ereport(ERROR,
+			(errcode(ERRCODE_NUMERIC_VALUE_OUT_OF_RANGE),
+			 errmsg("outbox_emit: aggregate \"%s\" has no version left", display(aggregate_id)),
+			 errdetail("Its last version is " INT64_FORMAT ", the largest a bigint holds.", PG_INT64_MAX),
+			 errhidestmt(hide_statement)));
 }
 
 /* The aggregate's last emitted version as seen by a snapshot; 0 if none. */
@@ -329,14 +612,51 @@ last_version(Datum aggregate_id, Snapshot snapshot)
  * outbox_emit(aggregate_type, aggregate_id, event_type, payload,
  *			   topic, headers, event_id, aggregate_version)
  */
+/*
+ * Whether any text or jsonb argument of this call (all but the last, the
+ * version) is larger than an identifier may be.
+ */
+static bool
+has_huge_argument(FunctionCallInfo fcinfo)
+{
+	for (int i = 0; i < PG_NARGS() - 1; i++)
+		if (!PG_ARGISNULL(i) &&
+			toast_raw_datum_size(PG_GETARG_DATUM(i)) > OUTBOX_MAX_IDENTIFIER_BYTES + VARHDRSZ)
+			return true;
+	return false;
+}
+
+/*
+ * The record must fit librdkafka's message.max.bytes with its key and all
+ * headers, or the publisher could never send it.
+ */
+static void
+check_record_size(size_t payload_bytes, size_t header_bytes, size_t publisher_bytes)
+{
+	int			max_bytes = outbox_message_max_bytes();
+	size_t		total = payload_bytes + header_bytes + publisher_bytes;
+
+	if (total > (size_t) max_bytes)
+		ereport(ERROR,
+				(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
+				 errmsg("outbox_emit: event is too large for Kafka (%zu bytes with its key and headers)", total),
+				 errdetail("The producer's message.max.bytes is %d bytes; the payload has %zu, the caller's headers %zu, "
+						   "the key, the publisher's headers and the record overhead %zu.",
+						   max_bytes, payload_bytes, header_bytes, publisher_bytes),
+				 errhint("message.max.bytes is set in outbox.kafka_properties, together with the broker's and topic's limits."),
+				 errhidestmt(hide_statement)));
+}
+
 Datum
 outbox_emit(PG_FUNCTION_ARGS)
 {
-	char	   *aggregate_type = required_text_arg(fcinfo, 0, "aggregate_type");
-	char	   *aggregate_id = required_text_arg(fcinfo, 1, "aggregate_id");
-	char	   *event_type = required_text_arg(fcinfo, 2, "event_type");
+	char	   *aggregate_type;
+	char	   *aggregate_id;
+	char	   *event_type;
 	Jsonb	   *payload = PG_ARGISNULL(3) ? NULL : PG_GETARG_JSONB_P(3);
 	Jsonb	   *headers = PG_ARGISNULL(5) ? NULL : PG_GETARG_JSONB_P(5);
+	size_t		payload_bytes = 0;
+	size_t		header_bytes = 0;
 	char	   *topic;
 	char	   *event_id;
 	bool		version_given = !PG_ARGISNULL(7);
@@ -355,6 +675,11 @@ outbox_emit(PG_FUNCTION_ARGS)
 	if (get_call_result_type(fcinfo, NULL, &tupdesc) != TYPEFUNC_COMPOSITE)
 		elog(ERROR, "outbox_emit must return a composite type");
 
+	hide_statement = has_huge_argument(fcinfo);
+	aggregate_type = required_text_arg(fcinfo, 0, "aggregate_type");
+	aggregate_id = required_text_arg(fcinfo, 1, "aggregate_id");
+	event_type = required_text_arg(fcinfo, 2, "event_type");
+
 	if (PG_ARGISNULL(4))
 	{
 		topic = default_topic(aggregate_type);
@@ -367,20 +692,21 @@ outbox_emit(PG_FUNCTION_ARGS)
 	}
 
 	if (headers != NULL)
-		validate_headers(headers);
+		header_bytes = validate_headers(headers);
 
 	if (payload != NULL)
 	{
 		char	   *json = JsonbToCString(NULL, &payload->root, VARSIZE(payload));
-		size_t		len = strlen(json);
 
-		if (len > (size_t) outbox_max_payload_bytes)
+		payload_bytes = strlen(json);
+		if (payload_bytes > (size_t) outbox_max_payload_bytes)
 			ereport(ERROR,
 					(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
-					 errmsg("outbox_emit: payload is too large (%zu bytes)", len),
+					 errmsg("outbox_emit: payload is too large (%zu bytes)", payload_bytes),
 					 errdetail("outbox.max_payload_bytes is %d bytes.",
 							   outbox_max_payload_bytes),
-					 errhint("Raise outbox.max_payload_bytes only together with the broker's and topic's message size limits.")));
+					 errhint("Raise outbox.max_payload_bytes only together with the broker's and topic's message size limits."),
+					 errhidestmt(hide_statement)));
 		pfree(json);
 	}
 
@@ -388,7 +714,8 @@ outbox_emit(PG_FUNCTION_ARGS)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("outbox_emit: aggregate_version must be positive, not " INT64_FORMAT,
-						version)));
+						version),
+				 errhidestmt(hide_statement)));
 
 	if (PG_ARGISNULL(6))
 	{
@@ -403,6 +730,10 @@ outbox_emit(PG_FUNCTION_ARGS)
 		event_id = text_to_cstring(PG_GETARG_TEXT_PP(6));
 		check_identifier(event_id, "event_id");
 	}
+
+	check_record_size(payload_bytes, header_bytes,
+					  publisher_record_bytes(aggregate_type, aggregate_id,
+											 event_type, event_id, topic));
 
 	/*
 	 * Serialize emitters of this aggregate until commit, so that versions
@@ -422,14 +753,13 @@ outbox_emit(PG_FUNCTION_ARGS)
 	{
 		if (SPI_execute_plan(event_exists_plan, values, NULL, false, 1) != SPI_OK_SELECT)
 			elog(ERROR, "outbox_emit: could not look up event_id");
+		/* Which aggregate has it is not the caller's to know. */
 		if (SPI_processed > 0)
 			ereport(ERROR,
 					(errcode(ERRCODE_UNIQUE_VIOLATION),
 					 errmsg("outbox_emit: event_id \"%s\" was already emitted", event_id),
-					 errdetail("It is version %s of aggregate \"%s\".",
-							   SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2),
-							   SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1)),
-					 errhint("A retried transaction whose first attempt committed emits the same event_id twice.")));
+					 errhint("A retried transaction whose first attempt committed emits the same event_id twice."),
+					 errhidestmt(hide_statement)));
 	}
 
 	/*
@@ -451,18 +781,24 @@ outbox_emit(PG_FUNCTION_ARGS)
 					(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
 					 errmsg("could not serialize access due to concurrent outbox_emit"),
 					 errdetail("Aggregate \"%s\" reached version " INT64_FORMAT " in a transaction that committed after this one's snapshot was taken.",
-							   aggregate_id, latest),
-					 errhint("The transaction might succeed if retried.")));
+							   display(aggregate_id), latest),
+					 errhint("The transaction might succeed if retried."),
+					 errhidestmt(hide_statement)));
 	}
 
 	if (!version_given && IsolationUsesXactSnapshot())
+	{
+		if (last == PG_INT64_MAX)
+			version_exhausted(aggregate_id);
 		version = last + 1;
+	}
 	else if (version_given && version <= last)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("outbox_emit: aggregate_version " INT64_FORMAT " is not above the last emitted version " INT64_FORMAT " of aggregate \"%s\"",
-						version, last, aggregate_id),
-				 errhint("Omit aggregate_version to have the next version assigned.")));
+						version, last, display(aggregate_id)),
+				 errhint("Omit aggregate_version to have the next version assigned."),
+				 errhidestmt(hide_statement)));
 
 	values[0] = CStringGetTextDatum(event_id);
 	values[2] = CStringGetTextDatum(aggregate_type);
@@ -480,9 +816,10 @@ outbox_emit(PG_FUNCTION_ARGS)
 		nulls[7] = 'n';
 	/* values[1], the aggregate_id, was set above */
 
-	if (SPI_execute_plan(insert_plan, values, nulls, false, 1) != SPI_OK_INSERT_RETURNING ||
-		SPI_processed != 1)
+	if (SPI_execute_plan(insert_plan, values, nulls, false, 1) != SPI_OK_INSERT_RETURNING)
 		elog(ERROR, "outbox_emit: insert failed");
+	if (SPI_processed != 1)
+		version_exhausted(aggregate_id);
 	row_id = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],
 										 SPI_tuptable->tupdesc, 1, &isnull));
 	version = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],

@@ -315,3 +315,29 @@ outbox_kafka_error_is_permanent(rd_kafka_resp_err_t err)
 			return false;
 	}
 }
+
+/* for_each_property() callback: note message.max.bytes. */
+static char *
+note_message_max_bytes(const char *key, const char *value, void *arg)
+{
+	if (strcmp(key, "message.max.bytes") == 0)
+		*(int *) arg = atoi(value);
+	return NULL;
+}
+
+/*
+ * The producer's message.max.bytes: librdkafka refuses a record whose key,
+ * value and headers exceed it, so outbox_emit() refuses it first.  The
+ * value was validated when outbox.kafka_properties was set.
+ */
+int
+outbox_message_max_bytes(void)
+{
+	int			max_bytes = 1000000;	/* librdkafka's default */
+	char	   *err = for_each_property(outbox_kafka_properties,
+										note_message_max_bytes, &max_bytes);
+
+	if (err != NULL)
+		pfree(err);
+	return max_bytes > 0 ? max_bytes : 1000000;
+}

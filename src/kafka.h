@@ -45,5 +45,6 @@ extern void outbox_producer_destroy(rd_kafka_t *rk);
 extern bool outbox_kafka_error_is_permanent(rd_kafka_resp_err_t err);
 extern bool outbox_producer_fatal_pending(void);
 extern void *outbox_delivery_opaque(uint32 generation, int index);
+extern int	outbox_message_max_bytes(void);
 
 #endif							/* OUTBOX_KAFKA_H */

@@ -393,6 +393,8 @@ define_settings(void)
 							 GUC_NOT_IN_SAMPLE,
 							 NULL, NULL, NULL);
 
+	outbox_define_emit_settings();
+
 	MarkGUCPrefixReserved("outbox");
 }
 

@@ -93,7 +93,9 @@ extern void outbox_aggregate_locktag(LOCKTAG *tag, const char *aggregate_id,
 extern void outbox_publish_locktag(LOCKTAG *tag, const char *aggregate_id);
 
 /* emit.c */
+extern char *outbox_allowed_topics;
 extern const char *outbox_topic_error(const char *topic);
+extern void outbox_define_emit_settings(void);
 
 /* worker.c */
 extern PGDLLEXPORT void outbox_worker_main(Datum main_arg);

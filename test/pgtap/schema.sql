@@ -23,8 +23,8 @@ SELECT throws_ok('ALTER EXTENSION outbox SET SCHEMA public', '0A000',
 
 -- Tables
 
-SELECT tables_are('ob', ARRAY['outbox', 'aggregate_publication', 'inbox', 'poison_policy',
-                              'publisher_control'],
+SELECT tables_are('ob', ARRAY['outbox', 'aggregate_publication', 'inbox', 'inbox_consumer',
+                              'poison_policy', 'publisher_control'],
                   'the extension creates exactly these tables');
 SELECT views_are('ob', ARRAY['outbox_status', 'outbox_aggregate_status'],
                  'the extension creates exactly these views');
@@ -339,8 +339,8 @@ SELECT is_empty($$SELECT c.oid::regclass FROM pg_class c
 -- dumping it would collide on restore.
 SELECT is((SELECT array_agg(c::regclass::text ORDER BY c::regclass::text)
              FROM pg_extension e, unnest(e.extconfig) AS c WHERE e.extname = 'outbox'),
-          ARRAY['ob.aggregate_publication', 'ob.inbox', 'ob.outbox', 'ob.outbox_id_seq',
-                'ob.poison_policy'],
+          ARRAY['ob.aggregate_publication', 'ob.inbox', 'ob.inbox_consumer', 'ob.outbox',
+                'ob.outbox_id_seq', 'ob.poison_policy'],
           'pg_dump dumps the rows of every table of the extension but publisher_control');
 SELECT ok(coalesce((SELECT pg_get_serial_sequence('ob.outbox', 'id')::regclass = ANY (e.extconfig)
                       FROM pg_extension e WHERE e.extname = 'outbox'), false),
