@@ -203,6 +203,13 @@ SET search_path = pg_catalog, pg_temp;
 COMMENT ON FUNCTION @extschema@.outbox_emit(text, text, text, jsonb, text, jsonb, text, bigint) IS
 'write one event to the outbox in the current transaction';
 
+-- Shared argument checks of inbox_claim() and the operator functions: not
+-- NULL (22004), not empty (22023), at most 1024 bytes (22001).
+CREATE FUNCTION @extschema@.outbox_check_arg(name text, value text)
+RETURNS void
+AS 'MODULE_PATHNAME', 'outbox_check_arg'
+LANGUAGE C IMMUTABLE;
+
 -- Who may claim for a consumer: a consumer listed here only members of its
 -- role (checked against session_user: a session can always return to it
 -- with RESET ROLE, so SET ROLE neither gains nor loses anything here).  An
@@ -227,25 +234,8 @@ AS $$
 DECLARE
 	owner name;
 BEGIN
-	IF consumer IS NULL OR event_id IS NULL THEN
-		RAISE EXCEPTION 'inbox_claim: % must not be NULL',
-			CASE WHEN consumer IS NULL THEN 'consumer' ELSE 'event_id' END
-			USING ERRCODE = 'null_value_not_allowed';
-	END IF;
-	IF consumer = '' OR event_id = '' THEN
-		RAISE EXCEPTION 'inbox_claim: % must not be empty',
-			CASE WHEN consumer = '' THEN 'consumer' ELSE 'event_id' END
-			USING ERRCODE = 'invalid_parameter_value';
-	END IF;
-	-- The same limit as outbox_emit()'s event_id: a key of the primary key
-	-- index must fit a third of a page.
-	IF pg_catalog.octet_length(consumer) > 1024 OR pg_catalog.octet_length(event_id) > 1024 THEN
-		RAISE EXCEPTION 'inbox_claim: % is too long (% bytes)',
-			CASE WHEN pg_catalog.octet_length(consumer) > 1024 THEN 'consumer' ELSE 'event_id' END,
-			GREATEST(pg_catalog.octet_length(consumer), pg_catalog.octet_length(event_id))
-			USING ERRCODE = 'string_data_right_truncation',
-			DETAIL = 'consumer and event_id may have at most 1024 bytes each.';
-	END IF;
+	PERFORM @extschema@.outbox_check_arg('inbox_claim: consumer', consumer);
+	PERFORM @extschema@.outbox_check_arg('inbox_claim: event_id', event_id);
 	SELECT c.role INTO owner FROM @extschema@.inbox_consumer c WHERE c.consumer = inbox_claim.consumer;
 	IF FOUND AND NOT (EXISTS (SELECT 1 FROM pg_catalog.pg_roles r WHERE r.rolname = owner)
 					  AND pg_catalog.pg_has_role(session_user, owner, 'MEMBER')) THEN
@@ -340,27 +330,6 @@ LANGUAGE C VOLATILE STRICT;
 
 COMMENT ON FUNCTION @extschema@.outbox_workers() IS
 'state of each publisher worker';
-
--- Shared argument checks of the operator functions.
-CREATE FUNCTION @extschema@.outbox_check_arg(name text, value text)
-RETURNS void
-LANGUAGE plpgsql IMMUTABLE
-SET search_path = pg_catalog, pg_temp
-AS $$
-BEGIN
-	IF value IS NULL THEN
-		RAISE EXCEPTION '% must not be NULL', name USING ERRCODE = 'null_value_not_allowed';
-	ELSIF value = '' THEN
-		RAISE EXCEPTION '% must not be empty', name USING ERRCODE = 'invalid_parameter_value';
-	ELSIF pg_catalog.octet_length(value) > 1024 THEN
-		-- No such identifier exists (outbox_emit refuses them): say so
-		-- without repeating the value.
-		RAISE EXCEPTION '% is too long (% bytes)', name, pg_catalog.octet_length(value)
-			USING ERRCODE = 'string_data_right_truncation',
-			DETAIL = pg_catalog.format('%s may have at most 1024 bytes.', name);
-	END IF;
-END
-$$;
 
 CREATE FUNCTION @extschema@.outbox_retry(aggregate_id text)
 RETURNS boolean

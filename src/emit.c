@@ -37,6 +37,7 @@
 
 PG_FUNCTION_INFO_V1(outbox_emit);
 PG_FUNCTION_INFO_V1(outbox_uuid_v7);
+PG_FUNCTION_INFO_V1(outbox_check_arg);
 
 /* Kafka's own limit on topic names (Topic.MAX_NAME_LENGTH). */
 #define KAFKA_TOPIC_MAX_LEN 249
@@ -168,6 +169,35 @@ check_identifier(const char *value, const char *name)
 				 errdetail("%s may have at most %d bytes.", name,
 						   OUTBOX_MAX_IDENTIFIER_BYTES),
 				 errhidestmt(true)));
+}
+
+/*
+ * outbox_check_arg(name, value): the argument checks of inbox_claim() and
+ * the operator functions.  In C so that an overlong value's error can leave
+ * the statement, which repeats the value, out of the server log.
+ */
+Datum
+outbox_check_arg(PG_FUNCTION_ARGS)
+{
+	char	   *name = text_to_cstring(PG_GETARG_TEXT_PP(0));
+	int64		len;
+
+	if (PG_ARGISNULL(1))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("%s must not be NULL", name)));
+	len = toast_raw_datum_size(PG_GETARG_DATUM(1)) - VARHDRSZ;
+	if (len == 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("%s must not be empty", name)));
+	if (len > OUTBOX_MAX_IDENTIFIER_BYTES)
+		ereport(ERROR,
+				(errcode(ERRCODE_STRING_DATA_RIGHT_TRUNCATION),
+				 errmsg("%s is too long (" INT64_FORMAT " bytes)", name, len),
+				 errdetail("It may have at most %d bytes.", OUTBOX_MAX_IDENTIFIER_BYTES),
+				 errhidestmt(true)));
+	PG_RETURN_VOID();
 }
 
 static char *
