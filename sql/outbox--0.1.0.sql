@@ -435,6 +435,10 @@ AS $$
 DECLARE
 	ev record;
 BEGIN
+	-- The reason is logged and kept in last_error: bounded like an identifier.
+	IF reason IS NOT NULL THEN
+		PERFORM @extschema@.outbox_check_arg('reason', reason);
+	END IF;
 	SELECT * INTO ev FROM @extschema@.outbox_pending_event(event_id, 'skipped');
 	IF ev.already THEN
 		RETURN false;

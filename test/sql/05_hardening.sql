@@ -132,6 +132,8 @@ DELETE FROM inbox_consumer;
 -- Operator functions: overlong identifiers are refused without being repeated.
 SELECT pg_temp.try(format('SELECT outbox_retry(%L)', repeat('a', 10 * 1024 * 1024)));
 SELECT pg_temp.try(format('SELECT outbox_skip(%L)', repeat('a', 1025)));
+SELECT pg_temp.try(format('SELECT outbox_skip(%L, %L)', 'reused', repeat('r', 1025)));
+SELECT pg_temp.try(format('SELECT outbox_skip(%L, %L)', 'reused', ''));
 
 -- outbox_replay on an aggregate whose versions start at 10.
 SELECT aggregate_version FROM outbox_emit('order', 'gap', 't', '{}', aggregate_version => 10);
