@@ -189,3 +189,10 @@ SELECT pg_reload_conf();
 SELECT aggregate_version, octet_length(payload::text) AS payload_bytes,
        octet_length(headers::text) AS header_bytes
   FROM outbox WHERE aggregate_id = 'big' ORDER BY aggregate_version;
+
+-- Why the README says SELECT * FROM outbox_emit(...): PostgreSQL expands
+-- SELECT (outbox_emit(...)).* into one call per column, four events.
+SELECT count(*) AS rows FROM (SELECT (outbox_emit('order', 'star', 't', '{}')).*) s;
+SELECT count(*) AS emitted FROM outbox WHERE aggregate_id = 'star';
+SELECT aggregate_version FROM outbox_emit('order', 'star', 't', '{}');
+SELECT count(*) AS emitted FROM outbox WHERE aggregate_id = 'star';
