@@ -483,10 +483,10 @@ validate_headers(Jsonb *headers)
 		if (tok == WJB_KEY)
 		{
 			key = pnstrdup(v.val.string.val, v.val.string.len);
-			if (strspn(key, " \t\n\r\f\v") == strlen(key))
+			if (key[0] == '\0')
 				ereport(ERROR,
 						(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-						 errmsg("outbox_emit: header names must not be empty or blank"),
+						 errmsg("outbox_emit: header names must not be empty"),
 						 errhidestmt(hide_statement)));
 			if (header_is_reserved(key, strlen(key)))
 				ereport(ERROR,
