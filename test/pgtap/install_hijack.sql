@@ -91,7 +91,7 @@ INSERT INTO trap_operators VALUES
 	('-', 'timestamptz', 'timestamptz', 'interval'), ('=', 'boolean', 'boolean', 'boolean'),
 	-- An enum compared with a literal: a better match than anyenum = anyenum.
 	('=', 'anyenum', 'text', 'boolean'), ('<>', 'anyenum', 'text', 'boolean'),
-	('=', 'text', 'text[]', 'boolean');
+	('=', 'text', 'text[]', 'boolean'), ('=', 'name', 'name', 'boolean');
 DO $$
 DECLARE
 	o record;
@@ -166,6 +166,8 @@ SELECT ok((SELECT count(*) FROM (
 	  FROM generate_series(1, 8) n) e) = 8, 'outbox_emit wrote eight events');
 SELECT trap.outbox_emit('order', 'o-2', 'E', NULL, topic => 'payments', aggregate_version => 10);
 SELECT trap.inbox_claim('billing', 'e-1'), trap.inbox_claim('billing', 'e-1');
+INSERT INTO trap.inbox_consumer (consumer, role) VALUES ('shipping', current_user);
+SELECT trap.inbox_claim('shipping', 'e-1');
 INSERT INTO trap.aggregate_publication (aggregate_id, blocked_version, blocked_at)
 	VALUES ('o-1', 1, clock_timestamp());
 SELECT trap.outbox_retry('o-1');
