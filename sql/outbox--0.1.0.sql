@@ -241,8 +241,7 @@ BEGIN
 					  AND pg_catalog.pg_has_role(session_user, owner, 'MEMBER')) THEN
 		RAISE EXCEPTION 'inbox_claim: permission denied to claim for consumer "%"', consumer
 			USING ERRCODE = 'insufficient_privilege',
-			DETAIL = pg_catalog.format('Consumer "%s" is registered in inbox_consumer to role "%s".', consumer, owner),
-			HINT = pg_catalog.format('Grant role "%s" to the role claiming.', owner);
+			DETAIL = 'Only members of the role it is registered to in inbox_consumer may claim for it.';
 	END IF;
 	-- A concurrent uncommitted claim of the same pair makes this wait: false
 	-- if that transaction commits, true if it aborts.  Under REPEATABLE READ
