@@ -585,20 +585,21 @@ prepare_plans(Oid nspid)
 	 * Without a version, the insert assigns the next one itself: one
 	 * statement instead of two on the common path.  Under READ COMMITTED
 	 * its snapshot is taken after the lock was granted.  An aggregate at the
-	 * largest bigint has no next version: then nothing is inserted.
+	 * largest bigint has no next version: then nothing is inserted.  (OFFSET
+	 * 0 keeps the last version a subquery evaluated once, rather than
+	 * inlined into each of its uses.)
 	 */
 	plan = SPI_prepare(psprintf("INSERT INTO %s.outbox (event_id, aggregate_id, aggregate_type, "
 								"aggregate_version, event_type, topic, headers, payload) "
-								"SELECT $1, $2, $3, n.v, $5, $6, $7, $8 FROM (SELECT COALESCE($4, "
-								"CASE WHEN l.v OPERATOR(pg_catalog.<) " INT64_FORMAT " "
-								"THEN l.v OPERATOR(pg_catalog.+) 1 END) AS v "
+								"SELECT $1, $2, $3, COALESCE($4, l.v OPERATOR(pg_catalog.+) 1), $5, $6, $7, $8 "
 								"FROM (SELECT COALESCE(GREATEST("
 								"(SELECT pg_catalog.max(o.aggregate_version) FROM %s.outbox o "
 								"WHERE o.aggregate_id OPERATOR(pg_catalog.=) $2), "
 								"(SELECT p.last_published_version FROM %s.aggregate_publication p "
-								"WHERE p.aggregate_id OPERATOR(pg_catalog.=) $2)), 0) AS v) l) n "
-								"WHERE n.v IS NOT NULL RETURNING id, aggregate_version",
-								nsp, PG_INT64_MAX, nsp, nsp),
+								"WHERE p.aggregate_id OPERATOR(pg_catalog.=) $2)), 0) AS v OFFSET 0) l "
+								"WHERE $4 IS NOT NULL OR l.v OPERATOR(pg_catalog.<) " INT64_FORMAT " "
+								"RETURNING id, aggregate_version",
+								nsp, nsp, nsp, PG_INT64_MAX),
 					   8, insert_types);
 	if (plan == NULL)
 		elog(ERROR, "SPI_prepare failed: %s", SPI_result_code_string(SPI_result));
