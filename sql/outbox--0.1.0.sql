@@ -322,13 +322,30 @@ COMMENT ON FUNCTION @extschema@.outbox_wake_on_commit() IS
 'internal: wake the publisher when this transaction commits';
 
 CREATE FUNCTION @extschema@.outbox_workers(OUT worker integer, OUT pid integer,
-	OUT state text, OUT last_batch_at timestamptz)
+	OUT state text, OUT last_batch_at timestamptz,
+	OUT problem text, OUT problem_since timestamptz)
 RETURNS SETOF record
 AS 'MODULE_PATHNAME', 'outbox_worker_status'
 LANGUAGE C VOLATILE STRICT;
 
 COMMENT ON FUNCTION @extschema@.outbox_workers() IS
-'state of each publisher worker';
+'state of each publisher worker, and what hinders it (cannot connect, producer refused, brokers down, ...)';
+
+CREATE FUNCTION @extschema@.outbox_publisher(OUT state text, OUT detail text)
+RETURNS record
+AS 'MODULE_PATHNAME', 'outbox_publisher'
+LANGUAGE C VOLATILE STRICT;
+
+COMMENT ON FUNCTION @extschema@.outbox_publisher() IS
+'whether a publisher serves this database (running, failing, not running, not serving this database), and why';
+
+CREATE FUNCTION @extschema@.outbox_check_publisher()
+RETURNS void
+AS 'MODULE_PATHNAME', 'outbox_check_publisher'
+LANGUAGE C VOLATILE STRICT;
+
+COMMENT ON FUNCTION @extschema@.outbox_check_publisher() IS
+'internal: WARNING if no publisher will serve this database (run by CREATE EXTENSION)';
 
 CREATE FUNCTION @extschema@.outbox_retry(aggregate_id text)
 RETURNS boolean
@@ -624,6 +641,8 @@ REVOKE ALL ON FUNCTION
 	@extschema@.outbox_lock_aggregate(text),
 	@extschema@.outbox_wake_on_commit(),
 	@extschema@.outbox_workers(),
+	@extschema@.outbox_publisher(),
+	@extschema@.outbox_check_publisher(),
 	@extschema@.outbox_check_arg(text, text),
 	@extschema@.outbox_retry(text),
 	@extschema@.outbox_pending_event(text, @extschema@.outbox_disposition),
@@ -634,7 +653,7 @@ REVOKE ALL ON FUNCTION
 	@extschema@.outbox_pause(text),
 	@extschema@.outbox_resume(text)
 	FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION @extschema@.outbox_workers() TO pg_monitor;
+GRANT EXECUTE ON FUNCTION @extschema@.outbox_workers(), @extschema@.outbox_publisher() TO pg_monitor;
 
 --
 -- Observability.
@@ -698,10 +717,17 @@ SELECT (SELECT pg_catalog.count(*) FROM @extschema@.outbox WHERE published_at IS
 	   (SELECT pg_catalog.count(*) FROM @extschema@.outbox WHERE disposition OPERATOR(pg_catalog.=) 'dead_lettered') AS dead_lettered_events,
 	   (SELECT pg_catalog.count(*) FROM @extschema@.outbox WHERE disposition OPERATOR(pg_catalog.=) 'skipped') AS skipped_events,
 	   (SELECT paused FROM @extschema@.publisher_control) AS publisher_paused,
-	   (SELECT pg_catalog.jsonb_agg(pg_catalog.to_jsonb(w) ORDER BY w.worker) FROM @extschema@.outbox_workers() w) AS workers;
+	   (SELECT pg_catalog.jsonb_agg(pg_catalog.to_jsonb(w) ORDER BY w.worker) FROM @extschema@.outbox_workers() w) AS workers,
+	   p.state AS publisher,
+	   p.detail AS publisher_detail
+  FROM @extschema@.outbox_publisher() p;
 
 COMMENT ON VIEW @extschema@.outbox_status IS
-'one row: how far behind publishing is, what is stuck, what each worker does';
+'one row: how far behind publishing is, what is stuck, whether a publisher serves this database and what each worker does';
 
 REVOKE ALL ON @extschema@.outbox_status, @extschema@.outbox_aggregate_status FROM PUBLIC;
 GRANT SELECT ON @extschema@.outbox_status, @extschema@.outbox_aggregate_status TO pg_monitor;
+
+-- Say at once if no publisher will serve this database (not preloaded,
+-- outbox.workers = 0, or another outbox.database).
+SELECT @extschema@.outbox_check_publisher();

@@ -19,7 +19,15 @@
  */
 #include "postgres.h"
 
+#include <pthread.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "access/xact.h"
+#include "common/hashfn.h"
 #include "lib/stringinfo.h"
+#include "miscadmin.h"
+#include "utils/memutils.h"
 #include "utils/timestamp.h"
 
 #include "outbox.h"
@@ -30,14 +38,43 @@ static const char *const forced_properties[][2] = {
 	{"enable.idempotence", "true"},
 	{"message.timeout.ms", "0"},
 	{"enable.gapless.guarantee", "true"},
+	/* librdkafka's log goes through rd_kafka_poll(), on our thread. */
+	{"log.queue", "true"},
 };
 
-/* Names (and aliases) a user may not override. */
+/*
+ * Names a user may not set, with or without librdkafka's "topic." prefix:
+ * what ordering and delivery depend on, and what the publisher owns.
+ */
 static const char *const reserved_properties[] = {
 	"enable.idempotence", "message.timeout.ms", "delivery.timeout.ms",
 	"enable.gapless.guarantee", "acks", "request.required.acks",
-	"bootstrap.servers", "metadata.broker.list", "dr_cb", "dr_msg_cb",
-	"transactional.id",
+	"retries", "message.send.max.retries", "queuing.strategy",
+	"bootstrap.servers", "metadata.broker.list", "transactional.id",
+	"log.queue", "dr_cb", "dr_msg_cb", "partitioner_cb", "msg_order_cmp",
+};
+
+/*
+ * Secrets: accepted only in outbox.kafka_credentials_file, because
+ * PostgreSQL logs a changed setting's value and shows it in pg_settings.
+ * librdkafka 2.0.2's sensitive properties, plus the OIDC client secret.
+ */
+static const char *const secret_properties[] = {
+	"sasl.username", "sasl.password", "sasl.oauthbearer.config",
+	"sasl.oauthbearer.client.secret", "ssl.key.location", "ssl.key.password",
+	"ssl.key.pem", "ssl.keystore.password", "ssl.ca.pem",
+};
+
+/* Paths librdkafka opens only when it connects: checked when set. */
+static const char *const path_properties[] = {
+	"ssl.ca.location", "ssl.certificate.location", "ssl.key.location",
+	"ssl.keystore.location", "ssl.crl.location",
+};
+
+/* Partitioners that always map one key to one partition. */
+static const char *const keyed_partitioners[] = {
+	"consistent", "consistent_random", "murmur2", "murmur2_random",
+	"fnv1a", "fnv1a_random",
 };
 
 /* Defaults a user may override. */
@@ -55,21 +92,88 @@ static const char *const default_properties[][2] = {
 static bool fatal_pending = false;
 static DeliveryTracker *active_tracker = NULL;
 
+/* The thread that created the producer: the only one that may elog. */
+static pthread_t producer_thread;
+
 /*
- * Split "k=v;k=v" into pairs; "\;" is a literal semicolon.  Calls fn for
- * each pair and stops at the first error it returns (a palloc'd message).
+ * A broker-level condition (all brokers down, authentication failing, ...):
+ * logged once when it starts and once when it clears, shown in the status.
+ */
+static rd_kafka_resp_err_t condition_err = RD_KAFKA_RESP_ERR_NO_ERROR;
+static char condition_text[OUTBOX_PROBLEM_LEN];
+static TimestampTz condition_since = 0;
+
+/* Fingerprint of the last configuration librdkafka accepted in full. */
+static uint32 checked_fingerprint = 0;
+static bool checked_any = false;
+
+/* Where a property comes from, for the checks and their messages. */
+typedef enum PropertySource
+{
+	PROP_SETTING,				/* outbox.kafka_properties */
+	PROP_FILE					/* outbox.kafka_credentials_file */
+} PropertySource;
+
+typedef struct ApplyState
+{
+	rd_kafka_conf_t *conf;
+	PropertySource source;
+	StringInfo	fingerprint;	/* every key=value applied, or NULL */
+} ApplyState;
+
+/*
+ * Called for each key=value pair; returns NULL or a palloc'd message
+ * (which must never contain the value).
  */
 typedef char *(*property_fn) (const char *key, const char *value, void *arg);
 
+/* Trim blanks at both ends, in place. */
+static char *
+trim(char *s)
+{
+	char	   *end;
+
+	while (*s == ' ' || *s == '\t' || *s == '\n' || *s == '\r')
+		s++;
+	end = s + strlen(s);
+	while (end > s && (end[-1] == ' ' || end[-1] == '\t' ||
+					   end[-1] == '\n' || end[-1] == '\r'))
+		*--end = '\0';
+	return s;
+}
+
+/* Split one "key=value" item and pass it on; "what" names it in errors. */
+static char *
+apply_item(char *item, const char *what, property_fn fn, void *arg)
+{
+	char	   *s = trim(item);
+	char	   *eq;
+
+	if (*s == '\0')
+		return NULL;
+	eq = strchr(s, '=');
+	if (eq == NULL || eq == s)
+		return psprintf("%s is not of the form key=value.", what);
+	*eq = '\0';
+	return fn(trim(s), trim(eq + 1), arg);
+}
+
+/*
+ * Split "k=v;k=v" into pairs; "\;" is a literal semicolon.  Calls fn for
+ * each pair and stops at the first error it returns.
+ */
 static char *
 for_each_property(const char *properties, property_fn fn, void *arg)
 {
 	StringInfoData item;
 	const char *p = properties ? properties : "";
+	int			n = 1;
 
 	initStringInfo(&item);
 	for (;;)
 	{
+		char	   *err;
+
 		if (*p == '\\' && p[1] == ';')
 		{
 			appendStringInfoChar(&item, ';');
@@ -81,83 +185,432 @@ for_each_property(const char *properties, property_fn fn, void *arg)
 			appendStringInfoChar(&item, *p++);
 			continue;
 		}
-
-		/* end of one item */
-		{
-			char	   *s = item.data;
-			char	   *eq;
-			char	   *end;
-			char	   *err;
-
-			while (*s == ' ' || *s == '\t' || *s == '\n')
-				s++;
-			end = s + strlen(s);
-			while (end > s && (end[-1] == ' ' || end[-1] == '\t' || end[-1] == '\n'))
-				*--end = '\0';
-			if (*s != '\0')
-			{
-				eq = strchr(s, '=');
-				if (eq == NULL || eq == s)
-					return psprintf("\"%s\" is not of the form key=value.", s);
-				*eq = '\0';
-				end = eq;
-				while (end > s && (end[-1] == ' ' || end[-1] == '\t'))
-					*--end = '\0';
-				eq++;
-				while (*eq == ' ' || *eq == '\t')
-					eq++;
-				err = fn(s, eq, arg);
-				if (err != NULL)
-					return err;
-			}
-		}
+		err = apply_item(item.data, psprintf("Item %d", n), fn, arg);
+		if (err != NULL)
+			return err;
 		if (*p == '\0')
 			break;
 		p++;
+		n++;
 		resetStringInfo(&item);
 	}
 	pfree(item.data);
 	return NULL;
 }
 
-static char *
-set_property(const char *key, const char *value, void *arg)
+/* Case-insensitive membership test of a name in a list. */
+static bool
+name_in(const char *name, const char *const *list, int n)
 {
-	rd_kafka_conf_t *conf = (rd_kafka_conf_t *) arg;
+	for (int i = 0; i < n; i++)
+		if (pg_strcasecmp(name, list[i]) == 0)
+			return true;
+	return false;
+}
+
+/*
+ * librdkafka's message with every whole-word occurrence of the value cut
+ * out: messages about a property must never repeat its value.
+ */
+static char *
+redact(const char *errstr, const char *value)
+{
+	StringInfoData buf;
+	size_t		vlen = strlen(value);
+	const char *p = errstr;
+
+	initStringInfo(&buf);
+	while (*p)
+	{
+		bool		before = (p == errstr || strchr(" \"':,=", p[-1]) != NULL);
+
+		if (vlen > 0 && before && strncmp(p, value, vlen) == 0 &&
+			(p[vlen] == '\0' || strchr(" \"':,\n", p[vlen]) != NULL))
+		{
+			appendStringInfoString(&buf, "(value)");
+			p += vlen;
+			continue;
+		}
+		appendStringInfoChar(&buf, *p++);
+	}
+	while (buf.len > 0 && (buf.data[buf.len - 1] == '\n' || buf.data[buf.len - 1] == '.'))
+		buf.data[--buf.len] = '\0';
+	return buf.data;
+}
+
+/* Refuse what breaks ordering, leaks a secret or names a missing file. */
+static char *
+property_policy_error(const char *key, const char *value, PropertySource source)
+{
+	/* librdkafka applies "topic.x" as the topic property "x". */
+	const char *bare = pg_strncasecmp(key, "topic.", 6) == 0 ? key + 6 : key;
+	struct stat st;
+
+	if (name_in(bare, reserved_properties, lengthof(reserved_properties)))
+		return psprintf("Property \"%s\" is set by the publisher and cannot be changed%s.",
+						key,
+						strstr(bare, "servers") || strstr(bare, "broker")
+						? " (use outbox.brokers)" : "");
+	if (source == PROP_SETTING &&
+		name_in(bare, secret_properties, lengthof(secret_properties)))
+		return psprintf("Property \"%s\" is a secret: put it in the file named by outbox.kafka_credentials_file.",
+						key);
+	if (pg_strcasecmp(bare, "partitioner") == 0 &&
+		!name_in(value, keyed_partitioners, lengthof(keyed_partitioners)))
+		return psprintf("Property \"%s\" must keep each key on one partition: "
+						"consistent, consistent_random, murmur2, murmur2_random, fnv1a or fnv1a_random.",
+						key);
+	if (name_in(bare, path_properties, lengthof(path_properties)) &&
+		!(pg_strcasecmp(bare, "ssl.ca.location") == 0 && strcmp(value, "probe") == 0) &&
+		stat(value, &st) != 0)
+		return psprintf("Property \"%s\" names a file that cannot be found: %s.",
+						key, strerror(errno));
+	return NULL;
+}
+
+/* property_fn: check one pair and apply it to a configuration. */
+static char *
+apply_property(const char *key, const char *value, void *arg)
+{
+	ApplyState *st = (ApplyState *) arg;
 	char		errstr[512];
+	char	   *err = property_policy_error(key, value, st->source);
 
-	for (int i = 0; i < lengthof(reserved_properties); i++)
-		if (strcmp(key, reserved_properties[i]) == 0)
-			return psprintf("Property \"%s\" is set by the publisher and cannot be changed%s.",
-							key,
-							strstr(key, "servers") || strstr(key, "broker")
-							? " (use outbox.brokers)" : "");
-
-	if (rd_kafka_conf_set(conf, key, value, errstr, sizeof(errstr)) != RD_KAFKA_CONF_OK)
-		return psprintf("Property \"%s\": %s", key, errstr);
+	if (err != NULL)
+		return err;
+	if (rd_kafka_conf_set(st->conf, key, value, errstr, sizeof(errstr)) != RD_KAFKA_CONF_OK)
+		return psprintf("Property \"%s\": %s.", key,
+						st->source == PROP_FILE ? "librdkafka refuses its value"
+						: redact(errstr, value));
+	if (st->fingerprint)
+		appendStringInfo(st->fingerprint, "%s=%s\n", key, value);
 	return NULL;
 }
 
 /*
- * Validate outbox.kafka_properties by applying it to a scratch
- * configuration: unknown properties and bad values are rejected when the
- * setting is changed, not when the worker next builds a producer.  Returns
- * NULL or a palloc'd message.
+ * Open the credentials file with the checks PostgreSQL makes of
+ * ssl_key_file: a regular file, owned by the server's user (then no group
+ * or world access) or by root (then at most group read).  Returns the open
+ * file or NULL with *err set.
  */
-char *
-outbox_kafka_properties_check(const char *properties)
+static FILE *
+open_credentials(const char *path, char **err)
+{
+	FILE	   *f = fopen(path, "r");
+	struct stat st;
+
+	if (f == NULL)
+	{
+		*err = psprintf("Could not open \"%s\": %s.", path, strerror(errno));
+		return NULL;
+	}
+	if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode))
+		*err = psprintf("\"%s\" is not a regular file.", path);
+	else if (st.st_uid != geteuid() && st.st_uid != 0)
+		*err = psprintf("\"%s\" must be owned by the database user or root.", path);
+	else if ((st.st_uid == geteuid() && (st.st_mode & (S_IRWXG | S_IRWXO))) ||
+			 (st.st_uid == 0 && (st.st_mode & (S_IWGRP | S_IXGRP | S_IRWXO))))
+		*err = psprintf("\"%s\" has group or world access: permissions must be u=rw (0600) or less "
+						"if owned by the database user, or u=rw,g=r (0640) or less if owned by root.",
+						path);
+	else
+		return f;
+	fclose(f);
+	return NULL;
+}
+
+/*
+ * Apply the credentials file: one key=value per line, blank lines and
+ * lines starting with # ignored.  Errors name the line and key only.
+ */
+static char *
+apply_credentials(const char *path, ApplyState *st)
+{
+	FILE	   *f;
+	char	   *err = NULL;
+	char		line[8192];
+	int			lineno = 0;
+
+	if (path == NULL || path[0] == '\0')
+		return NULL;
+	f = open_credentials(path, &err);
+	if (f == NULL)
+		return err;
+	st->source = PROP_FILE;
+	while (err == NULL && fgets(line, sizeof(line), f) != NULL)
+	{
+		char	   *s = line;
+
+		lineno++;
+		if (strchr(line, '\n') == NULL && !feof(f))
+		{
+			err = psprintf("Line %d of \"%s\" is too long.", lineno, path);
+			break;
+		}
+		while (*s == ' ' || *s == '\t')
+			s++;
+		if (*s == '#')
+			continue;
+		err = apply_item(s, psprintf("Line %d of \"%s\"", lineno, path),
+						 apply_property, st);
+	}
+	if (err == NULL && ferror(f))
+		err = psprintf("Could not read \"%s\": %s.", path, strerror(errno));
+	explicit_bzero(line, sizeof(line));
+	fclose(f);
+	st->source = PROP_SETTING;
+	return err;
+}
+
+/* A librdkafka log line; runs only inside rd_kafka_poll() (log.queue). */
+static void
+log_callback(const rd_kafka_t *rk, int level, const char *fac, const char *buf)
+{
+	/* Never elog from one of librdkafka's threads. */
+	if (!pthread_equal(pthread_self(), producer_thread))
+		return;
+
+	/*
+	 * Connection failures arrive through the error callback too, which logs
+	 * each condition once; warnings and worse go to the server log.
+	 */
+	if (level <= 4 && strcmp(fac, "FAIL") != 0 && strcmp(fac, "ERROR") != 0)
+		ereport(LOG, (errmsg("outbox: librdkafka: %s: %s", fac, buf)));
+	else
+		elog(DEBUG1, "outbox: librdkafka: %s: %s", fac, buf);
+}
+
+/* A configuration's log callback for a scratch instance: silence. */
+static void
+silent_log_callback(const rd_kafka_t *rk, int level, const char *fac, const char *buf)
+{
+}
+
+/*
+ * The full producer configuration: defaults, outbox.kafka_properties, the
+ * credentials file, the brokers (if given) and the forced properties.
+ * Returns NULL with *err set if anything is refused.  *fingerprint, if
+ * given, identifies what was applied.
+ */
+static rd_kafka_conf_t *
+build_conf(const char *properties, const char *credentials_file,
+		   const char *brokers, uint32 *fingerprint, char **err)
 {
 	rd_kafka_conf_t *conf = rd_kafka_conf_new();
-	char	   *err = for_each_property(properties, set_property, conf);
+	char		errstr[512];
+	StringInfoData fp;
+	ApplyState	st = {conf, PROP_SETTING, &fp};
 
+	initStringInfo(&fp);
+	*err = NULL;
+	for (int i = 0; i < lengthof(default_properties); i++)
+		if (rd_kafka_conf_set(conf, default_properties[i][0], default_properties[i][1],
+							  errstr, sizeof(errstr)) != RD_KAFKA_CONF_OK)
+			elog(ERROR, "outbox: librdkafka rejected %s: %s",
+				 default_properties[i][0], errstr);
+
+	*err = for_each_property(properties, apply_property, &st);
+	if (*err == NULL)
+		*err = apply_credentials(credentials_file, &st);
+	if (*err == NULL && brokers != NULL &&
+		rd_kafka_conf_set(conf, "bootstrap.servers", brokers, errstr,
+						  sizeof(errstr)) != RD_KAFKA_CONF_OK)
+		*err = psprintf("outbox.brokers: %s", errstr);
+	for (int i = 0; *err == NULL && i < lengthof(forced_properties); i++)
+		if (rd_kafka_conf_set(conf, forced_properties[i][0], forced_properties[i][1],
+							  errstr, sizeof(errstr)) != RD_KAFKA_CONF_OK)
+			elog(ERROR, "outbox: librdkafka rejected %s: %s",
+				 forced_properties[i][0], errstr);
+	if (*err != NULL)
+	{
+		rd_kafka_conf_destroy(conf);
+		conf = NULL;
+	}
+	else if (fingerprint)
+		*fingerprint = hash_bytes((const unsigned char *) fp.data, fp.len);
+	explicit_bzero(fp.data, fp.len);
+	pfree(fp.data);
+	return conf;
+}
+
+/*
+ * Whether to create a scratch producer: for a statement (SET, ALTER SYSTEM,
+ * loading the library) and in background workers (a publisher rejecting a
+ * reloaded value keeps its working configuration), not in every backend
+ * re-reading the configuration file, nor in the postmaster, which must stay
+ * single-threaded.  The built-in configuration needs no check.
+ */
+static bool
+deep_check_wanted(const char *properties, const char *credentials_file)
+{
+	if ((properties == NULL || properties[0] == '\0') &&
+		(credentials_file == NULL || credentials_file[0] == '\0'))
+		return false;
+	return IsUnderPostmaster &&
+		(IsTransactionState() || MyBackendType == B_BG_WORKER);
+}
+
+/*
+ * Validate the Kafka settings when they are set: every property must be
+ * accepted by librdkafka and by our ordering and secrecy rules, and the
+ * whole configuration must make a producer (librdkafka checks combinations
+ * such as idempotence with max.in.flight only then).  Creating one without
+ * brokers starts no connection and costs a few milliseconds (~30 with
+ * SSL); see deep_check_wanted() for where, and it is skipped for a
+ * configuration already checked.  Returns NULL or a palloc'd
+ * message that never contains a property value.
+ */
+char *
+outbox_kafka_config_check(const char *properties, const char *credentials_file)
+{
+	uint32		fingerprint;
+	char	   *err;
+	char		errstr[512];
+	rd_kafka_conf_t *conf = build_conf(properties, credentials_file, NULL,
+									   &fingerprint, &err);
+	rd_kafka_t *rk;
+
+	if (conf == NULL)
+		return err;
+	if (!deep_check_wanted(properties, credentials_file) ||
+		(checked_any && fingerprint == checked_fingerprint))
+	{
+		rd_kafka_conf_destroy(conf);
+		return NULL;
+	}
+	rd_kafka_conf_set_log_cb(conf, silent_log_callback);
+	rk = rd_kafka_new(RD_KAFKA_PRODUCER, conf, errstr, sizeof(errstr));
+	if (rk == NULL)
+	{
+		rd_kafka_conf_destroy(conf);
+		return psprintf("librdkafka refuses the configuration: %s.", errstr);
+	}
+	rd_kafka_destroy(rk);
+	checked_fingerprint = fingerprint;
+	checked_any = true;
+	return NULL;
+}
+
+/*
+ * Validate outbox.brokers: a comma-separated list of host[:port], each
+ * optionally prefixed with a protocol ("SSL://host:port"), as librdkafka
+ * reads it; librdkafka itself accepts anything and then fails quietly.
+ */
+char *
+outbox_brokers_check(const char *brokers)
+{
+	char	   *list = pstrdup(brokers ? brokers : "");
+	char	   *save = NULL;
+	int			n = 0;
+
+	for (char *item = strtok_r(list, ",", &save); item; item = strtok_r(NULL, ",", &save))
+	{
+		char	   *s = trim(item);
+		char	   *host;
+		char	   *port = NULL;
+		char	   *proto = strstr(s, "://");
+
+		if (*s == '\0')
+			continue;
+		n++;
+		host = proto ? proto + 3 : s;
+		if (proto)
+			for (char *c = s; c < proto; c++)
+				if (!isalpha((unsigned char) *c) && *c != '_')
+					return psprintf("\"%s\" has an invalid protocol prefix.", s);
+		if (*host == '[')
+		{
+			char	   *close = strchr(host, ']');
+
+			if (close == NULL || close == host + 1 ||
+				strspn(host + 1, "0123456789abcdefABCDEF:.") != (size_t) (close - host - 1))
+				return psprintf("\"%s\" is not host:port (bad IPv6 address).", s);
+			if (close[1] == ':')
+				port = close + 2;
+			else if (close[1] != '\0')
+				return psprintf("\"%s\" is not host:port.", s);
+		}
+		else
+		{
+			char	   *colon = strchr(host, ':');
+			size_t		hostlen = colon ? (size_t) (colon - host) : strlen(host);
+
+			if (hostlen == 0 ||
+				strspn(host, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.-_") != hostlen)
+				return psprintf("\"%s\" is not host:port (bad host name).", s);
+			if (colon)
+				port = colon + 1;
+		}
+		if (port != NULL)
+		{
+			char	   *end;
+			long		p = strtol(port, &end, 10);
+
+			if (*port == '\0' || *end != '\0' || p < 1 || p > 65535)
+				return psprintf("\"%s\" is not host:port (the port must be 1 to 65535).", s);
+		}
+	}
+	if (n == 0)
+		return pstrdup("At least one broker is needed.");
+	return NULL;
+}
+
+/*
+ * Fingerprint of the configuration a producer would be built from now, so
+ * that a reload can tell whether the credentials file changed.  0 if it
+ * cannot be built (the producer creation reports why).
+ */
+uint32
+outbox_kafka_config_fingerprint(void)
+{
+	uint32		fingerprint = 0;
+	char	   *err;
+	rd_kafka_conf_t *conf = build_conf(outbox_kafka_properties,
+									   outbox_kafka_credentials_file,
+									   outbox_brokers, &fingerprint, &err);
+
+	if (conf == NULL)
+		return 0;
 	rd_kafka_conf_destroy(conf);
-	return err;
+	return hash_combine(fingerprint, hash_bytes((const unsigned char *) outbox_brokers,
+												strlen(outbox_brokers)));
 }
 
 void *
 outbox_delivery_opaque(uint32 generation, int index)
 {
 	return (void *) (uintptr_t) (((uint64) generation << 32) | (uint32) index);
+}
+
+/* A condition cleared (a delivery or a metadata request succeeded). */
+static void
+condition_clear(void)
+{
+	if (condition_err == RD_KAFKA_RESP_ERR_NO_ERROR)
+		return;
+	ereport(LOG,
+			(errmsg("outbox: Kafka is reachable again"),
+			 errdetail("The condition \"%s\" lasted %ld s.", condition_text,
+					   TimestampDifferenceMilliseconds(condition_since,
+													   GetCurrentTimestamp()) / 1000)));
+	condition_err = RD_KAFKA_RESP_ERR_NO_ERROR;
+	condition_text[0] = '\0';
+	condition_since = 0;
+}
+
+/* A condition started; logged once, unless it is the one already known. */
+static void
+condition_set(rd_kafka_resp_err_t err, const char *what, const char *reason)
+{
+	if (err == condition_err)
+		return;
+	condition_err = err;
+	snprintf(condition_text, sizeof(condition_text), "%s", what);
+	condition_since = GetCurrentTimestamp();
+	ereport(LOG,
+			(errmsg("outbox: Kafka: %s", what),
+			 errdetail("librdkafka: %s: %s", rd_kafka_err2name(err), reason),
+			 errhint("The publisher keeps retrying; events wait in the outbox.")));
 }
 
 static void
@@ -169,6 +622,8 @@ delivery_report(rd_kafka_t *rk, const rd_kafka_message_t *msg, void *opaque)
 	int			index = (int) (uint32) tag;
 	DeliveryResult *r;
 
+	if (msg->err == RD_KAFKA_RESP_ERR_NO_ERROR)
+		condition_clear();
 	if (tracker == NULL)
 		return;
 	if (generation != tracker->generation)
@@ -194,16 +649,35 @@ delivery_report(rd_kafka_t *rk, const rd_kafka_message_t *msg, void *opaque)
 
 /*
  * Runs inside rd_kafka_poll() on the worker's own thread; it must not
- * ereport(ERROR).  Transport errors are retried by librdkafka and only
- * logged at DEBUG; a fatal error makes the worker recreate the producer.
+ * ereport(ERROR).  Conditions that stop all publishing are logged once when
+ * they start (and once when they clear); single connection failures, which
+ * librdkafka retries, only at DEBUG1.  A fatal error makes the worker
+ * recreate the producer.
  */
 static void
 error_callback(rd_kafka_t *rk, int err, const char *reason, void *opaque)
 {
-	if (err == RD_KAFKA_RESP_ERR__FATAL)
+	switch (err)
 	{
-		fatal_pending = true;
-		return;
+		case RD_KAFKA_RESP_ERR__FATAL:
+			fatal_pending = true;
+			return;
+		case RD_KAFKA_RESP_ERR__ALL_BROKERS_DOWN:
+			condition_set(err, "all brokers are down", reason);
+			break;
+		case RD_KAFKA_RESP_ERR__AUTHENTICATION:
+		case RD_KAFKA_RESP_ERR_SASL_AUTHENTICATION_FAILED:
+			condition_set(RD_KAFKA_RESP_ERR__AUTHENTICATION,
+						  "authentication with the brokers failed", reason);
+			break;
+		case RD_KAFKA_RESP_ERR__SSL:
+			condition_set(err, "SSL connection to the brokers failed", reason);
+			break;
+		case RD_KAFKA_RESP_ERR__RESOLVE:
+			condition_set(err, "broker host names cannot be resolved", reason);
+			break;
+		default:
+			break;
 	}
 	elog(DEBUG1, "outbox: kafka: %s: %s",
 		 rd_kafka_err2name((rd_kafka_resp_err_t) err), reason);
@@ -215,48 +689,58 @@ outbox_producer_fatal_pending(void)
 	return fatal_pending;
 }
 
+/* The current broker-level condition, or NULL; *since when it started. */
+const char *
+outbox_kafka_condition(TimestampTz *since)
+{
+	if (condition_err == RD_KAFKA_RESP_ERR_NO_ERROR)
+		return NULL;
+	*since = condition_since;
+	return condition_text;
+}
+
+/*
+ * While a condition holds and nothing is being delivered, ask a broker for
+ * metadata: an answer means the condition cleared.  Waits at most 200 ms.
+ */
+void
+outbox_producer_probe(rd_kafka_t *rk)
+{
+	const struct rd_kafka_metadata *md;
+
+	if (rk == NULL || condition_err == RD_KAFKA_RESP_ERR_NO_ERROR)
+		return;
+	if (rd_kafka_metadata(rk, 0, NULL, &md, 200) == RD_KAFKA_RESP_ERR_NO_ERROR)
+	{
+		rd_kafka_metadata_destroy(md);
+		condition_clear();
+	}
+}
+
+/*
+ * A producer from the current settings.  An error says what is wrong
+ * without repeating any property value.
+ */
 rd_kafka_t *
 outbox_producer_create(DeliveryTracker *tracker)
 {
-	rd_kafka_conf_t *conf = rd_kafka_conf_new();
 	char		errstr[512];
 	char	   *err;
 	rd_kafka_t *rk;
+	rd_kafka_conf_t *conf = build_conf(outbox_kafka_properties,
+									   outbox_kafka_credentials_file,
+									   outbox_brokers, NULL, &err);
 
-	for (int i = 0; i < lengthof(default_properties); i++)
-		if (rd_kafka_conf_set(conf, default_properties[i][0],
-							  default_properties[i][1], errstr,
-							  sizeof(errstr)) != RD_KAFKA_CONF_OK)
-			elog(ERROR, "outbox: librdkafka rejected %s: %s",
-				 default_properties[i][0], errstr);
-
-	err = for_each_property(outbox_kafka_properties, set_property, conf);
-	if (err != NULL)
-	{
-		rd_kafka_conf_destroy(conf);
+	if (conf == NULL)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("invalid value for parameter \"outbox.kafka_properties\""),
+				 errmsg("could not create Kafka producer"),
 				 errdetail_internal("%s", err)));
-	}
-
-	if (rd_kafka_conf_set(conf, "bootstrap.servers", outbox_brokers, errstr,
-						  sizeof(errstr)) != RD_KAFKA_CONF_OK)
-	{
-		rd_kafka_conf_destroy(conf);
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("invalid value for parameter \"outbox.brokers\": %s", errstr)));
-	}
-	for (int i = 0; i < lengthof(forced_properties); i++)
-		if (rd_kafka_conf_set(conf, forced_properties[i][0],
-							  forced_properties[i][1], errstr,
-							  sizeof(errstr)) != RD_KAFKA_CONF_OK)
-			elog(ERROR, "outbox: librdkafka rejected %s: %s",
-				 forced_properties[i][0], errstr);
 
 	rd_kafka_conf_set_dr_msg_cb(conf, delivery_report);
 	rd_kafka_conf_set_error_cb(conf, error_callback);
+	rd_kafka_conf_set_log_cb(conf, log_callback);
+	producer_thread = pthread_self();
 
 	/* rd_kafka_new() takes ownership of conf only on success. */
 	rk = rd_kafka_new(RD_KAFKA_PRODUCER, conf, errstr, sizeof(errstr));
@@ -264,9 +748,12 @@ outbox_producer_create(DeliveryTracker *tracker)
 	{
 		rd_kafka_conf_destroy(conf);
 		ereport(ERROR,
-				(errcode(ERRCODE_CONNECTION_FAILURE),
-				 errmsg("outbox: could not create Kafka producer: %s", errstr)));
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("could not create Kafka producer"),
+				 errdetail("librdkafka refuses the configuration: %s.", errstr)));
 	}
+	/* Log lines wait in the main queue for rd_kafka_poll(). */
+	rd_kafka_set_log_queue(rk, NULL);
 	fatal_pending = false;
 	active_tracker = tracker;
 	return rk;

@@ -39,12 +39,17 @@ typedef struct DeliveryTracker
 	void		(*stale_report) (uint32 generation, int index);
 } DeliveryTracker;
 
-extern char *outbox_kafka_properties_check(const char *properties);
+extern char *outbox_kafka_config_check(const char *properties,
+									   const char *credentials_file);
+extern char *outbox_brokers_check(const char *brokers);
+extern uint32 outbox_kafka_config_fingerprint(void);
 extern rd_kafka_t *outbox_producer_create(DeliveryTracker *tracker);
 extern void outbox_producer_destroy(rd_kafka_t *rk);
 extern bool outbox_kafka_error_is_permanent(rd_kafka_resp_err_t err);
 extern bool outbox_producer_fatal_pending(void);
 extern void *outbox_delivery_opaque(uint32 generation, int index);
 extern int	outbox_message_max_bytes(void);
+extern const char *outbox_kafka_condition(TimestampTz *since);
+extern void outbox_producer_probe(rd_kafka_t *rk);
 
 #endif							/* OUTBOX_KAFKA_H */

@@ -33,6 +33,7 @@ char	   *outbox_database = NULL;
 char	   *outbox_role = NULL;
 char	   *outbox_brokers = NULL;
 char	   *outbox_kafka_properties = NULL;
+char	   *outbox_kafka_credentials_file = NULL;
 char	   *outbox_default_topic = NULL;
 int			outbox_workers = 1;
 int			outbox_max_payload_bytes = 1024 * 1024;
@@ -184,18 +185,42 @@ outbox_publish_locktag(LOCKTAG *tag, const char *aggregate_id)
 						 OUTBOX_LOCKSPACE_PUBLISH);
 }
 
+/*
+ * The Kafka settings' check hooks.  GUC_check_errmsg replaces PostgreSQL's
+ * "invalid value for parameter: <value>", which would repeat the whole
+ * string in the error and the server log.
+ */
+static bool
+kafka_check_failed(const char *name, char *err)
+{
+	GUC_check_errmsg("invalid value for parameter \"%s\"", name);
+	GUC_check_errdetail("%s", err);
+	pfree(err);
+	return false;
+}
+
 static bool
 check_kafka_properties(char **newval, void **extra, GucSource source)
 {
-	char	   *err = outbox_kafka_properties_check(*newval);
+	char	   *err = outbox_kafka_config_check(*newval, outbox_kafka_credentials_file);
 
-	if (err != NULL)
-	{
-		GUC_check_errdetail("%s", err);
-		pfree(err);
-		return false;
-	}
-	return true;
+	return err == NULL || kafka_check_failed("outbox.kafka_properties", err);
+}
+
+static bool
+check_kafka_credentials_file(char **newval, void **extra, GucSource source)
+{
+	char	   *err = outbox_kafka_config_check(outbox_kafka_properties, *newval);
+
+	return err == NULL || kafka_check_failed("outbox.kafka_credentials_file", err);
+}
+
+static bool
+check_brokers(char **newval, void **extra, GucSource source)
+{
+	char	   *err = outbox_brokers_check(*newval);
+
+	return err == NULL || kafka_check_failed("outbox.brokers", err);
 }
 
 static bool
@@ -222,8 +247,13 @@ check_dead_letter_topic(char **newval, void **extra, GucSource source)
 	return true;
 }
 
+/*
+ * Settings read only at server start.  PostgreSQL allows defining them only
+ * while shared_preload_libraries is processed (FATAL otherwise), and only
+ * then do they mean anything: without the preload there is no publisher.
+ */
 static void
-define_settings(void)
+define_postmaster_settings(void)
 {
 	DefineCustomStringVariable("outbox.database",
 							   "Database whose outbox the publisher serves.",
@@ -252,6 +282,20 @@ define_settings(void)
 							0,
 							NULL, NULL, NULL);
 
+	DefineCustomBoolVariable("outbox.enable_test_hooks",
+							 "Allows outbox_test_fatal_error() (for fault-injection tests only).",
+							 NULL,
+							 &outbox_enable_test_hooks,
+							 false,
+							 PGC_POSTMASTER,
+							 GUC_NOT_IN_SAMPLE,
+							 NULL, NULL, NULL);
+}
+
+/* Settings that can change at run time; defined wherever we are loaded. */
+static void
+define_settings(void)
+{
 	DefineCustomStringVariable("outbox.brokers",
 							   "Kafka bootstrap servers (host:port, comma-separated).",
 							   NULL,
@@ -259,12 +303,23 @@ define_settings(void)
 							   "localhost:9092",
 							   PGC_SIGHUP,
 							   0,
-							   NULL, NULL, NULL);
+							   check_brokers, NULL, NULL);
+
+	/* Before kafka_properties: its check reads this one. */
+	DefineCustomStringVariable("outbox.kafka_credentials_file",
+							   "File of librdkafka properties holding secrets, one key=value per line.",
+							   "Like ssl_key_file: owned by the database user (mode 0600 or less) or root (0640 or less). "
+							   "Read when the producer is created; a relative path is relative to the data directory.",
+							   &outbox_kafka_credentials_file,
+							   "",
+							   PGC_SIGHUP,
+							   GUC_SUPERUSER_ONLY,
+							   check_kafka_credentials_file, NULL, NULL);
 
 	DefineCustomStringVariable("outbox.kafka_properties",
 							   "librdkafka producer properties, as key=value pairs separated by semicolons.",
-							   "For example security.protocol=SASL_SSL;sasl.mechanism=PLAIN;sasl.username=u;sasl.password=p. "
-							   "Visible only to superusers and members of pg_read_all_settings.",
+							   "For example security.protocol=SASL_SSL;sasl.mechanism=SCRAM-SHA-256. "
+							   "Secrets (sasl.password, ...) are refused here: use outbox.kafka_credentials_file.",
 							   &outbox_kafka_properties,
 							   "",
 							   PGC_SIGHUP,
@@ -384,18 +439,7 @@ define_settings(void)
 							0,
 							NULL, NULL, NULL);
 
-	DefineCustomBoolVariable("outbox.enable_test_hooks",
-							 "Allows outbox_test_fatal_error() (for fault-injection tests only).",
-							 NULL,
-							 &outbox_enable_test_hooks,
-							 false,
-							 PGC_POSTMASTER,
-							 GUC_NOT_IN_SAMPLE,
-							 NULL, NULL, NULL);
-
 	outbox_define_emit_settings();
-
-	MarkGUCPrefixReserved("outbox");
 }
 
 void
@@ -403,10 +447,17 @@ _PG_init(void)
 {
 	BackgroundWorker worker;
 
+	/*
+	 * Loaded otherwise (CREATE EXTENSION, LOAD, a function call,
+	 * session_preload_libraries), the SQL functions work and no publisher
+	 * runs: outbox_status says so.  The prefix is not reserved then, which
+	 * would remove the start-up settings' placeholders with a WARNING each.
+	 */
 	define_settings();
-
 	if (!process_shared_preload_libraries_in_progress)
 		return;
+	define_postmaster_settings();
+	MarkGUCPrefixReserved("outbox");
 
 #if PG_VERSION_NUM >= 150000
 	prev_shmem_request_hook = shmem_request_hook;

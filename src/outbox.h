@@ -37,6 +37,9 @@
  */
 #define OUTBOX_PUBLISH_BUCKETS 1024
 
+/* Longest problem description kept for the status views. */
+#define OUTBOX_PROBLEM_LEN 256
+
 /* Per-worker state published in shared memory for the status views. */
 typedef struct OutboxWorkerSlot
 {
@@ -44,6 +47,11 @@ typedef struct OutboxWorkerSlot
 	Latch	   *latch;			/* set on commit of an emitting transaction */
 	TimestampTz last_batch_at;
 	char		state[64];
+	/* What stops or hinders publishing (empty: nothing), and since when. */
+	char		problem[OUTBOX_PROBLEM_LEN];
+	TimestampTz problem_since;
+	/* Failed connection attempts in a row (wrong database or role). */
+	int			connect_failures;
 } OutboxWorkerSlot;
 
 typedef struct OutboxShared
@@ -63,6 +71,7 @@ extern char *outbox_database;
 extern char *outbox_role;
 extern char *outbox_brokers;
 extern char *outbox_kafka_properties;
+extern char *outbox_kafka_credentials_file;
 extern char *outbox_default_topic;
 extern int	outbox_workers;
 extern int	outbox_max_payload_bytes;

@@ -141,8 +141,7 @@ typedef struct StalledBatch
 static MemoryContext stall_context = NULL;
 static HTAB *stalled_aggregates = NULL;
 static StalledBatch *stalled_batches = NULL;
-static char *producer_brokers = NULL;
-static char *producer_properties = NULL;
+static uint32 producer_fingerprint = 0;
 static MemoryContext batch_context = NULL;
 
 static Oid	plans_nspid = InvalidOid;
@@ -166,6 +165,31 @@ set_state(const char *state)
 
 	strlcpy(slot->state, state, sizeof(slot->state));
 	pgstat_report_activity(STATE_RUNNING, state);
+}
+
+/*
+ * What hinders publishing, for outbox_workers() and outbox_status: the
+ * last error of the loop (e.g. a producer that cannot be created), else a
+ * broker-level condition (e.g. all brokers down), else nothing.
+ */
+static void
+set_problem(const char *error)
+{
+	OutboxWorkerSlot *slot = &outbox_shared->workers[worker_index];
+	TimestampTz since = 0;
+	const char *problem = error ? error : outbox_kafka_condition(&since);
+
+	if (problem == NULL)
+	{
+		slot->problem[0] = '\0';
+		slot->problem_since = 0;
+		return;
+	}
+	if (strncmp(slot->problem, problem, sizeof(slot->problem) - 1) != 0)
+	{
+		strlcpy(slot->problem, problem, sizeof(slot->problem));
+		slot->problem_since = since ? since : GetCurrentTimestamp();
+	}
 }
 
 static void
@@ -669,13 +693,15 @@ record_failure(BatchEvent *ev, const char *msg)
 				 errdetail("Topic \"%s\": %s.", ev->topic, msg)));
 }
 
-/* After a reload: a producer built from old Kafka settings is replaced. */
+/*
+ * After a reload: a producer built from old Kafka settings (brokers,
+ * properties, or the credentials file's content) is replaced.
+ */
 static void
 check_producer_settings(void)
 {
 	if (producer != NULL &&
-		(strcmp(producer_brokers, outbox_brokers) != 0 ||
-		 strcmp(producer_properties, outbox_kafka_properties) != 0))
+		outbox_kafka_config_fingerprint() != producer_fingerprint)
 	{
 		ereport(LOG, (errmsg("outbox: Kafka settings changed, recreating the producer")));
 		drop_producer();
@@ -687,14 +713,9 @@ ensure_producer(void)
 {
 	if (producer != NULL)
 		return;
+	producer_fingerprint = outbox_kafka_config_fingerprint();
 	producer = outbox_producer_create(&tracker);
 	outbox_count(OC_PRODUCER_CREATIONS, 1);
-	if (producer_brokers)
-		pfree(producer_brokers);
-	if (producer_properties)
-		pfree(producer_properties);
-	producer_brokers = MemoryContextStrdup(TopMemoryContext, outbox_brokers);
-	producer_properties = MemoryContextStrdup(TopMemoryContext, outbox_kafka_properties);
 }
 
 static void
@@ -1140,7 +1161,93 @@ log_worker_error(void)
 	}
 	else
 		elog(DEBUG1, "outbox: publisher error (repeated): %s", edata->message);
+	set_problem(edata->detail
+				? psprintf("%s: %s", edata->message, edata->detail)
+				: edata->message);
 	outbox_count(OC_WORKER_ERRORS, 1);
+}
+
+/*
+ * Connecting fails with FATAL for a wrong outbox.database or outbox.role:
+ * say which settings to look at.
+ */
+static void
+connect_error_context(void *arg)
+{
+	errcontext("outbox publisher connecting to database \"%s\" (outbox.database) as %s (outbox.role)",
+			   outbox_database,
+			   outbox_role[0] ? psprintf("role \"%s\"", outbox_role) : "the bootstrap superuser");
+}
+
+static emit_log_hook_type prev_emit_log_hook = NULL;
+
+/*
+ * While connecting: record a failure for the status views; a failure that
+ * repeats the previous attempt's is not logged again.
+ */
+static void
+connect_log_hook(ErrorData *edata)
+{
+	OutboxWorkerSlot *slot = &outbox_shared->workers[worker_index];
+
+	if (edata->elevel >= ERROR && edata->message != NULL)
+	{
+		char		problem[OUTBOX_PROBLEM_LEN];
+
+		snprintf(problem, sizeof(problem), "cannot connect (outbox.database, outbox.role): %s",
+				 edata->message);
+		if (strcmp(slot->problem, problem) == 0)
+		{
+			edata->output_to_server = false;
+		}
+		else
+		{
+			strlcpy(slot->problem, problem, sizeof(slot->problem));
+			slot->problem_since = GetCurrentTimestamp();
+		}
+		slot->connect_failures++;
+	}
+	if (prev_emit_log_hook)
+		prev_emit_log_hook(edata);
+}
+
+/*
+ * Connect to outbox.database as outbox.role.  After failures in a row
+ * (PostgreSQL restarts us every 5 s), wait longer first, up to 5 minutes:
+ * a wrong setting costs a FATAL line once and a retry now and then, not a
+ * fast loop.
+ */
+static void
+connect_to_database(void)
+{
+	OutboxWorkerSlot *slot = &outbox_shared->workers[worker_index];
+	ErrorContextCallback errcb;
+
+	if (slot->connect_failures > 0)
+	{
+		long		wait_s = Min(5L << Min(slot->connect_failures, 6), 300) - 5;
+
+		(void) WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
+						 wait_s * 1000L, PG_WAIT_EXTENSION);
+		ResetLatch(MyLatch);
+		CHECK_FOR_INTERRUPTS();
+	}
+
+	errcb.callback = connect_error_context;
+	errcb.arg = NULL;
+	errcb.previous = error_context_stack;
+	error_context_stack = &errcb;
+	prev_emit_log_hook = emit_log_hook;
+	emit_log_hook = connect_log_hook;
+
+	BackgroundWorkerInitializeConnection(outbox_database,
+										 outbox_role[0] ? outbox_role : NULL, 0);
+
+	emit_log_hook = prev_emit_log_hook;
+	error_context_stack = errcb.previous;
+	slot->connect_failures = 0;
+	slot->problem[0] = '\0';
+	slot->problem_since = 0;
 }
 
 void
@@ -1156,8 +1263,7 @@ outbox_worker_main(Datum main_arg)
 	pqsignal(SIGTERM, die);
 	BackgroundWorkerUnblockSignals();
 
-	BackgroundWorkerInitializeConnection(outbox_database,
-										 outbox_role[0] ? outbox_role : NULL, 0);
+	connect_to_database();
 	/* Every name in our queries resolves in pg_catalog or is qualified. */
 	SetConfigOption("search_path", "pg_catalog, pg_temp", PGC_SUSET, PGC_S_OVERRIDE);
 
@@ -1207,6 +1313,8 @@ outbox_worker_main(Datum main_arg)
 
 		PG_TRY();
 		{
+			/* Early, so that a configuration it refuses shows while idle. */
+			ensure_producer();
 			n = run_batch();
 			/* One worker keeps the tables small. */
 			if (worker_index == 0 &&
@@ -1249,13 +1357,19 @@ outbox_worker_main(Datum main_arg)
 			}
 			else if (n >= 0)
 				logged_missing = false;
+			set_problem(NULL);
 			/* After progress, look again at once: more is probably waiting. */
 			if (n > 0)
 				continue;
+			/* Idle: is a broker-level condition over? */
+			outbox_producer_probe(producer);
+			set_problem(NULL);
 			wait_ms = outbox_poll_interval_ms;
 		}
 
-		if (hash_get_num_entries(stalled_aggregates) > 0)
+		if (failed)
+			set_state("error, retrying");
+		else if (hash_get_num_entries(stalled_aggregates) > 0)
 			set_state(psprintf("idle, %ld aggregates awaiting Kafka",
 							   hash_get_num_entries(stalled_aggregates)));
 		else

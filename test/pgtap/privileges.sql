@@ -19,7 +19,7 @@ CREATE ROLE outbox_tap_reader NOLOGIN IN ROLE pg_read_all_settings;
 CREATE ROLE outbox_tap_monitor NOLOGIN IN ROLE pg_monitor;
 GRANT USAGE ON SCHEMA ob TO outbox_tap_monitor;
 
-SELECT plan(142);
+SELECT plan(148);
 
 -- Catalog: what PUBLIC and the roles were granted.
 
@@ -109,7 +109,9 @@ INSERT INTO operator_calls VALUES
 	('outbox_lock_aggregate', $$SELECT ob.outbox_lock_aggregate('o-1')$$),
 	('outbox_wake_on_commit', $$SELECT ob.outbox_wake_on_commit()$$),
 	('outbox_test_fatal_error', $$SELECT ob.outbox_test_fatal_error()$$),
-	('outbox_workers', $$SELECT * FROM ob.outbox_workers()$$);
+	('outbox_workers', $$SELECT * FROM ob.outbox_workers()$$),
+	('outbox_publisher', $$SELECT * FROM ob.outbox_publisher()$$),
+	('outbox_check_publisher', $$SELECT ob.outbox_check_publisher()$$);
 GRANT SELECT ON operator_calls TO PUBLIC;
 GRANT SELECT ON direct TO PUBLIC;
 -- The outbox settings a superuser sees.
@@ -159,9 +161,13 @@ SELECT is_empty($$SELECT * FROM pg_settings WHERE name = 'outbox.kafka_propertie
                 'pg_settings has no row for outbox.kafka_properties');
 SELECT is_empty($$SELECT * FROM pg_show_all_settings() WHERE name = 'outbox.kafka_properties'$$,
                 'pg_show_all_settings() has no row for outbox.kafka_properties');
+SELECT throws_ok($$SHOW outbox.kafka_credentials_file$$, '42501',
+                 'must be superuser or have privileges of pg_read_all_settings to examine "outbox.kafka_credentials_file"',
+                 'SHOW outbox.kafka_credentials_file is refused');
 -- The other settings are visible: the row is hidden specifically.
 SELECT set_eq($$SELECT name FROM pg_settings WHERE name LIKE 'outbox.%'$$,
-              $$SELECT name FROM superuser_settings WHERE name <> 'outbox.kafka_properties'$$,
+              $$SELECT name FROM superuser_settings
+                 WHERE name NOT IN ('outbox.kafka_properties', 'outbox.kafka_credentials_file')$$,
               'every other outbox setting is visible in pg_settings');
 SELECT lives_ok($$SHOW outbox.brokers$$, 'SHOW outbox.brokers is allowed');
 -- The setting cannot be changed at session level either.
@@ -188,6 +194,7 @@ SET ROLE outbox_tap_monitor;
 SELECT lives_ok($$SELECT * FROM ob.outbox_counters()$$, 'a pg_monitor member can read the counters');
 SELECT lives_ok($$SELECT * FROM ob.outbox_latency_histogram()$$, 'a pg_monitor member can read the histogram');
 SELECT lives_ok($$SELECT * FROM ob.outbox_workers()$$, 'a pg_monitor member can list the workers');
+SELECT lives_ok($$SELECT * FROM ob.outbox_publisher()$$, 'a pg_monitor member can see the publisher state');
 SELECT lives_ok($$SELECT * FROM ob.outbox_status$$, 'a pg_monitor member can read outbox_status');
 SELECT lives_ok($$SELECT * FROM ob.outbox_aggregate_status$$,
                 'a pg_monitor member can read outbox_aggregate_status');
