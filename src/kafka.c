@@ -362,6 +362,16 @@ apply_credentials(const char *path, ApplyState *st)
 	return err;
 }
 
+/* Whether a librdkafka message is about a property the publisher forces. */
+static bool
+mentions_forced_property(const char *msg)
+{
+	for (int i = 0; i < lengthof(forced_properties); i++)
+		if (strstr(msg, forced_properties[i][0]) != NULL)
+			return true;
+	return false;
+}
+
 /* A librdkafka log line; runs only inside rd_kafka_poll() (log.queue). */
 static void
 log_callback(const rd_kafka_t *rk, int level, const char *fac, const char *buf)
@@ -372,9 +382,11 @@ log_callback(const rd_kafka_t *rk, int level, const char *fac, const char *buf)
 
 	/*
 	 * Connection failures arrive through the error callback too, which logs
-	 * each condition once; warnings and worse go to the server log.
+	 * each condition once, and warnings about the properties we force are
+	 * known; other warnings and worse go to the server log.
 	 */
-	if (level <= 4 && strcmp(fac, "FAIL") != 0 && strcmp(fac, "ERROR") != 0)
+	if (level <= 4 && strcmp(fac, "FAIL") != 0 && strcmp(fac, "ERROR") != 0 &&
+		!(strcmp(fac, "CONFWARN") == 0 && mentions_forced_property(buf)))
 		ereport(LOG, (errmsg("outbox: librdkafka: %s: %s", fac, buf)));
 	else
 		elog(DEBUG1, "outbox: librdkafka: %s: %s", fac, buf);

@@ -1,0 +1,150 @@
+# The Kafka settings on a running publisher: secrets never reach the server
+# log or an error; the credentials file is checked like ssl_key_file and
+# applied to the producer; a producer that cannot be created, and brokers
+# that are down, are logged once and shown in outbox_status and
+# outbox_workers(); librdkafka's own lines go through the server log.
+use strict;
+use warnings;
+
+use PostgreSQL::Test::Utils;
+use Test::More;
+use Time::HiRes qw(time sleep);
+
+use MockKafka;
+use OutboxTest;
+
+my $dir = $PostgreSQL::Test::Utils::tmp_check;
+mkdir "$dir/mock7";
+my $mk = MockKafka->start(dir => "$dir/mock7", brokers => 1, max_seconds => 300);
+my $node = outbox_node('kafkaset', $mk);
+my $creds = $node->data_dir . '/kafka_credentials';
+
+sub write_creds
+{
+	my ($content, $mode) = @_;
+	open my $fh, '>', $creds or die "cannot write $creds: $!";
+	print $fh $content;
+	close $fh;
+	chmod $mode, $creds or die "chmod: $!";
+}
+
+sub reload_with
+{
+	my ($line) = @_;
+	$node->append_conf('postgresql.conf', "$line\n");
+	$node->reload;
+}
+
+# Poll a query until it returns 't'.
+sub wait_for
+{
+	my ($query, $what) = @_;
+	ok($node->poll_query_until('postgres', $query), $what);
+}
+
+my $log_offset = -s $node->logfile;
+sub new_log
+{
+	my $log = slurp_file($node->logfile, $log_offset);
+	return $log;
+}
+
+# 1. A secret in outbox.kafka_properties is refused on reload without
+# being repeated; so is a bad value.
+reload_with(q{outbox.kafka_properties = 'linger.ms=2;sasl.password=Marker1Secret'});
+wait_for(q{SELECT count(*) > 0 FROM pg_file_settings
+	WHERE name = 'outbox.kafka_properties' AND error IS NOT NULL}, 'the secret is refused on reload');
+reload_with(q{outbox.kafka_properties = 'linger.ms=Marker2Value'});
+sleep 1;
+my ($rc, $out, $err) = $node->psql('postgres',
+	q{ALTER SYSTEM SET outbox.kafka_properties = 'sasl.password=Marker3Secret'});
+like($err, qr/Property "sasl.password" is a secret/, 'ALTER SYSTEM: the secret is refused, naming the key');
+unlike($err, qr/Marker3/, 'the error does not repeat the value');
+($rc, $out, $err) = $node->psql('postgres',
+	q{ALTER SYSTEM SET outbox.kafka_properties = 'compression.codec=Marker4Value'});
+unlike($err, qr/Marker4/, 'an invalid value is not repeated in the error');
+like($err, qr/compression.codec/, 'the key is named');
+reload_with(q{outbox.kafka_properties = ''});
+sleep 1;
+my $log = new_log();
+like($log, qr/invalid value for parameter "outbox.kafka_properties"/, 'the reload logged the refusal');
+like($log, qr/is a secret/, 'saying why');
+# The SQL statements themselves are logged by PostgreSQL (log_statement,
+# log_min_error_statement), like any SQL: the server log must have no
+# Marker but in those lines.
+my @leaks = grep { /Marker/ && !/STATEMENT:|statement:/ } split /\n/, $log;
+is(scalar @leaks, 0, 'no marker in the server log outside the SQL statements themselves')
+  or diag join "\n", @leaks;
+
+# 2. The credentials file: checked like ssl_key_file, never echoed.
+write_creds("sasl.password=Marker5Secret\n", 0644);
+reload_with(qq{outbox.kafka_credentials_file = '$creds'});
+sleep 1;
+$log = new_log();
+like($log, qr/has group or world access/, 'a world-readable credentials file is refused');
+is($node->safe_psql('postgres', 'SHOW outbox.kafka_credentials_file'), '', 'and not applied');
+
+# Applied at producer creation: security.protocol=ssl against the plaintext
+# mock stops publishing, and the reason shows.
+write_creds("# test\nsecurity.protocol=ssl\nsasl.password=Marker6Secret\n", 0600);
+$node->reload;
+wait_for(qq{SELECT current_setting('outbox.kafka_credentials_file') = '$creds'},
+	'a credentials file with mode 0600 is accepted');
+$node->safe_psql('postgres', q{SELECT outbox_emit('order', 'c-1', 'E', '{}')});
+wait_for(q{SELECT bool_and(problem IS NOT NULL) FROM outbox_workers()},
+	'the file was applied: TLS to a plaintext broker fails, shown in outbox_workers()');
+is($node->safe_psql('postgres', 'SELECT publisher FROM outbox_status'), 'failing',
+	'outbox_status: failing');
+note 'problem: ' . $node->safe_psql('postgres', 'SELECT problem FROM outbox_workers()');
+is($node->safe_psql('postgres', q{SELECT count(*) FROM outbox WHERE published_at IS NULL}), '1',
+	'the event waits');
+
+write_creds("sasl.password=Marker7Secret\nclient.id=outbox-creds-test\n", 0600);
+$node->reload;
+ok(defined wait_published($node, 30), 'with the file fixed, the event is published');
+wait_for(q{SELECT bool_and(problem IS NULL) FROM outbox_workers()}, 'and the problem clears');
+$log = new_log();
+like($log, qr/Kafka settings changed, recreating the producer/, 'a changed file recreates the producer');
+like($log, qr/outbox: Kafka is reachable again/, 'the condition\'s end is logged');
+
+# A file that turns bad after it was accepted: the producer cannot be
+# created, which is logged once and shown.
+write_creds("acks=Marker8Value\n", 0600);
+$node->reload;
+$node->safe_psql('postgres', q{SELECT outbox_emit('order', 'c-2', 'E', '{}')});
+wait_for(q{SELECT bool_and(problem LIKE 'could not create Kafka producer%') FROM outbox_workers()},
+	'a producer that cannot be created shows in outbox_workers()');
+like($node->safe_psql('postgres', 'SELECT state FROM outbox_workers()'), qr/error/,
+	'the worker state is not idle');
+like($node->safe_psql('postgres', 'SELECT publisher_detail FROM outbox_status'),
+	qr/Property "acks" is set by the publisher/, 'outbox_status says why');
+sleep 3;
+$log = new_log();
+my $n = () = $log =~ /publisher error: could not create Kafka producer/g;
+is($n, 1, 'the failure is logged once, not on every retry');
+write_creds("client.id=outbox-creds-test\n", 0600);
+$node->reload;
+ok(defined wait_published($node, 30), 'fixed again: published');
+
+# 3. All brokers down: one LOG line when it starts, one when it clears;
+# librdkafka's own lines never go to stderr unprefixed.
+$log_offset = -s $node->logfile;
+reload_with(q{outbox.brokers = '127.0.0.1:1'});
+$node->safe_psql('postgres', q{SELECT outbox_emit('order', 'c-3', 'E', '{}')});
+wait_for(q{SELECT bool_and(problem = 'all brokers are down') FROM outbox_workers()},
+	'all brokers down shows in outbox_workers()');
+sleep 4;
+reload_with(qq{outbox.brokers = '@{[ $mk->bootstrap ]}'});
+ok(defined wait_published($node, 30), 'brokers back: published');
+wait_for(q{SELECT bool_and(problem IS NULL) FROM outbox_workers()}, 'the condition clears');
+$log = new_log();
+$n = () = $log =~ /LOG:  outbox: Kafka: all brokers are down/g;
+is($n, 1, 'all brokers down is logged once');
+$n = () = $log =~ /LOG:  outbox: Kafka is reachable again/g;
+is($n, 1, 'and its end once');
+unlike($log, qr/^%\d\|/m, 'no librdkafka line went to stderr');
+unlike($log, qr/Marker[5-8]/, 'no credential or value from the file reached the log');
+
+$node->stop;
+$mk->stop;
+done_testing();
