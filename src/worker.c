@@ -1225,12 +1225,17 @@ connect_to_database(void)
 
 	if (slot->connect_failures > 0)
 	{
-		long		wait_s = Min(5L << Min(slot->connect_failures, 6), 300) - 5;
+		long		wait_ms = (Min(5L << Min(slot->connect_failures, 6), 300) - 5) * 1000L;
+		TimestampTz until = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), wait_ms);
 
-		(void) WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
-						 wait_s * 1000L, PG_WAIT_EXTENSION);
-		ResetLatch(MyLatch);
-		CHECK_FOR_INTERRUPTS();
+		/* The latch may be set for other reasons: wait out the time. */
+		while ((wait_ms = TimestampDifferenceMilliseconds(GetCurrentTimestamp(), until)) > 0)
+		{
+			(void) WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
+							 wait_ms, PG_WAIT_EXTENSION);
+			ResetLatch(MyLatch);
+			CHECK_FOR_INTERRUPTS();
+		}
 	}
 
 	errcb.callback = connect_error_context;
