@@ -1,7 +1,8 @@
 /*-------------------------------------------------------------------------
  *
  * kafka.c
- *	  Producer configuration and lifecycle, delivery report bookkeeping.
+ *	  Producer configuration, its validation and lifecycle, delivery report
+ *	  bookkeeping, and the broker-level conditions the worker reports.
  *
  * The producer settings that ordering depends on are not configurable:
  *
@@ -14,6 +15,11 @@
  *	 prefix of what it was given, per partition.
  * - enable.gapless.guarantee=true: a failed batch that could leave a gap is
  *	 a fatal error, after which the producer is recreated.
+ *
+ * The Kafka settings are validated in full when they are set, secrets are
+ * accepted only from outbox.kafka_credentials_file, and no message about a
+ * property repeats its value.  librdkafka's log and errors reach the server
+ * log only through rd_kafka_poll(), on the worker's own thread.
  *
  *-------------------------------------------------------------------------
  */
