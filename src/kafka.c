@@ -387,15 +387,18 @@ log_callback(const rd_kafka_t *rk, int level, const char *fac, const char *buf)
 		return;
 
 	/*
-	 * Connection failures arrive through the error callback too, which logs
-	 * each condition once, and warnings about the properties we force are
-	 * known; other warnings and worse go to the server log.
+	 * What librdkafka prints by default (up to LOG_INFO, e.g. timed-out
+	 * requests) goes to the server log, except connection failures, which
+	 * arrive through the error callback too (it logs each condition once),
+	 * and warnings about the properties we force, which are known.
 	 */
-	if (level <= 4 && strcmp(fac, "FAIL") != 0 && strcmp(fac, "ERROR") != 0 &&
-		!(strcmp(fac, "CONFWARN") == 0 && mentions_forced_property(buf)))
-		ereport(LOG, (errmsg("outbox: librdkafka: %s: %s", fac, buf)));
-	else
+	if (level > 6)
+		elog(DEBUG2, "outbox: librdkafka: %s: %s", fac, buf);
+	else if (strcmp(fac, "FAIL") == 0 || strcmp(fac, "ERROR") == 0 ||
+			 (strcmp(fac, "CONFWARN") == 0 && mentions_forced_property(buf)))
 		elog(DEBUG1, "outbox: librdkafka: %s: %s", fac, buf);
+	else
+		ereport(LOG, (errmsg("outbox: librdkafka: %s: %s", fac, buf)));
 }
 
 /* A configuration's log callback for a scratch instance: silence. */
