@@ -257,6 +257,9 @@ property_policy_error(const char *key, const char *value, PropertySource source)
 						key,
 						strstr(bare, "servers") || strstr(bare, "broker")
 						? " (use outbox.brokers)" : "");
+	/* outbox_emit() reads it from the setting: the file is not read there. */
+	if (source == PROP_FILE && pg_strcasecmp(bare, "message.max.bytes") == 0)
+		return psprintf("Property \"%s\" belongs in outbox.kafka_properties.", key);
 	if (source == PROP_SETTING &&
 		name_in(bare, secret_properties, lengthof(secret_properties)))
 		return psprintf("Property \"%s\" is a secret: put it in the file named by outbox.kafka_credentials_file.",

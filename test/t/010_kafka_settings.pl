@@ -14,8 +14,8 @@ use MockKafka;
 use OutboxTest;
 
 my $dir = $PostgreSQL::Test::Utils::tmp_check;
-mkdir "$dir/mock7";
-my $mk = MockKafka->start(dir => "$dir/mock7", brokers => 1, max_seconds => 300);
+mkdir "$dir/mock10";
+my $mk = MockKafka->start(dir => "$dir/mock10", brokers => 1, max_seconds => 300);
 my $node = outbox_node('kafkaset', $mk);
 my $creds = $node->data_dir . '/kafka_credentials';
 
@@ -125,6 +125,16 @@ is($n, 1, 'the failure is logged once, not on every retry');
 write_creds("client.id=outbox-creds-test\n", 0600);
 $node->reload;
 ok(defined wait_published($node, 30), 'fixed again: published');
+
+# outbox_emit() checks records against message.max.bytes from the setting,
+# never reading the file: the file may not change it.
+write_creds("message.max.bytes=2000000\n", 0600);
+$node->reload;
+sleep 1;
+like(new_log(), qr/Property "message.max.bytes" belongs in outbox.kafka_properties/,
+	'message.max.bytes is refused in the credentials file');
+write_creds("client.id=outbox-creds-test\n", 0600);
+$node->reload;
 
 # 3. All brokers down: one LOG line when it starts, one when it clears;
 # librdkafka's own lines never go to stderr unprefixed.

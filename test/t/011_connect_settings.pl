@@ -12,8 +12,8 @@ use MockKafka;
 use OutboxTest;
 
 my $dir = $PostgreSQL::Test::Utils::tmp_check;
-mkdir "$dir/mock8";
-my $mk = MockKafka->start(dir => "$dir/mock8", brokers => 1, max_seconds => 300);
+mkdir "$dir/mock11";
+my $mk = MockKafka->start(dir => "$dir/mock11", brokers => 1, max_seconds => 300);
 my $t0 = time;
 my $node = outbox_node('connect', $mk, database => 'nosuchdb');
 

@@ -83,8 +83,8 @@ $node->stop;
 # A preloaded server whose publisher serves "postgres": a second database
 # with the extension is told, at CREATE EXTENSION and in outbox_status.
 my $dir = $PostgreSQL::Test::Utils::tmp_check;
-mkdir "$dir/mock6";
-my $mk = MockKafka->start(dir => "$dir/mock6", brokers => 1, max_seconds => 300);
+mkdir "$dir/mock9";
+my $mk = MockKafka->start(dir => "$dir/mock9", brokers => 1, max_seconds => 300);
 my $pub = outbox_node('twodb', $mk);
 $pub->safe_psql('postgres', 'CREATE DATABASE other');
 ($rc, $out, $err) = $pub->psql('other', q{CREATE EXTENSION outbox});

@@ -56,7 +56,7 @@ ALTER SYSTEM SET outbox.kafka_properties = 'topic.partitioner=fnv1a_random;secur
 ALTER SYSTEM RESET outbox.kafka_properties;
 
 -- The credentials file: a path (relative to the data directory), checked
--- like ssl_key_file.  Its content is tested in test/t/007_kafka_settings.pl
+-- like ssl_key_file.  Its content is tested in test/t/010_kafka_settings.pl
 -- (files written from SQL are world-readable, so refused here).
 CREATE FUNCTION pg_temp.write_file(name text, content text) RETURNS void
 LANGUAGE plpgsql AS $$
