@@ -5,10 +5,12 @@
 # database-side invariants, and the order checker's verdict with the
 # one-line figure summary every fault test prints:
 #
-#   FIGURES scenario=<name> events=N duplicates=D gaps=G inversions=I lost=L recover_s=S
+#   FIGURES scenario=<name> events=N duplicates=D gaps=G inversions=I lost=L mock_lost=M recover_s=S
 #
 # events: events in the database (each must reach Kafka); duplicates, gaps,
-# inversions, lost: the order checker's counts; recover_s: seconds from the
+# inversions, lost: the order checker's counts; mock_lost: how many of the
+# lost the mock never appended although librdkafka acknowledged them
+# implicitly (see verdict), excused; recover_s: seconds from the
 # end of the fault until the backlog it left was published (what that means
 # exactly is said by each test).
 
@@ -204,6 +206,14 @@ sub db_versions_contiguous
 # Run the order checker over $topics against the database's expectations,
 # test its verdict (no gap, no inversion, none lost; duplicates allowed)
 # and print the FIGURES line.  Returns the checker's result hash.
+#
+# One loss is the mock's, not the publisher's: librdkafka acknowledges
+# without an offset (kafka_offset -1001) the messages of a failed request
+# when a later request of the same partition succeeds, because a broker that
+# checks idempotent sequence numbers accepts the later one only if the
+# earlier was persisted.  The mock does not check them, so it may append the
+# later request and never the earlier one.  Such versions, and only those,
+# are excused (counted as mock_lost); any other missing version fails.
 sub verdict
 {
 	my ($mk, $node, $name, %a) = @_;
@@ -213,16 +223,71 @@ sub verdict
 	my $events = $node->safe_psql('postgres', 'SELECT count(*) FROM outbox');
 	my $r = $mk->check(topics => $topics, expect => $expect,
 		opts => ['--timeout-ms', 60000]);
+	my $m = { lost => 0, gaps => 0, output => '' };
 
-	is($r->{exit}, 0, "$name: order checker clean")
+	$m = _mock_losses($mk, $node, $topics, $expect)
+	  if ($r->{exit} == 1 && ($r->{lost} || $r->{gaps}));
+	$r->{mock_lost} = $m->{lost};
+	note "mock_lost: $m->{lost} version(s) acknowledged implicitly by librdkafka "
+	  . "(no offset) were never appended by the mock:\n$m->{output}"
+	  if $m->{lost};
+
+	my $clean = $r->{exit} == 0
+	  || ($r->{exit} == 1 && $m->{lost} == $r->{lost} && $m->{gaps} == $r->{gaps}
+		&& !grep { $r->{$_} } qw(inversions split malformed unexpected));
+	ok($clean, "$name: order checker clean")
 	  or diag _anomalies($mk, $topics, $expect, $r);
-	is($r->{gaps}, 0, "$name: no gap");
+	is(_minus($r->{gaps}, $m->{gaps}), 0, "$name: no gap");
 	is($r->{inversions}, 0, "$name: no inversion");
-	is($r->{lost}, 0, "$name: none lost");
-	is($r->{accepted}, $events, "$name: every event in the database accepted once");
+	is(_minus($r->{lost}, $m->{lost}), 0, "$name: none lost");
+	is($r->{accepted}, $events - $m->{lost},
+		"$name: every event in the database accepted once");
 	figures($name, $events, $r, $a{recover_s});
 	note "checker: $1" if $r->{output} =~ /^order_check: (messages=.*)$/m;
 	return $r;
+}
+
+# $x - $y, undef if the checker gave no figure.
+sub _minus
+{
+	my ($x, $y) = @_;
+	return defined $x ? $x - $y : undef;
+}
+
+# The missing versions librdkafka acknowledged implicitly (see verdict):
+# their number, the number of gaps made only of them, and the checker's
+# lines about them.
+sub _mock_losses
+{
+	my ($mk, $node, $topics, $expect) = @_;
+	my %implicit = map { $_ => 1 } split /\n/, $node->safe_psql('postgres',
+		q{SELECT aggregate_id || ' ' || aggregate_version FROM outbox
+		   WHERE disposition = 'published' AND kafka_offset = -1001});
+	my $v = $mk->check(topics => $topics, expect => $expect,
+		opts => ['--verbose', '--timeout-ms', 60000]);
+	my %m = (lost => 0, gaps => 0, output => '');
+	my $all_implicit = sub {
+		my ($agg, $lo, $hi) = @_;
+		return !grep { !$implicit{"$agg $_"} } $lo .. $hi;
+	};
+
+	for my $line (split /\n/, $v->{output})
+	{
+		if ($line =~ /: lost: aggregate (\S+) versions (\d+)\.\.(\d+) never seen/)
+		{
+			my ($agg, $lo, $hi) = ($1, $2, $3);
+
+			$m{lost} += grep { $implicit{"$agg $_"} } $lo .. $hi;
+			$m{output} .= "$line\n" if $all_implicit->($agg, $lo, $hi);
+		}
+		elsif ($line =~ /: gap: aggregate (\S+) at .*\((\d+)\.\.(\d+) not seen\)/
+			&& $all_implicit->($1, $2, $3))
+		{
+			$m{gaps}++;
+			$m{output} .= "$line\n";
+		}
+	}
+	return \%m;
 }
 
 # The anomalies (not the duplicates) of a failed check, for the log.
@@ -240,8 +305,8 @@ sub figures
 {
 	my ($name, $events, $r, $recover) = @_;
 	my $line = sprintf
-	  "FIGURES scenario=%s events=%s duplicates=%s gaps=%s inversions=%s lost=%s recover_s=%s",
-	  $name, $events, map({ $r->{$_} // '?' } qw(duplicates gaps inversions lost)),
+	  "FIGURES scenario=%s events=%s duplicates=%s gaps=%s inversions=%s lost=%s mock_lost=%s recover_s=%s",
+	  $name, $events, map({ $r->{$_} // '?' } qw(duplicates gaps inversions lost mock_lost)),
 	  defined $recover ? sprintf('%.2f', $recover) : 'na';
 	note $line;
 	return $line;
