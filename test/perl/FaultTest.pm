@@ -28,7 +28,7 @@ use Time::HiRes qw(time sleep);
 use OutboxTest;
 
 our @EXPORT = qw(start_load stop_load pending max_id wait_backlog
-  db_versions_contiguous verdict figures publisher_pids wait_publisher
+  db_versions_contiguous judge verdict figures publisher_pids wait_publisher
   kill_publisher_in_batch install_phase_probe quiet_statements fault_conf
   note_counters);
 
@@ -203,9 +203,10 @@ sub db_versions_contiguous
 		'0', "$label: versions contiguous from 1 in the database");
 }
 
-# Run the order checker over $topics against the database's expectations,
-# test its verdict (no gap, no inversion, none lost; duplicates allowed)
-# and print the FIGURES line.  Returns the checker's result hash.
+# The order checker's verdict over $topics against the database's
+# expectations, without testing it: the checker's result hash, plus events
+# (in the database), mock_lost and mock_gaps (excused, see below) and clean
+# (nothing but excused anomalies).
 #
 # One loss is the mock's, not the publisher's: librdkafka acknowledges
 # without an offset (kafka_offset -1001) the messages of a failed request
@@ -213,8 +214,8 @@ sub db_versions_contiguous
 # checks idempotent sequence numbers accepts the later one only if the
 # earlier was persisted.  The mock does not check them, so it may append the
 # later request and never the earlier one.  Such versions, and only those,
-# are excused (counted as mock_lost); any other missing version fails.
-sub verdict
+# are excused; any other missing version fails.
+sub judge
 {
 	my ($mk, $node, $name, %a) = @_;
 	my $dir = $PostgreSQL::Test::Utils::tmp_check;
@@ -227,22 +228,38 @@ sub verdict
 
 	$m = _mock_losses($mk, $node, $topics, $expect)
 	  if ($r->{exit} == 1 && ($r->{lost} || $r->{gaps}));
+	$r->{events} = $events;
 	$r->{mock_lost} = $m->{lost};
-	note "mock_lost: $m->{lost} version(s) acknowledged implicitly by librdkafka "
-	  . "(no offset) were never appended by the mock:\n$m->{output}"
-	  if $m->{lost};
-
-	my $clean = $r->{exit} == 0
+	$r->{mock_gaps} = $m->{gaps};
+	$r->{mock_output} = $m->{output};
+	$r->{clean} = $r->{exit} == 0
 	  || ($r->{exit} == 1 && $m->{lost} == $r->{lost} && $m->{gaps} == $r->{gaps}
 		&& !grep { $r->{$_} } qw(inversions split malformed unexpected));
-	ok($clean, "$name: order checker clean")
-	  or diag _anomalies($mk, $topics, $expect, $r);
-	is(_minus($r->{gaps}, $m->{gaps}), 0, "$name: no gap");
+	$r->{topics} = $topics;
+	$r->{expect} = $expect;
+	return $r;
+}
+
+# Test the verdict of judge(): no gap, no inversion, none lost (but for the
+# mock's own losses); duplicates allowed.  Prints the FIGURES line and
+# returns the result hash.
+sub verdict
+{
+	my ($mk, $node, $name, %a) = @_;
+	my $r = judge($mk, $node, $name, %a);
+
+	note "mock_lost: $r->{mock_lost} version(s) acknowledged implicitly by "
+	  . "librdkafka (no offset) were never appended by the mock:\n$r->{mock_output}"
+	  if $r->{mock_lost};
+	ok($r->{clean}, "$name: order checker clean")
+	  or diag _anomalies($mk, $r->{topics}, $r->{expect}, $r);
+	is(_minus($r->{gaps}, $r->{mock_gaps}), 0, "$name: no gap");
 	is($r->{inversions}, 0, "$name: no inversion");
-	is(_minus($r->{lost}, $m->{lost}), 0, "$name: none lost");
-	is($r->{accepted}, $events - $m->{lost},
+	is(_minus($r->{lost}, $r->{mock_lost}), 0, "$name: none lost");
+	# The checker does not count the version that follows a gap as accepted.
+	is($r->{accepted}, $r->{events} - $r->{mock_lost} - $r->{mock_gaps},
 		"$name: every event in the database accepted once");
-	figures($name, $events, $r, $a{recover_s});
+	figures($name, $r->{events}, $r, $a{recover_s});
 	note "checker: $1" if $r->{output} =~ /^order_check: (messages=.*)$/m;
 	return $r;
 }
