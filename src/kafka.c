@@ -657,7 +657,8 @@ delivery_report(rd_kafka_t *rk, const rd_kafka_message_t *msg, void *opaque)
 			tracker->stale_report(generation, index);
 		return;
 	}
-	if (index < 0 || index >= tracker->nresults)
+	/* No batch is being tracked (results == NULL) between batches. */
+	if (tracker->results == NULL || index < 0 || index >= tracker->nresults)
 		return;
 	r = &tracker->results[index];
 	if (r->done)

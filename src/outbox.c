@@ -39,6 +39,8 @@ int			outbox_workers = 1;
 int			outbox_max_payload_bytes = 1024 * 1024;
 int			outbox_batch_events = 10000;
 int			outbox_batch_aggregates = 10000;
+int			outbox_batch_bytes = 16 * 1024 * 1024;
+int			outbox_standby_confirmations = 0;
 int			outbox_poll_interval_ms = 1000;
 int			outbox_delivery_timeout_ms = 10000;
 int			outbox_max_attempts = 5;
@@ -358,6 +360,26 @@ define_settings(void)
 							NULL,
 							&outbox_batch_aggregates,
 							10000, 1, 100000,
+							PGC_SIGHUP,
+							0,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("outbox.batch_bytes",
+							"Most bytes of events one publisher transaction reads.",
+							"Counts payloads, headers and ids; a batch holds at least one event, however large.",
+							&outbox_batch_bytes,
+							16 * 1024 * 1024, 1024, MaxAllocSize / 2,
+							PGC_SIGHUP,
+							GUC_UNIT_BYTE,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("outbox.standby_confirmations",
+							"Standbys that must have flushed an event's commit before it is published.",
+							"0 publishes what is durable on this server.  N > 0 waits until N walsenders "
+							"report the commit flushed, so that a failover to such a standby cannot take back "
+							"a published event; with fewer standbys connected, publishing waits.",
+							&outbox_standby_confirmations,
+							0, 0, 1024,
 							PGC_SIGHUP,
 							0,
 							NULL, NULL, NULL);

@@ -77,6 +77,8 @@ extern int	outbox_workers;
 extern int	outbox_max_payload_bytes;
 extern int	outbox_batch_events;
 extern int	outbox_batch_aggregates;
+extern int	outbox_batch_bytes;
+extern int	outbox_standby_confirmations;
 extern int	outbox_poll_interval_ms;
 extern int	outbox_delivery_timeout_ms;
 extern int	outbox_max_attempts;

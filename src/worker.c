@@ -33,6 +33,7 @@
 #include "postgres.h"
 
 #include "access/xact.h"
+#include "access/xlog.h"
 #include "catalog/pg_type.h"
 #include "common/hashfn.h"
 #include "executor/spi.h"
@@ -42,6 +43,8 @@
 #include "pgstat.h"
 #include "postmaster/bgworker.h"
 #include "postmaster/interrupt.h"
+#include "replication/walsender.h"
+#include "replication/walsender_private.h"
 #include "storage/ipc.h"
 #include "storage/latch.h"
 #include "storage/proc.h"
@@ -62,6 +65,12 @@
 /* Backoff of the whole worker after an error, and of a failing aggregate. */
 #define WORKER_ERROR_BACKOFF_MS 1000
 #define WORKER_ERROR_BACKOFF_MAX_MS 30000
+
+/* How often an idle worker serves late delivery reports while any are due. */
+#define STALLED_POLL_MS 10
+
+/* How often a batch looks at the standbys' flush positions while waiting. */
+#define STANDBY_POLL_MS 10
 
 /* What a batch does with an event. */
 typedef enum EventAction
@@ -144,6 +153,38 @@ static StalledBatch *stalled_batches = NULL;
 static uint32 producer_fingerprint = 0;
 static MemoryContext batch_context = NULL;
 
+/*
+ * The batch being produced, so that an error can hand its messages still in
+ * flight to the stall bookkeeping (see end_batch_tracking).
+ */
+static BatchEvent *batch_events = NULL;
+static int	batch_nevents = 0;
+static bool batch_stalled = false;
+
+/*
+ * What Kafka acknowledged but is not yet marked in the database: kept (in
+ * marks_context) when marking fails, and only the marking is retried, so
+ * that an acknowledged event is never produced again by this worker.
+ */
+typedef struct PendingMarks
+{
+	int			nmarks;
+	int64	   *ids;
+	int32	   *partitions;
+	int64	   *offsets;
+	char	  **dispositions;
+	int			nprogress;
+	char	  **progress_ids;
+	int64	   *progress_versions;
+	int64		nsettled[lengthof(action_disposition)];
+} PendingMarks;
+
+static MemoryContext marks_context = NULL;
+static PendingMarks *pending_marks = NULL;
+
+/* A reload was processed since the producer settings were last compared. */
+static bool reloaded_in_batch = false;
+
 static Oid	plans_nspid = InvalidOid;
 static SPIPlanPtr fetch_plan = NULL;
 static SPIPlanPtr mark_plan = NULL;
@@ -158,6 +199,7 @@ static bool retention_behind = false;
 
 static char last_logged_error[256];
 
+/* Show what this worker does, in outbox_workers() and pg_stat_activity. */
 static void
 set_state(const char *state)
 {
@@ -192,6 +234,7 @@ set_problem(const char *error)
 	}
 }
 
+/* Leave the slot; the workers still alive take over this one's buckets. */
 static void
 worker_exit(int code, Datum arg)
 {
@@ -200,8 +243,34 @@ worker_exit(int code, Datum arg)
 	slot->latch = NULL;
 	slot->pid = 0;
 	strlcpy(slot->state, "stopped", sizeof(slot->state));
+	outbox_wake_workers();
 	outbox_producer_destroy(producer);
 	producer = NULL;
+}
+
+/*
+ * This worker's share of the publish buckets: its rank among the workers
+ * alive now, and their number.  A configured worker that never started
+ * (max_worker_processes too low) or is dead until its restart owns no
+ * share, so no bucket waits for it; while membership changes, two workers
+ * may both fetch a bucket for a moment, and its try-lock decides.
+ */
+static void
+bucket_share(int *nshares, int *share)
+{
+	int			n = 0;
+
+	*share = 0;
+	for (int i = 0; i < outbox_workers; i++)
+	{
+		pid_t		pid = outbox_shared->workers[i].pid;
+
+		if (i == worker_index)
+			*share = n++;
+		else if (pid != 0 && (kill(pid, 0) == 0 || errno != ESRCH))
+			n++;
+	}
+	*nshares = n;
 }
 
 static uint32
@@ -302,6 +371,28 @@ stall_batch(BatchEvent *events, int nevents)
 	}
 	sb->next = stalled_batches;
 	stalled_batches = sb;
+}
+
+/*
+ * Stop tracking the current batch, after it committed or failed: its
+ * reports are stale from now on.  Messages still in flight stall their
+ * aggregates (unless the batch already stalled them), so that no later batch
+ * sends copies of them, and the tracker no longer points into batch_context,
+ * which the next batch resets while those reports can still arrive.
+ */
+static void
+end_batch_tracking(void)
+{
+	if (tracker.results != NULL && !batch_stalled && tracker.outstanding > 0 &&
+		producer != NULL)
+		stall_batch(batch_events, batch_nevents);
+	tracker.generation++;
+	tracker.results = NULL;
+	tracker.nresults = 0;
+	tracker.outstanding = 0;
+	batch_events = NULL;
+	batch_nevents = 0;
+	batch_stalled = false;
 }
 
 /* The stalled aggregates' ids, for the fetch query to leave out. */
@@ -409,7 +500,7 @@ prepare_plans(Oid nspid, const char *schema)
 									  "last_error = CASE WHEN u.d = 'published' THEN NULL ELSE o.last_error END, "
 									  "kafka_partition = NULLIF(u.p, -1), kafka_offset = NULLIF(u.off, -1) "
 									  "FROM unnest($2, $3, $4, $5) AS u(id, p, off, d) "
-									  "WHERE o.id = u.id", s, s),
+									  "WHERE o.id = u.id AND o.published_at IS NULL", s, s),
 							 5, mark_types);
 
 	progress_plan = prepare_kept(psprintf(
@@ -554,6 +645,12 @@ produce_event(BatchEvent *ev, int index, TimestampTz deadline)
 		{
 			ev->produced = true;
 			tracker.outstanding++;
+			/* librdkafka has its own copy: keep one per batch, not two. */
+			if (ev->payload != NULL)
+			{
+				pfree(ev->payload);
+				ev->payload = NULL;
+			}
 			return err;
 		}
 		rd_kafka_headers_destroy(hdrs);
@@ -743,6 +840,199 @@ copy_row(BatchEvent *ev, HeapTuple tup, TupleDesc desc)
 	ev->next = -1;
 }
 
+/* Bytes an event holds in memory: what outbox.batch_bytes counts. */
+static int64
+event_bytes(BatchEvent *ev)
+{
+	return sizeof(BatchEvent) + strlen(ev->event_id) + strlen(ev->aggregate_type) +
+		strlen(ev->aggregate_id) + strlen(ev->event_type) + strlen(ev->topic) +
+		(ev->headers ? VARSIZE(ev->headers) : 0) +
+		(ev->payload ? strlen(ev->payload) : 0) +
+		(ev->last_error ? strlen(ev->last_error) : 0);
+}
+
+/*
+ * Read the batch into batch_context: at most outbox.batch_events events and,
+ * past the first, outbox.batch_bytes of them.  A cursor, read in chunks
+ * sized by the bytes left, keeps the rows in memory at once near that bound
+ * however large the events are.  Returns the number of events.
+ */
+static int
+fetch_events(Datum *args, BatchEvent **events_out)
+{
+	Portal		portal = SPI_cursor_open(NULL, fetch_plan, args, NULL, true);
+	int			max = outbox_batch_events;
+	int			size = Min(max, 1024);
+	BatchEvent *events = MemoryContextAlloc(batch_context, sizeof(BatchEvent) * size);
+	int			n = 0;
+	int64		bytes = 0;
+	long		chunk = 16;
+
+	while (n < max && bytes < outbox_batch_bytes)
+	{
+		uint64		nrows;
+
+		SPI_cursor_fetch(portal, true, Min(chunk, max - n));
+		nrows = SPI_processed;
+		for (uint64 r = 0; r < nrows && bytes < outbox_batch_bytes; r++)
+		{
+			MemoryContext oldcxt = MemoryContextSwitchTo(batch_context);
+
+			if (n == size)
+			{
+				size = Min(max, size * 2);
+				events = repalloc(events, sizeof(BatchEvent) * size);
+			}
+			copy_row(&events[n], SPI_tuptable->vals[r], SPI_tuptable->tupdesc);
+			MemoryContextSwitchTo(oldcxt);
+			bytes += event_bytes(&events[n]);
+			n++;
+		}
+		SPI_freetuptable(SPI_tuptable);
+		if (nrows < (uint64) Min(chunk, max - n) || nrows == 0)
+			break;
+		/* As many rows as the bytes left hold, at the average size so far. */
+		chunk = Max(1, Min(1000, (outbox_batch_bytes - bytes) / Max(bytes / Max(n, 1), 1)));
+	}
+	SPI_cursor_close(portal);
+	*events_out = events;
+	return n;
+}
+
+/*
+ * Wait until outbox.standby_confirmations walsenders report WAL flushed up
+ * to upto, so that a failover cannot take back what is about to be
+ * published.  Polls: walsenders do not wake us.
+ */
+static void
+wait_for_standbys(XLogRecPtr upto)
+{
+	bool		waited = false;
+
+	while (outbox_standby_confirmations > 0)
+	{
+		int			confirmed = 0;
+
+		for (int i = 0; i < max_wal_senders; i++)
+		{
+			WalSnd	   *walsnd = &WalSndCtl->walsnds[i];
+			pid_t		pid;
+			XLogRecPtr	flush;
+
+			SpinLockAcquire(&walsnd->mutex);
+			pid = walsnd->pid;
+			flush = walsnd->flush;
+			SpinLockRelease(&walsnd->mutex);
+			if (pid != 0 && flush != InvalidXLogRecPtr && flush >= upto)
+				confirmed++;
+		}
+		if (confirmed >= outbox_standby_confirmations)
+			break;
+		if (!waited)
+		{
+			set_state("waiting for standbys");
+			waited = true;
+		}
+		(void) WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
+						 STANDBY_POLL_MS, PG_WAIT_EXTENSION);
+		ResetLatch(MyLatch);
+		CHECK_FOR_INTERRUPTS();
+		/* Lets an operator lower the setting to get publishing going. */
+		if (ConfigReloadPending)
+		{
+			ConfigReloadPending = false;
+			ProcessConfigFile(PGC_SIGHUP);
+			reloaded_in_batch = true;
+		}
+	}
+}
+
+/*
+ * Publish only durable commits.  Everything the batch's snapshot sees was
+ * committed before upto (a commit record is inserted before the transaction
+ * becomes visible), but with synchronous_commit = off it may not be on disk
+ * yet: a crash would take back an event Kafka already has, and its version
+ * would go to another event.  Flush (a no-op when the WAL writer or the
+ * emitters got there first), then wait for the standbys if configured.
+ */
+static void
+make_durable(XLogRecPtr upto)
+{
+	set_state("flushing WAL");
+	XLogFlush(upto);
+	wait_for_standbys(upto);
+}
+
+/* Mark acknowledged events settled and advance their aggregates' progress. */
+static void
+apply_marks(PendingMarks *pm, TimestampTz now)
+{
+	Datum		args[5];
+
+	if (pm->nmarks == 0)
+		return;
+	args[0] = TimestampTzGetDatum(now);
+	args[1] = int8_array(pm->ids, pm->nmarks);
+	args[2] = int4_array(pm->partitions, pm->nmarks);
+	args[3] = int8_array(pm->offsets, pm->nmarks);
+	args[4] = text_array(pm->dispositions, pm->nmarks);
+	if (SPI_execute_plan(mark_plan, args, NULL, false, 0) != SPI_OK_UPDATE)
+		elog(ERROR, "could not mark events published");
+
+	args[1] = text_array(pm->progress_ids, pm->nprogress);
+	args[2] = int8_array(pm->progress_versions, pm->nprogress);
+	if (SPI_execute_plan(progress_plan, args, NULL, false, 0) != SPI_OK_INSERT)
+		elog(ERROR, "could not record aggregate progress");
+}
+
+/* Count what a committed marking settled. */
+static void
+count_settled(PendingMarks *pm, TimestampTz now)
+{
+	outbox_count(OC_EVENTS_PUBLISHED, pm->nsettled[EV_PUBLISH]);
+	outbox_count(OC_EVENTS_DEAD_LETTERED, pm->nsettled[EV_DEAD_LETTER]);
+	outbox_count(OC_EVENTS_SKIPPED, pm->nsettled[EV_SKIP]);
+	outbox_shared->workers[worker_index].last_batch_at = now;
+}
+
+/*
+ * Retry marking what Kafka acknowledged after a marking failed, without
+ * producing anything.  Returns the number of events marked.
+ */
+static int
+retry_marks(void)
+{
+	char	   *schema;
+	Oid			nspid = InvalidOid;
+	TimestampTz now = GetCurrentTimestamp();
+	int			n = pending_marks->nmarks;
+
+	set_state("marking published (retry)");
+	SetCurrentStatementStartTimestamp();
+	StartTransactionCommand();
+	if (SPI_connect() != SPI_OK_CONNECT)
+		elog(ERROR, "SPI_connect failed");
+	PushActiveSnapshot(GetTransactionSnapshot());
+	schema = extension_schema(&nspid);
+	/* A dropped extension took the events with it. */
+	if (schema != NULL)
+	{
+		if (nspid != plans_nspid)
+			prepare_plans(nspid, schema);
+		apply_marks(pending_marks, now);
+	}
+	PopActiveSnapshot();
+	SPI_finish();
+	CommitTransactionCommand();
+
+	count_settled(pending_marks, now);
+	MemoryContextReset(marks_context);
+	pending_marks = NULL;
+	ereport(LOG,
+			(errmsg("outbox: marked %d acknowledged events published after marking had failed", n)));
+	return n;
+}
+
 /*
  * One batch.  Returns the number of events it settled: acknowledged, or
  * failed and recorded (0 when there is nothing to do, -1 when the extension
@@ -760,17 +1050,15 @@ run_batch(void)
 	char	   *schema;
 	Oid			nspid = InvalidOid;
 	Datum		fetch_args[4];
+	int			nshares;
+	int			share;
+	XLogRecPtr	visible_upto;
 	TimestampTz deadline;
 	bool		complete;
-	int64	   *mark_ids;
-	int32	   *mark_partitions;
-	int64	   *mark_offsets;
-	char	  **mark_dispositions;
-	int			nmarks = 0;
-	int64		nsettled[lengthof(action_disposition)] = {0};
-	char	  **progress_ids;
-	int64	   *progress_versions;
-	int			nprogress = 0;
+	PendingMarks *pm;
+	int			nmarks;
+	BatchEvent **failures;
+	int			nfailures = 0;
 	HASH_SEQ_STATUS seq;
 	BatchAggregate *agg;
 	TimestampTz now;
@@ -795,13 +1083,15 @@ run_batch(void)
 	if (nspid != plans_nspid)
 		prepare_plans(nspid, schema);
 
+	/* Every commit this snapshot sees ends before this WAL position. */
+	visible_upto = GetXLogInsertRecPtr();
+
+	bucket_share(&nshares, &share);
 	fetch_args[0] = Int32GetDatum(outbox_batch_events);
-	fetch_args[1] = Int32GetDatum(outbox_workers);
-	fetch_args[2] = Int32GetDatum(worker_index);
+	fetch_args[1] = Int32GetDatum(nshares);
+	fetch_args[2] = Int32GetDatum(share);
 	fetch_args[3] = stalled_array();
-	if (SPI_execute_plan(fetch_plan, fetch_args, NULL, true, outbox_batch_events) != SPI_OK_SELECT)
-		elog(ERROR, "could not read pending events");
-	nevents = (int) SPI_processed;
+	nevents = fetch_events(fetch_args, &events);
 	elog(DEBUG1, "outbox: fetched %d events in %ld ms", nevents,
 		 TimestampDifferenceMilliseconds(GetCurrentStatementStartTimestamp(), GetCurrentTimestamp()));
 	if (nevents == 0)
@@ -812,25 +1102,23 @@ run_batch(void)
 		return 0;
 	}
 
+	/* Release the snapshot: nothing below needs one until marking. */
+	PopActiveSnapshot();
+
+	make_durable(visible_upto);
 	ensure_producer();
 
 	/* A new generation: reports of earlier batches are stale from now on. */
-	oldcxt = MemoryContextSwitchTo(batch_context);
-	events = palloc(sizeof(BatchEvent) * nevents);
 	tracker.generation++;
-	tracker.results = palloc0(sizeof(DeliveryResult) * nevents);
+	tracker.results = MemoryContextAllocZero(batch_context, sizeof(DeliveryResult) * nevents);
 	tracker.nresults = nevents;
 	tracker.outstanding = 0;
+	batch_events = events;
+	batch_nevents = nevents;
+	batch_stalled = false;
 
 	aggregates = aggregate_table("outbox batch aggregates", sizeof(BatchAggregate),
 								 1024, batch_context);
-
-	for (int i = 0; i < nevents; i++)
-		copy_row(&events[i], SPI_tuptable->vals[i], SPI_tuptable->tupdesc);
-	MemoryContextSwitchTo(oldcxt);
-
-	/* Release the snapshot: nothing below needs one until marking. */
-	PopActiveSnapshot();
 
 	set_state("producing");
 	deadline = TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
@@ -932,6 +1220,7 @@ run_batch(void)
 	{
 		outbox_count(OC_DELIVERY_TIMEOUTS, 1);
 		stall_batch(events, nevents);
+		batch_stalled = true;
 	}
 	now = GetCurrentTimestamp();
 	elog(DEBUG1, "outbox: acknowledged at %ld ms",
@@ -940,14 +1229,16 @@ run_batch(void)
 	/* Each aggregate's acknowledged prefix, and its first failure. */
 	set_state("marking published");
 	PushActiveSnapshot(GetTransactionSnapshot());
-	oldcxt = MemoryContextSwitchTo(batch_context);
-	mark_ids = palloc(sizeof(int64) * nevents);
-	mark_partitions = palloc(sizeof(int32) * nevents);
-	mark_offsets = palloc(sizeof(int64) * nevents);
-	mark_dispositions = palloc(sizeof(char *) * nevents);
-	progress_ids = palloc(sizeof(char *) * (naggregates + 1));
-	progress_versions = palloc(sizeof(int64) * (naggregates + 1));
+	oldcxt = MemoryContextSwitchTo(marks_context);
+	pm = palloc0(sizeof(PendingMarks));
+	pm->ids = palloc(sizeof(int64) * nevents);
+	pm->partitions = palloc(sizeof(int32) * nevents);
+	pm->offsets = palloc(sizeof(int64) * nevents);
+	pm->dispositions = palloc(sizeof(char *) * nevents);
+	pm->progress_ids = palloc(sizeof(char *) * (naggregates + 1));
+	pm->progress_versions = palloc(sizeof(int64) * (naggregates + 1));
 	MemoryContextSwitchTo(oldcxt);
+	failures = MemoryContextAlloc(batch_context, sizeof(BatchEvent *) * (naggregates + 1));
 
 	hash_seq_init(&seq, aggregates);
 	while ((agg = hash_seq_search(&seq)) != NULL)
@@ -969,21 +1260,22 @@ run_batch(void)
 				failed = &events[i];
 				break;
 			}
-			mark_ids[nmarks] = events[i].id;
-			mark_partitions[nmarks] = r->partition;
-			mark_offsets[nmarks] = r->offset;
-			mark_dispositions[nmarks] = (char *) action_disposition[events[i].action];
-			nmarks++;
-			nsettled[events[i].action]++;
+			pm->ids[pm->nmarks] = events[i].id;
+			pm->partitions[pm->nmarks] = r->partition;
+			pm->offsets[pm->nmarks] = r->offset;
+			pm->dispositions[pm->nmarks] = (char *) action_disposition[events[i].action];
+			pm->nmarks++;
+			pm->nsettled[events[i].action]++;
 			last_acked = events[i].version;
 			if (events[i].action == EV_PUBLISH)
 				outbox_observe_latency(r->acked_at - events[i].created_at);
 		}
 		if (last_acked > 0)
 		{
-			progress_ids[nprogress] = agg->aggregate_id;
-			progress_versions[nprogress] = last_acked;
-			nprogress++;
+			pm->progress_ids[pm->nprogress] = MemoryContextStrdup(marks_context,
+																  agg->aggregate_id);
+			pm->progress_versions[pm->nprogress] = last_acked;
+			pm->nprogress++;
 		}
 		if (failed == NULL)
 			continue;
@@ -1009,9 +1301,7 @@ run_batch(void)
 			if (outbox_kafka_error_is_permanent(r->err))
 			{
 				outbox_count(OC_DELIVERY_ERRORS_PERMANENT, 1);
-				record_failure(failed, psprintf("%s: %s", rd_kafka_err2name(r->err),
-												rd_kafka_err2str(r->err)));
-				nfailed++;
+				failures[nfailures++] = failed;
 			}
 			else
 				outbox_count(OC_DELIVERY_ERRORS_RETRIABLE, 1);
@@ -1020,40 +1310,33 @@ run_batch(void)
 		}
 	}
 
-	if (nmarks > 0)
+	/* From here until the commit, a failure keeps the marks for retry_marks(). */
+	if (pm->nmarks > 0)
+		pending_marks = pm;
+	apply_marks(pm, now);
+	for (int f = 0; f < nfailures; f++)
 	{
-		Datum		args[5];
+		DeliveryResult *r = &tracker.results[failures[f] - events];
 
-		args[0] = TimestampTzGetDatum(now);
-		args[1] = int8_array(mark_ids, nmarks);
-		args[2] = int4_array(mark_partitions, nmarks);
-		args[3] = int8_array(mark_offsets, nmarks);
-		args[4] = text_array(mark_dispositions, nmarks);
-		if (SPI_execute_plan(mark_plan, args, NULL, false, 0) != SPI_OK_UPDATE)
-			elog(ERROR, "could not mark events published");
-
-		args[1] = text_array(progress_ids, nprogress);
-		args[2] = int8_array(progress_versions, nprogress);
-		if (SPI_execute_plan(progress_plan, args, NULL, false, 0) != SPI_OK_INSERT)
-			elog(ERROR, "could not record aggregate progress");
+		record_failure(failures[f], psprintf("%s: %s", rd_kafka_err2name(r->err),
+											 rd_kafka_err2str(r->err)));
 	}
+	nfailed += nfailures;
 
 	PopActiveSnapshot();
 	SPI_finish();
 	CommitTransactionCommand();
+	nmarks = pm->nmarks;
 	elog(DEBUG1, "outbox: committed %d marks at %ld ms", nmarks,
 		 TimestampDifferenceMilliseconds(GetCurrentStatementStartTimestamp(), GetCurrentTimestamp()));
 
 	outbox_count(OC_BATCHES, 1);
-	outbox_count(OC_EVENTS_PUBLISHED, nsettled[EV_PUBLISH]);
-	outbox_count(OC_EVENTS_DEAD_LETTERED, nsettled[EV_DEAD_LETTER]);
-	outbox_count(OC_EVENTS_SKIPPED, nsettled[EV_SKIP]);
-	outbox_shared->workers[worker_index].last_batch_at = now;
+	count_settled(pm, now);
+	MemoryContextReset(marks_context);
+	pending_marks = NULL;
 
 	/* From here on, reports of this batch are stale (see stale_report). */
-	tracker.generation++;
-	tracker.results = NULL;
-	tracker.nresults = 0;
+	end_batch_tracking();
 
 	if (outbox_producer_fatal_pending() || rd_kafka_fatal_error(producer, NULL, 0))
 	{
@@ -1140,6 +1423,40 @@ run_retention(void)
 	last_retention_at = start;
 }
 
+/*
+ * Sleep up to wait_ms or until woken.  While aggregates are stalled, serve
+ * their late delivery reports every few milliseconds, and return as soon
+ * as one frees an aggregate, so that it is not held up by the poll
+ * interval.  Returns the WaitLatch result (0 when a report ended the wait).
+ */
+static int
+idle_wait(long wait_ms)
+{
+	TimestampTz end = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), wait_ms);
+
+	for (;;)
+	{
+		long		nstalled = hash_get_num_entries(stalled_aggregates);
+		long		remaining = TimestampDifferenceMilliseconds(GetCurrentTimestamp(), end);
+		int			rc;
+
+		if (nstalled > 0 && producer != NULL)
+			remaining = Min(remaining, STALLED_POLL_MS);
+		rc = WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
+					   remaining, PG_WAIT_EXTENSION);
+		ResetLatch(MyLatch);
+		if (producer != NULL)
+			rd_kafka_poll(producer, 0);
+		if (rc & WL_LATCH_SET)
+			return rc;
+		if (hash_get_num_entries(stalled_aggregates) < nstalled)
+			return 0;
+		if (GetCurrentTimestamp() >= end)
+			return rc;
+	}
+}
+
+/* Log an error caught in the loop (once per condition) and show it in the slot. */
 static void
 log_worker_error(void)
 {
@@ -1161,9 +1478,13 @@ log_worker_error(void)
 	}
 	else
 		elog(DEBUG1, "outbox: publisher error (repeated): %s", edata->message);
-	set_problem(edata->detail
-				? psprintf("%s: %s", edata->message, edata->detail)
-				: edata->message);
+	if (pending_marks != NULL)
+		set_problem(psprintf("marking %d acknowledged events failed (held, not sent again): %s",
+							 pending_marks->nmarks, edata->message));
+	else
+		set_problem(edata->detail
+					? psprintf("%s: %s", edata->message, edata->detail)
+					: edata->message);
 	outbox_count(OC_WORKER_ERRORS, 1);
 }
 
@@ -1288,6 +1609,8 @@ outbox_worker_main(Datum main_arg)
 
 	batch_context = AllocSetContextCreate(TopMemoryContext, "outbox batch",
 										  ALLOCSET_DEFAULT_SIZES);
+	marks_context = AllocSetContextCreate(TopMemoryContext, "outbox pending marks",
+										  ALLOCSET_DEFAULT_SIZES);
 	stall_context = AllocSetContextCreate(TopMemoryContext, "outbox stalled aggregates",
 										  ALLOCSET_DEFAULT_SIZES);
 	reset_stalled();
@@ -1296,6 +1619,8 @@ outbox_worker_main(Datum main_arg)
 	slot->pid = MyProcPid;
 	slot->latch = MyLatch;
 	on_shmem_exit(worker_exit, (Datum) 0);
+	/* The others shrink their shares of the buckets. */
+	outbox_wake_workers();
 
 	ereport(LOG,
 			(errmsg("outbox publisher %d started for database \"%s\"",
@@ -1313,14 +1638,26 @@ outbox_worker_main(Datum main_arg)
 		{
 			ConfigReloadPending = false;
 			ProcessConfigFile(PGC_SIGHUP);
+			reloaded_in_batch = true;
+		}
+		/* Also after a reload served while waiting for standbys. */
+		if (reloaded_in_batch)
+		{
+			reloaded_in_batch = false;
 			check_producer_settings();
 		}
 
 		PG_TRY();
 		{
-			/* Early, so that a configuration it refuses shows while idle. */
-			ensure_producer();
-			n = run_batch();
+			/* Acknowledged but unmarked events are marked, never re-sent. */
+			if (pending_marks != NULL)
+				n = retry_marks();
+			else
+			{
+				/* Early, so that a configuration it refuses shows while idle. */
+				ensure_producer();
+				n = run_batch();
+			}
 			/* One worker keeps the tables small. */
 			if (worker_index == 0 &&
 				(retention_behind ||
@@ -1332,6 +1669,7 @@ outbox_worker_main(Datum main_arg)
 			HOLD_INTERRUPTS();
 			log_worker_error();
 			AbortCurrentTransaction();
+			end_batch_tracking();
 			RESUME_INTERRUPTS();
 			failed = true;
 		}
@@ -1372,23 +1710,25 @@ outbox_worker_main(Datum main_arg)
 			wait_ms = outbox_poll_interval_ms;
 		}
 
-		if (failed)
+		if (pending_marks != NULL)
+			set_state("marking failed: acknowledged events held");
+		else if (failed)
 			set_state("error, retrying");
 		else if (hash_get_num_entries(stalled_aggregates) > 0)
-			set_state(psprintf("idle, %ld aggregates awaiting Kafka",
-							   hash_get_num_entries(stalled_aggregates)));
+		{
+			char		state[sizeof(slot->state)];
+
+			snprintf(state, sizeof(state), "idle, %ld aggregates awaiting Kafka",
+					 hash_get_num_entries(stalled_aggregates));
+			set_state(state);
+		}
 		else
 			set_state("idle");
 		pgstat_report_activity(STATE_IDLE, NULL);
-		rc = WaitLatch(MyLatch,
-					   WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
-					   wait_ms, PG_WAIT_EXTENSION);
-		ResetLatch(MyLatch);
+		rc = idle_wait(wait_ms);
 		if (rc & WL_LATCH_SET)
 			outbox_count(OC_WAKEUPS, 1);
-		else
+		else if (rc & WL_TIMEOUT)
 			outbox_count(OC_POLLS, 1);
-		if (producer != NULL)
-			rd_kafka_poll(producer, 0);
 	}
 }
