@@ -5,7 +5,7 @@
 # database-side invariants, and the order checker's verdict with the
 # one-line figure summary every fault test prints:
 #
-#   FIGURES scenario=<name> events=N duplicates=D gaps=G inversions=I lost=L mock_lost=M recover_s=S
+#   FIGURES scenario=<name> events=N duplicates=D gaps=G inversions=I lost=L mock_lost=M mismatched=K recover_s=S
 #
 # events: events in the database (each must reach Kafka); duplicates, gaps,
 # inversions, lost: the order checker's counts; mock_lost: how many of the
@@ -221,8 +221,9 @@ sub judge
 	my $dir = $PostgreSQL::Test::Utils::tmp_check;
 	my $topics = $a{topics} // ['outbox.event.load'];
 	my $expect = expect_file($node, "$dir/expect_$name");
+	my $ids = events_file($node, "$dir/events_$name");
 	my $events = $node->safe_psql('postgres', 'SELECT count(*) FROM outbox');
-	my $r = $mk->check(topics => $topics, expect => $expect,
+	my $r = $mk->check(topics => $topics, expect => $expect, events => $ids,
 		opts => ['--timeout-ms', 60000]);
 	my $m = { lost => 0, gaps => 0, output => '' };
 
@@ -234,9 +235,10 @@ sub judge
 	$r->{mock_output} = $m->{output};
 	$r->{clean} = $r->{exit} == 0
 	  || ($r->{exit} == 1 && $m->{lost} == $r->{lost} && $m->{gaps} == $r->{gaps}
-		&& !grep { $r->{$_} } qw(inversions split malformed unexpected));
+		&& !grep { $r->{$_} } qw(inversions split malformed unexpected mismatched));
 	$r->{topics} = $topics;
 	$r->{expect} = $expect;
+	$r->{ids} = $ids;
 	return $r;
 }
 
@@ -252,10 +254,11 @@ sub verdict
 	  . "librdkafka (no offset) were never appended by the mock:\n$r->{mock_output}"
 	  if $r->{mock_lost};
 	ok($r->{clean}, "$name: order checker clean")
-	  or diag _anomalies($mk, $r->{topics}, $r->{expect}, $r);
+	  or diag _anomalies($mk, $r->{topics}, $r->{expect}, $r, $r->{ids});
 	is(_minus($r->{gaps}, $r->{mock_gaps}), 0, "$name: no gap");
 	is($r->{inversions}, 0, "$name: no inversion");
 	is(_minus($r->{lost}, $r->{mock_lost}), 0, "$name: none lost");
+	is($r->{mismatched}, 0, "$name: every version in Kafka is the database's event");
 	# The checker does not count the version that follows a gap as accepted.
 	is($r->{accepted}, $r->{events} - $r->{mock_lost} - $r->{mock_gaps},
 		"$name: every event in the database accepted once");
@@ -310,8 +313,8 @@ sub _mock_losses
 # The anomalies (not the duplicates) of a failed check, for the log.
 sub _anomalies
 {
-	my ($mk, $topics, $expect, $r) = @_;
-	my $v = $mk->check(topics => $topics, expect => $expect,
+	my ($mk, $topics, $expect, $r, $ids) = @_;
+	my $v = $mk->check(topics => $topics, expect => $expect, events => $ids,
 		opts => ['--verbose', '--timeout-ms', 60000]);
 	my @lines = grep { !/: duplicate: / } split /\n/, $v->{output};
 	my $more = @lines > 60 ? "\n... " . (@lines - 60) . " more lines" : '';
@@ -322,8 +325,8 @@ sub figures
 {
 	my ($name, $events, $r, $recover) = @_;
 	my $line = sprintf
-	  "FIGURES scenario=%s events=%s duplicates=%s gaps=%s inversions=%s lost=%s mock_lost=%s recover_s=%s",
-	  $name, $events, map({ $r->{$_} // '?' } qw(duplicates gaps inversions lost mock_lost)),
+	  "FIGURES scenario=%s events=%s duplicates=%s gaps=%s inversions=%s lost=%s mock_lost=%s mismatched=%s recover_s=%s",
+	  $name, $events, map({ $r->{$_} // '?' } qw(duplicates gaps inversions lost mock_lost mismatched)),
 	  defined $recover ? sprintf('%.2f', $recover) : 'na';
 	note $line;
 	return $line;

@@ -27,6 +27,7 @@ MockKafka - run a librdkafka mock Kafka cluster for outbox TAP tests
   my $r = $mk->check(
 	  topics => ['events'],
 	  expect => { 'order-1' => 3 },  # or the name of an expect file
+	  events => $file,               # optional: "id<TAB>version<TAB>event_id" lines
 	  opts   => ['--verbose']);
   is($r->{exit}, 0, 'events complete and in order') or diag $r->{output};
   is($r->{gaps}, 0, 'no gaps');
@@ -282,6 +283,8 @@ sub check
 		}
 		push @cmd, '--expect', $file;
 	}
+	# the database's event_id at every (aggregate, version): see --events
+	push @cmd, '--events', $args{events} if defined $args{events};
 	push @cmd, @{ $args{opts} // [] };
 
 	# order_check bounds itself with --timeout-ms; this is only a backstop

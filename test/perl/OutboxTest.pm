@@ -17,7 +17,7 @@ use Time::HiRes qw(time sleep);
 
 use MockKafka;
 
-our @EXPORT = qw(outbox_node wait_published expect_file emit_load counter);
+our @EXPORT = qw(outbox_node wait_published expect_file events_file emit_load counter);
 
 # A started node serving database "postgres", with the extension created.
 # %conf entries are appended to postgresql.conf as outbox.<key> = '<value>'.
@@ -74,6 +74,22 @@ sub expect_file
 	my $rows = $node->safe_psql('postgres',
 		q{SELECT aggregate_id || E'\t' || max(aggregate_version)
 		  FROM outbox GROUP BY aggregate_id ORDER BY 1});
+	open my $fh, '>', $path or die "cannot write $path: $!";
+	print $fh "$rows\n" if $rows ne '';
+	close $fh;
+	return $path;
+}
+
+# Write the database's event_id at every (aggregate, version) to a file for
+# order_check --events, which then finds any message Kafka holds at a
+# version the database gave to another event.
+sub events_file
+{
+	my ($node, $path) = @_;
+
+	my $rows = $node->safe_psql('postgres',
+		q{SELECT aggregate_id || E'\t' || aggregate_version || E'\t' || event_id
+		  FROM outbox ORDER BY aggregate_id, aggregate_version});
 	open my $fh, '>', $path or die "cannot write $path: $!";
 	print $fh "$rows\n" if $rows ne '';
 	close $fh;

@@ -23,6 +23,12 @@
  * The first message of an aggregate is accepted only if it is version 1 (or
  * any version with --any-start); versions below it become a hole.
  *
+ * With --events, every message's event_id header is also compared with the
+ * database's event at its (aggregate, version): a version that Kafka holds
+ * with another event (an event published although its transaction was lost
+ * in a crash, its version then reused) is a "mismatch", which judging by
+ * versions alone takes for a harmless re-delivery.
+ *
  * Exit status: 0 all good, 1 anomalies, 2 read incomplete (timeout),
  * 3 usage or setup error.
  *
@@ -66,6 +72,13 @@ static const char *const required_headers[] = {
 
 #define NREQUIRED (sizeof(required_headers) / sizeof(required_headers[0]))
 
+/* The database's event at one version of an aggregate (--events). */
+typedef struct DbEvent
+{
+	int64_t		version;
+	char	   *event_id;
+} DbEvent;
+
 /* Inclusive range of versions below "highest" that were never seen. */
 typedef struct Hole
 {
@@ -86,6 +99,9 @@ typedef struct Agg
 	int			home;			/* index into parts[] of first partition */
 	bool		seen;			/* appeared in a well-formed message */
 	bool		split;
+	DbEvent    *events;			/* from --events, sorted by version */
+	int			nevents;
+	int			maxevents;
 } Agg;
 
 /* One well-formed message, waiting to be judged. */
@@ -114,6 +130,7 @@ static const char *brokers;
 static const char **topics;
 static int	ntopics;
 static const char *expect_file;
+static const char *events_file;
 static bool opt_print;
 static bool opt_verbose;
 static bool opt_any_start;
@@ -143,6 +160,7 @@ static uint64_t n_lost;
 static uint64_t n_split;
 static uint64_t n_malformed;
 static uint64_t n_unexpected;
+static uint64_t n_mismatched;
 static uint64_t n_seen_aggs;
 
 static void
@@ -159,6 +177,9 @@ usage(FILE *out)
 			"  --topic T          topic to read (repeatable, required)\n"
 			"  --expect FILE      lines \"aggregate_id<TAB>last_version\"; judge lost\n"
 			"                     and unexpected aggregates\n"
+			"  --events FILE      lines \"aggregate_id<TAB>version<TAB>event_id\": the\n"
+			"                     database's events; a message whose event_id differs\n"
+			"                     (or whose version is not listed) is a mismatch\n"
 			"  --any-start        an aggregate may start at any version\n"
 			"  --print            print every message\n"
 			"  --verbose          print every anomaly\n"
@@ -446,6 +467,108 @@ load_expect(const char *path)
 	fclose(f);
 }
 
+/* ---- events file ---- */
+
+static int
+dbevent_cmp(const void *a, const void *b)
+{
+	int64_t		va = ((const DbEvent *) a)->version;
+	int64_t		vb = ((const DbEvent *) b)->version;
+
+	return va < vb ? -1 : va > vb;
+}
+
+static void
+load_events(const char *path)
+{
+	FILE	   *f = fopen(path, "r");
+	char	   *line = NULL;
+	size_t		cap = 0;
+	ssize_t		len;
+	int			lineno = 0;
+
+	if (f == NULL)
+		fatal("could not open events file \"%s\": %s", path, strerror(errno));
+
+	while ((len = getline(&line, &cap, f)) >= 0)
+	{
+		char	   *sep1;
+		char	   *sep2;
+		int64_t		version;
+		uint32_t	idx;
+		Agg		   *a;
+
+		lineno++;
+		while (len > 0 && (line[len - 1] == '\n' || line[len - 1] == '\r'))
+			line[--len] = '\0';
+		if (len == 0 || line[0] == '#')
+			continue;
+		sep1 = strchr(line, '\t');
+		sep2 = sep1 ? strchr(sep1 + 1, '\t') : NULL;
+		if (sep1 == NULL || sep1 == line || sep2 == NULL)
+			fatal("%s:%d: expected \"aggregate_id<TAB>version<TAB>event_id\"",
+				  path, lineno);
+		if (!parse_int64(sep1 + 1, (size_t) (sep2 - sep1 - 1), 1, MAX_VERSION, &version))
+			fatal("%s:%d: invalid version", path, lineno);
+
+		idx = agg_lookup(line, (size_t) (sep1 - line));	/* may move aggs */
+		a = &aggs[idx];
+		if (a->nevents == a->maxevents)
+		{
+			a->maxevents = a->maxevents ? a->maxevents * 2 : 4;
+			a->events = xrealloc(a->events, (size_t) a->maxevents * sizeof(DbEvent));
+		}
+		a->events[a->nevents].version = version;
+		a->events[a->nevents].event_id = strdup(sep2 + 1);
+		if (a->events[a->nevents].event_id == NULL)
+			fatal("out of memory");
+		a->nevents++;
+	}
+	if (ferror(f))
+		fatal("could not read events file \"%s\": %s", path, strerror(errno));
+	free(line);
+	fclose(f);
+	for (uint32_t i = 0; i < naggs; i++)
+		qsort(aggs[i].events, (size_t) aggs[i].nevents, sizeof(DbEvent), dbevent_cmp);
+}
+
+/* Compare a message's event_id with the database's at its position. */
+static void
+match_event(const rd_kafka_message_t *m, const Agg *a, int64_t version,
+			const char *event_id, size_t len)
+{
+	int			lo = 0;
+	int			hi = a->nevents - 1;
+	const DbEvent *found = NULL;
+
+	while (lo <= hi && found == NULL)
+	{
+		int			mid = lo + (hi - lo) / 2;
+
+		if (version < a->events[mid].version)
+			hi = mid - 1;
+		else if (version > a->events[mid].version)
+			lo = mid + 1;
+		else
+			found = &a->events[mid];
+	}
+	if (found != NULL && strlen(found->event_id) == len &&
+		memcmp(found->event_id, event_id, len) == 0)
+		return;
+	n_mismatched++;
+	if (opt_verbose)
+	{
+		printf("order_check: mismatch: aggregate %s at %s [%" PRId32 "] offset %"
+			   PRId64 ": version %" PRId64 " has event_id ",
+			   a->id, rd_kafka_topic_name(m->rkt), m->partition, m->offset, version);
+		print_escaped(stdout, event_id, len);
+		if (found)
+			printf(", the database's is %s\n", found->event_id);
+		else
+			printf(", the database has no such version\n");
+	}
+}
+
 /* ---- reading ---- */
 
 static void
@@ -560,6 +683,8 @@ process_message(Part *p, const rd_kafka_message_t *m)
 		p->recs = xrealloc(p->recs, p->maxrecs * sizeof(Rec));
 	}
 	p->recs[p->nrecs].agg = agg_lookup(id, idlen);
+	if (events_file)
+		match_event(m, &aggs[p->recs[p->nrecs].agg], version, vals[0], sizes[0]);
 	p->recs[p->nrecs].version = version;
 	p->recs[p->nrecs].offset = m->offset;
 	p->nrecs++;
@@ -1046,6 +1171,7 @@ main(int argc, char **argv)
 		else if (strcmp(arg, "--brokers") == 0 ||
 				 strcmp(arg, "--topic") == 0 ||
 				 strcmp(arg, "--expect") == 0 ||
+				 strcmp(arg, "--events") == 0 ||
 				 strcmp(arg, "--timeout-ms") == 0 ||
 				 strcmp(arg, "-X") == 0)
 		{
@@ -1067,6 +1193,8 @@ main(int argc, char **argv)
 			}
 			else if (strcmp(arg, "--expect") == 0)
 				expect_file = val;
+			else if (strcmp(arg, "--events") == 0)
+				events_file = val;
 			else
 			{
 				int64_t		n;
@@ -1090,6 +1218,8 @@ main(int argc, char **argv)
 
 	if (expect_file)
 		load_expect(expect_file);
+	if (events_file)
+		load_events(events_file);
 
 	rk = make_consumer();
 	complete = discover_partitions(rk, deadline) &&
@@ -1113,13 +1243,16 @@ main(int argc, char **argv)
 		printf(" lost=%" PRIu64, n_lost);
 	else
 		printf(" lost=?");
-	printf(" split=%" PRIu64 " malformed=%" PRIu64 " unexpected=%" PRIu64 "\n",
+	printf(" split=%" PRIu64 " malformed=%" PRIu64 " unexpected=%" PRIu64,
 		   n_split, n_malformed, n_unexpected);
+	if (events_file)
+		printf(" mismatched=%" PRIu64, n_mismatched);
+	printf("\n");
 
 	if (!complete)
 		rc = EXIT_TIMEOUT;
 	else if (n_gaps || n_inversions || n_lost || n_split || n_malformed ||
-			 n_unexpected)
+			 n_unexpected || n_mismatched)
 		rc = EXIT_ANOMALIES;
 	else
 		rc = 0;

@@ -322,6 +322,14 @@ check "--expect satisfied" 0 "lost=0 unexpected=0" --topic good --expect "$work/
 printf 'g1\t5\ng2\t2\nghost\t2\n' >"$work/good-more.exp"
 check "--expect with missing versions and aggregate" 1 "lost=4 unexpected=0" \
 	--topic good --expect "$work/good-more.exp"
+# --events: the event at each (aggregate, version) must be the database's
+printf 'g1\t1\tg1-1\ng1\t2\tg1-2\ng1\t3\tg1-3\ng2\t1\tg2-1\ng2\t2\tg2-2\n' >"$work/good.ev"
+check "--events all matching" 0 "lost=0 unexpected=0 mismatched=0" \
+	--topic good --expect "$work/good.exp" --events "$work/good.ev"
+printf 'g1\t1\tg1-1\ng1\t2\tother\ng1\t3\tg1-3\ng2\t1\tg2-1\n' >"$work/bad.ev"
+check "--events: another event at a version, and a version unknown to the database" 1 \
+	"accepted=5 duplicates=0 gaps=0 mismatched=2" \
+	--topic good --events "$work/bad.ev"
 printf '# comment\ng1\t3\n' >"$work/good-less.exp"
 check "aggregate not in expect file is unexpected" 1 "lost=0 unexpected=1" \
 	--topic good --expect "$work/good-less.exp"
