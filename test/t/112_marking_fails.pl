@@ -1,0 +1,68 @@
+# Marking fails: the publisher role lost INSERT on aggregate_publication.
+#
+# What Kafka acknowledged is kept in the worker and only the marking is
+# retried, so each event reaches Kafka once however long marking fails
+# (before, the batch was produced again after every backoff), and the
+# failure shows in outbox_status.workers[].last_error.  Once the grant is
+# back, everything is marked.
+use strict;
+use warnings;
+
+use PostgreSQL::Test::Utils;
+use Test::More;
+use Time::HiRes qw(time sleep);
+
+use MockKafka;
+use OutboxTest;
+
+my $dir = $PostgreSQL::Test::Utils::tmp_check;
+mkdir "$dir/mock";
+my $mk = MockKafka->start(dir => "$dir/mock", brokers => 1, max_seconds => 300);
+my $node = outbox_node('marking', $mk);
+
+$node->safe_psql('postgres', q{
+	CREATE ROLE outbox_worker LOGIN;
+	GRANT SELECT, UPDATE, DELETE ON outbox TO outbox_worker;
+	GRANT SELECT, INSERT, UPDATE ON aggregate_publication TO outbox_worker;
+	GRANT SELECT, DELETE ON inbox TO outbox_worker;
+	GRANT SELECT ON poison_policy, publisher_control TO outbox_worker;
+});
+$node->append_conf('postgresql.conf', "outbox.role = 'outbox_worker'\n");
+$node->restart;
+
+$node->safe_psql('postgres', 'REVOKE INSERT ON aggregate_publication FROM outbox_worker');
+$node->safe_psql('postgres',
+	q{SELECT outbox_emit('mark', 'm-' || g % 20, 'E', jsonb_build_object('n', g))
+	    FROM generate_series(1, 200) g});
+
+ok($node->poll_query_until('postgres', q{
+	SELECT count(*) > 0 FROM outbox_status, jsonb_array_elements(workers) w
+	 WHERE w->>'last_error' LIKE '%marking 200 acknowledged events failed%permission denied%'}),
+	'outbox_status shows the marking failure');
+note $node->safe_psql('postgres', 'SELECT workers FROM outbox_status');
+
+# Several backoff periods (1 s, 2 s, 4 s): each used to re-send the batch.
+sleep 8;
+is($node->safe_psql('postgres', 'SELECT count(*) FROM outbox WHERE published_at IS NULL'),
+	'200', 'nothing marked while the grant is missing');
+my $r = $mk->check(topics => ['outbox.event.mark'], expect => expect_file($node, "$dir/expect1"));
+is($r->{exit}, 0, 'all in Kafka, in order') or diag $r->{output};
+is($r->{messages}, 200, 'each acknowledged event was produced once while marking failed');
+is($r->{duplicates}, 0, 'no duplicate');
+
+$node->safe_psql('postgres', 'GRANT INSERT ON aggregate_publication TO outbox_worker');
+ok(defined wait_published($node, 60), 'all marked once the grant is back');
+ok($node->poll_query_until('postgres', q{
+	SELECT bool_and(w->>'last_error' IS NULL) FROM outbox_status, jsonb_array_elements(workers) w}),
+	'the error is cleared');
+is($node->safe_psql('postgres',
+	q{SELECT count(*) FROM aggregate_publication WHERE last_published_version = 10}), '20',
+	'every aggregate\'s progress recorded');
+$r = $mk->check(topics => ['outbox.event.mark'], expect => expect_file($node, "$dir/expect2"));
+is($r->{messages}, 200, 'still each event once in Kafka');
+ok($node->log_contains('marked 200 acknowledged events published after marking had failed'),
+	'the retry is logged');
+
+$node->stop;
+$mk->stop;
+done_testing();
