@@ -1,0 +1,44 @@
+# Late delivery reports are served promptly while the worker is idle.
+#
+# With all brokers down a batch stops waiting after outbox.delivery_timeout
+# and its aggregates stall until librdkafka reports those messages.  When
+# the brokers come back, the reports arrive while the worker idles; it must
+# serve them (and publish the stalled aggregates) at once, not at its next
+# poll: here outbox.poll_interval is 10 minutes and nothing else wakes it.
+use strict;
+use warnings;
+
+use PostgreSQL::Test::Utils;
+use Test::More;
+use Time::HiRes qw(time sleep);
+
+use FaultTest;
+use MockKafka;
+use OutboxTest;
+
+my $dir = $PostgreSQL::Test::Utils::tmp_check;
+mkdir "$dir/mock";
+my $mk = MockKafka->start(dir => "$dir/mock", brokers => 1, max_seconds => 300);
+my $node = outbox_node('late', $mk, poll_interval => '10min', delivery_timeout => '1s');
+ok(defined wait_publisher($node, 1, 60), 'publisher running');
+
+# Connect the producer first, so that the outage is what delays delivery.
+$node->safe_psql('postgres', q{SELECT outbox_emit('late', 'warm', 'E', '{}')});
+ok(defined wait_published($node, 30), 'warm-up event published');
+
+$mk->cmd('all_down');
+$node->safe_psql('postgres',
+	q{SELECT outbox_emit('late', 'l-' || g, 'E', '{}') FROM generate_series(1, 20) g});
+ok($node->poll_query_until('postgres',
+	q{SELECT state LIKE 'idle, % aggregates awaiting Kafka' FROM outbox_workers() WHERE worker = 0}),
+	'the batch timed out and its aggregates are stalled');
+my $t_up = time;
+$mk->cmd('all_up');
+my $took = wait_published($node, 60);
+ok(defined $took, 'stalled aggregates published without waiting for the poll interval');
+note sprintf 'FIGURES scenario=late_reports published_s_after_brokers_up=%.2f', time - $t_up;
+is(counter($node, 'polls'), '0', 'no fallback poll happened');
+
+$node->stop;
+$mk->stop;
+done_testing();
