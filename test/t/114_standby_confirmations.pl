@@ -1,0 +1,61 @@
+# outbox.standby_confirmations: publish only what enough streaming standbys
+# have flushed, so that a failover to one of them cannot take back an event
+# Kafka already has.
+use strict;
+use warnings;
+
+use PostgreSQL::Test::Cluster;
+use PostgreSQL::Test::Utils;
+use Test::More;
+use Time::HiRes qw(time sleep);
+
+use FaultTest;
+use MockKafka;
+use OutboxTest;
+
+my $dir = $PostgreSQL::Test::Utils::tmp_check;
+mkdir "$dir/mock";
+my $mk = MockKafka->start(dir => "$dir/mock", brokers => 1, max_seconds => 300);
+my $primary = outbox_node('primary', $mk, standby_confirmations => 1);
+$primary->append_conf('postgresql.conf', "wal_level = replica\nmax_wal_senders = 4\n");
+$primary->restart;
+$primary->backup('b');
+my $standby = PostgreSQL::Test::Cluster->new('standby');
+$standby->init_from_backup($primary, 'b', has_streaming => 1);
+$standby->start;
+$primary->wait_for_catchup($standby);
+
+$primary->safe_psql('postgres', q{SELECT outbox_emit('sb', 's-1', 'E', '{}')});
+ok(defined wait_published($primary, 30), 'published while the standby confirms');
+
+$standby->stop;
+$primary->poll_query_until('postgres', 'SELECT count(*) = 0 FROM pg_stat_replication')
+  or die 'the walsender did not go away';
+$primary->safe_psql('postgres', q{SELECT outbox_emit('sb', 's-1', 'E', '{}')});
+ok($primary->poll_query_until('postgres',
+	q{SELECT state = 'waiting for standbys' FROM outbox_workers() WHERE worker = 0}),
+	'the publisher waits for a standby');
+sleep 2;
+is($primary->safe_psql('postgres', 'SELECT count(*) FROM outbox WHERE published_at IS NULL'),
+	'1', 'nothing published that no standby has');
+
+$standby->start;
+ok(defined wait_published($primary, 60), 'published once the standby is back');
+
+# An operator can give up the guarantee while the standby is away.
+$standby->stop;
+$primary->poll_query_until('postgres', 'SELECT count(*) = 0 FROM pg_stat_replication')
+  or die 'the walsender did not go away';
+$primary->safe_psql('postgres', q{SELECT outbox_emit('sb', 's-1', 'E', '{}')});
+ok($primary->poll_query_until('postgres',
+	q{SELECT state = 'waiting for standbys' FROM outbox_workers() WHERE worker = 0}),
+	'waiting again');
+$primary->safe_psql('postgres', q{ALTER SYSTEM SET outbox.standby_confirmations = 0; SELECT pg_reload_conf()});
+ok(defined wait_published($primary, 30), 'a reload to 0 releases the waiting batch');
+
+my $r = $mk->check(topics => ['outbox.event.sb'], expect => { 's-1' => 3 });
+is($r->{exit}, 0, 'order checker clean') or diag $r->{output};
+
+$primary->stop;
+$mk->stop;
+done_testing();
