@@ -960,6 +960,8 @@ make_durable(XLogRecPtr upto)
 {
 	set_state("flushing WAL");
 	XLogFlush(upto);
+	elog(DEBUG1, "outbox: WAL flushed at %ld ms",
+		 TimestampDifferenceMilliseconds(GetCurrentStatementStartTimestamp(), GetCurrentTimestamp()));
 	wait_for_standbys(upto);
 }
 
