@@ -8,13 +8,19 @@
  *
  *	1. read the oldest pending events (ORDER BY id: per aggregate that is
  *	   version order, since emitters of an aggregate are serialized until
- *	   commit), skipping paused, blocked and backing-off aggregates;
- *	2. try-lock each aggregate in the publish key space; one that another
+ *	   commit) of this worker's share of the buckets (split among the
+ *	   workers alive), skipping paused, blocked and backing-off aggregates,
+ *	   up to outbox.batch_events and outbox.batch_bytes;
+ *	2. flush the WAL up to what that snapshot can see (and wait for
+ *	   outbox.standby_confirmations standbys), so that only durable commits
+ *	   are published;
+ *	3. try-lock each aggregate in the publish key space; one that another
  *	   worker holds is skipped, that worker publishes its events;
- *	3. produce every event of the locked aggregates, each aggregate's in
+ *	4. produce every event of the locked aggregates, each aggregate's in
  *	   version order, and wait for all delivery reports;
- *	4. mark each aggregate's acknowledged prefix published, record the
- *	   first failure, and commit once.
+ *	5. mark each aggregate's acknowledged prefix published, record the
+ *	   first failure, and commit once.  If marking fails, what Kafka
+ *	   acknowledged is kept and only the marking is retried.
  *
  * No snapshot is held while waiting for Kafka, only the aggregates' advisory
  * locks, which emitters never take.  A batch waits at most
