@@ -876,9 +876,10 @@ fetch_events(Datum *args, BatchEvent **events_out)
 
 	while (n < max && bytes < outbox_batch_bytes)
 	{
+		long		want = Min(chunk, max - n);
 		uint64		nrows;
 
-		SPI_cursor_fetch(portal, true, Min(chunk, max - n));
+		SPI_cursor_fetch(portal, true, want);
 		nrows = SPI_processed;
 		for (uint64 r = 0; r < nrows && bytes < outbox_batch_bytes; r++)
 		{
@@ -895,8 +896,8 @@ fetch_events(Datum *args, BatchEvent **events_out)
 			n++;
 		}
 		SPI_freetuptable(SPI_tuptable);
-		if (nrows < (uint64) Min(chunk, max - n) || nrows == 0)
-			break;
+		if (nrows < (uint64) want)
+			break;				/* no more pending events */
 		/* As many rows as the bytes left hold, at the average size so far. */
 		chunk = Max(1, Min(1000, (outbox_batch_bytes - bytes) / Max(bytes / Max(n, 1), 1)));
 	}

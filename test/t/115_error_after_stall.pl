@@ -1,0 +1,63 @@
+# An error ends a batch whose messages are still in flight.
+#
+# One partition has no leader, so the batch stops waiting after
+# outbox.delivery_timeout with those messages still in librdkafka (their
+# aggregates stall), and then its marking fails (the publisher role lost
+# INSERT on aggregate_publication).  The batch is abandoned: its late
+# delivery reports must count as reports of an abandoned batch, which frees
+# the stalled aggregates.  Before, the tracker still took them for the
+# current batch and wrote them into the batch's memory, already reset (a
+# use-after-free), and the aggregates stayed stalled for good.
+use strict;
+use warnings;
+
+use PostgreSQL::Test::Utils;
+use Test::More;
+use Time::HiRes qw(time sleep);
+
+use FaultTest;
+use MockKafka;
+use OutboxTest;
+
+my $topic = 'outbox.event.stall';
+my $dir = $PostgreSQL::Test::Utils::tmp_check;
+mkdir "$dir/mock";
+my $mk = MockKafka->start(dir => "$dir/mock", brokers => 3, max_seconds => 300);
+$mk->cmd("topic_create $topic 6 3");
+my $node = outbox_node('stall', $mk, delivery_timeout => '1s', poll_interval => '10min');
+$node->safe_psql('postgres', q{
+	CREATE ROLE outbox_worker LOGIN;
+	GRANT SELECT, UPDATE, DELETE ON outbox TO outbox_worker;
+	GRANT SELECT, INSERT, UPDATE ON aggregate_publication TO outbox_worker;
+	GRANT SELECT, DELETE ON inbox TO outbox_worker;
+	GRANT SELECT ON poison_policy, publisher_control TO outbox_worker;
+});
+$node->append_conf('postgresql.conf', "outbox.role = 'outbox_worker'\n");
+$node->restart;
+
+# Connect the producer and learn the topic's partitions first.
+$node->safe_psql('postgres',
+	q{SELECT outbox_emit('stall', 'w-' || g, 'E', '{}') FROM generate_series(1, 20) g});
+ok(defined wait_published($node, 30), 'warm-up events published');
+
+$mk->cmd("leader $topic 0 -1");
+$node->safe_psql('postgres', 'REVOKE INSERT ON aggregate_publication FROM outbox_worker');
+$node->safe_psql('postgres',
+	q{SELECT outbox_emit('stall', 's-' || g, 'E', '{}') FROM generate_series(1, 60) g});
+ok($node->poll_query_until('postgres', q{
+	SELECT last_error LIKE 'marking % acknowledged events failed%' FROM outbox_workers() WHERE worker = 0}),
+	'the batch timed out on the leaderless partition, then its marking failed');
+is(counter($node, 'delivery_timeouts'), '1', 'one batch timed out');
+
+$mk->cmd("leader $topic 0 1");
+$node->safe_psql('postgres', 'GRANT INSERT ON aggregate_publication TO outbox_worker');
+ok(defined wait_published($node, 60),
+	'the abandoned batch\'s late reports freed its aggregates: everything published');
+
+my $r = $mk->check(topics => [$topic], expect => expect_file($node, "$dir/expect"),
+	events => events_file($node, "$dir/events"));
+is($r->{exit}, 0, 'order checker clean') or diag $r->{output};
+
+$node->stop;
+$mk->stop;
+done_testing();
