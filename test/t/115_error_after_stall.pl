@@ -47,7 +47,7 @@ $node->safe_psql('postgres',
 ok($node->poll_query_until('postgres', q{
 	SELECT last_error LIKE 'marking % acknowledged events failed%' FROM outbox_workers() WHERE worker = 0}),
 	'the batch timed out on the leaderless partition, then its marking failed');
-is(counter($node, 'delivery_timeouts'), '1', 'one batch timed out');
+cmp_ok(counter($node, 'delivery_timeouts'), '>=', 1, 'a batch timed out');
 
 $mk->cmd("leader $topic 0 1");
 $node->safe_psql('postgres', 'GRANT INSERT ON aggregate_publication TO outbox_worker');
