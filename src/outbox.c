@@ -13,6 +13,7 @@
 #include "fmgr.h"
 #include "miscadmin.h"
 #include "postmaster/bgworker.h"
+#include "replication/walsender.h"
 #include "storage/ipc.h"
 #include "storage/lwlock.h"
 #include "storage/shmem.h"
@@ -249,6 +250,18 @@ check_dead_letter_topic(char **newval, void **extra, GucSource source)
 	return true;
 }
 
+/* More confirmations than walsenders could ever give would stop publishing. */
+static bool
+check_standby_confirmations(int *newval, void **extra, GucSource source)
+{
+	if (*newval > max_wal_senders)
+	{
+		GUC_check_errdetail("It must not exceed max_wal_senders (%d).", max_wal_senders);
+		return false;
+	}
+	return true;
+}
+
 /*
  * Settings read only at server start.  PostgreSQL allows defining them only
  * while shared_preload_libraries is processed (FATAL otherwise), and only
@@ -382,7 +395,7 @@ define_settings(void)
 							0, 0, 1024,
 							PGC_SIGHUP,
 							0,
-							NULL, NULL, NULL);
+							check_standby_confirmations, NULL, NULL);
 
 	DefineCustomIntVariable("outbox.poll_interval",
 							"Fallback poll interval of an idle publisher.",

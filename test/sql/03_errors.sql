@@ -86,6 +86,8 @@ ALTER SYSTEM SET outbox.kafka_properties = 'linger.ms=abc';
 ALTER SYSTEM SET outbox.kafka_properties = 'enable.idempotence=false';
 ALTER SYSTEM SET outbox.kafka_properties = 'bootstrap.servers=x:1';
 ALTER SYSTEM SET outbox.batch_events = 0;
+ALTER SYSTEM SET outbox.batch_bytes = 100;
+ALTER SYSTEM SET outbox.standby_confirmations = 11;
 ALTER SYSTEM SET outbox.workers = -1;
 ALTER SYSTEM SET outbox.nonexistent = 1;
 
