@@ -41,6 +41,7 @@
 #include "access/xact.h"
 #include "access/xlog.h"
 #include "catalog/pg_type.h"
+#include "commands/extension.h"
 #include "common/hashfn.h"
 #include "executor/spi.h"
 #include "fmgr.h"
@@ -174,6 +175,7 @@ static bool batch_stalled = false;
  */
 typedef struct PendingMarks
 {
+	Oid			extension;		/* the rows' ids mean nothing in another one */
 	int			nmarks;
 	int64	   *ids;
 	int32	   *partitions;
@@ -1015,6 +1017,7 @@ retry_marks(void)
 	Oid			nspid = InvalidOid;
 	TimestampTz now = GetCurrentTimestamp();
 	int			n = pending_marks->nmarks;
+	bool		same;
 
 	set_state("marking published (retry)");
 	SetCurrentStatementStartTimestamp();
@@ -1023,8 +1026,9 @@ retry_marks(void)
 		elog(ERROR, "SPI_connect failed");
 	PushActiveSnapshot(GetTransactionSnapshot());
 	schema = extension_schema(&nspid);
-	/* A dropped extension took the events with it. */
-	if (schema != NULL)
+	/* A dropped (or dropped and recreated) extension took the events with it. */
+	same = schema != NULL && get_extension_oid("outbox", true) == pending_marks->extension;
+	if (same)
 	{
 		if (nspid != plans_nspid)
 			prepare_plans(nspid, schema);
@@ -1034,11 +1038,20 @@ retry_marks(void)
 	SPI_finish();
 	CommitTransactionCommand();
 
-	count_settled(pending_marks, now);
+	if (same)
+	{
+		count_settled(pending_marks, now);
+		ereport(LOG,
+				(errmsg("outbox: marked %d acknowledged events published after marking had failed", n)));
+	}
+	else
+	{
+		ereport(LOG,
+				(errmsg("outbox: dropped %d acknowledged events awaiting marking: the extension was dropped", n)));
+		n = 0;
+	}
 	MemoryContextReset(marks_context);
 	pending_marks = NULL;
-	ereport(LOG,
-			(errmsg("outbox: marked %d acknowledged events published after marking had failed", n)));
 	return n;
 }
 
@@ -1240,6 +1253,7 @@ run_batch(void)
 	PushActiveSnapshot(GetTransactionSnapshot());
 	oldcxt = MemoryContextSwitchTo(marks_context);
 	pm = palloc0(sizeof(PendingMarks));
+	pm->extension = get_extension_oid("outbox", true);
 	pm->ids = palloc(sizeof(int64) * nevents);
 	pm->partitions = palloc(sizeof(int32) * nevents);
 	pm->offsets = palloc(sizeof(int64) * nevents);
