@@ -3,7 +3,7 @@
 # What Kafka acknowledged is kept in the worker and only the marking is
 # retried, so each event reaches Kafka once however long marking fails
 # (before, the batch was produced again after every backoff), and the
-# failure shows in outbox_status.workers[].last_error.  Once the grant is
+# failure shows in outbox_status.workers[].problem.  Once the grant is
 # back, everything is marked.
 use strict;
 use warnings;
@@ -37,7 +37,7 @@ $node->safe_psql('postgres',
 
 ok($node->poll_query_until('postgres', q{
 	SELECT count(*) > 0 FROM outbox_status, jsonb_array_elements(workers) w
-	 WHERE w->>'last_error' LIKE '%marking 200 acknowledged events failed%permission denied%'}),
+	 WHERE w->>'problem' LIKE '%marking 200 acknowledged events failed%permission denied%'}),
 	'outbox_status shows the marking failure');
 note $node->safe_psql('postgres', 'SELECT workers FROM outbox_status');
 
@@ -53,7 +53,7 @@ is($r->{duplicates}, 0, 'no duplicate');
 $node->safe_psql('postgres', 'GRANT INSERT ON aggregate_publication TO outbox_worker');
 ok(defined wait_published($node, 60), 'all marked once the grant is back');
 ok($node->poll_query_until('postgres', q{
-	SELECT bool_and(w->>'last_error' IS NULL) FROM outbox_status, jsonb_array_elements(workers) w}),
+	SELECT bool_and(w->>'problem' IS NULL) FROM outbox_status, jsonb_array_elements(workers) w}),
 	'the error is cleared');
 is($node->safe_psql('postgres',
 	q{SELECT count(*) FROM aggregate_publication WHERE last_published_version = 10}), '20',

@@ -45,7 +45,7 @@ $node->safe_psql('postgres', 'REVOKE INSERT ON aggregate_publication FROM outbox
 $node->safe_psql('postgres',
 	q{SELECT outbox_emit('stall', 's-' || g, 'E', '{}') FROM generate_series(1, 60) g});
 ok($node->poll_query_until('postgres', q{
-	SELECT last_error LIKE 'marking % acknowledged events failed%' FROM outbox_workers() WHERE worker = 0}),
+	SELECT problem LIKE 'marking % acknowledged events failed%' FROM outbox_workers() WHERE worker = 0}),
 	'the batch timed out on the leaderless partition, then its marking failed');
 cmp_ok(counter($node, 'delivery_timeouts'), '>=', 1, 'a batch timed out');
 
