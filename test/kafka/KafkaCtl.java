@@ -9,7 +9,6 @@
  *   ready BOOTSTRAP TOPIC RF SECONDS create TOPIC (1 partition) if missing and
  *                                    retry an acks=all produce to it until one
  *                                    is acknowledged
- *   status BOOTSTRAP                 brokers, then every partition's leader
  */
 import java.util.*;
 import java.util.concurrent.TimeUnit;
@@ -85,43 +84,14 @@ public class KafkaCtl {
         throw new Exception("no acks=all produce to " + a[2] + " within " + a[4] + " s", last);
     }
 
-    /* Print live brokers and, per partition, leader, replicas and ISR. */
-    static void status(String[] a) throws Exception {
-        try (Admin ad = admin(a[1])) {
-            DescribeClusterResult c = ad.describeCluster();
-            List<String> ids = new ArrayList<>();
-            for (Node n : c.nodes().get())
-                ids.add(String.valueOf(n.id()));
-            Collections.sort(ids);
-            System.out.println("brokers " + String.join(",", ids)
-                               + " controller " + c.controller().get().id());
-            Set<String> names = new TreeSet<>(ad.listTopics().names().get());
-            Map<String, TopicDescription> d = ad.describeTopics(names).allTopicNames().get();
-            for (String n : names)
-                for (TopicPartitionInfo pi : d.get(n).partitions())
-                    System.out.println("partition " + n + " " + pi.partition()
-                                       + " leader " + (pi.leader() == null ? "none" : pi.leader().id())
-                                       + " replicas " + ids(pi.replicas()) + " isr " + ids(pi.isr()));
-        }
-    }
-
-    static String ids(List<Node> nodes) {
-        StringBuilder s = new StringBuilder();
-        for (Node n : nodes)
-            s.append(s.length() > 0 ? "," : "").append(n.id());
-        return s.length() > 0 ? s.toString() : "-";
-    }
-
     public static void main(String[] a) throws Exception {
         try {
             if (a.length >= 5 && a[0].equals("topic"))
                 topic(a);
             else if (a.length == 5 && a[0].equals("ready"))
                 ready(a);
-            else if (a.length == 2 && a[0].equals("status"))
-                status(a);
             else {
-                System.err.println("usage: KafkaCtl topic|ready|status ... (see the source)");
+                System.err.println("usage: KafkaCtl topic|ready ... (see the source)");
                 System.exit(3);
             }
         } catch (Exception e) {

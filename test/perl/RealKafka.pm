@@ -245,18 +245,29 @@ sub status
 
 =pod
 
-=item $rk->leader($topic, $partition)
+=item $rk->leader($topic, $partition), $rk->leaders($topic)
 
-The id of the partition's leader (undef if none or unknown).
+The id of the partition's leader (undef if none or unknown); a hash
+partition => leader id of every partition of the topic (one status call).
 
 =cut
 
 sub leader
 {
 	my ($self, $topic, $partition) = @_;
-	my $s = $self->status or return undef;
-	my $p = $s->{partitions}{"$topic/$partition"} or return undef;
-	return $p->{leader} eq 'none' ? undef : $p->{leader};
+	return $self->leaders($topic)->{$partition};
+}
+
+sub leaders
+{
+	my ($self, $topic) = @_;
+	my $s = $self->status or return {};
+	my %l;
+	while (my ($k, $p) = each %{ $s->{partitions} // {} })
+	{
+		$l{$1} = $p->{leader} if $k =~ m{^\Q$topic\E/(\d+)$} && $p->{leader} ne 'none';
+	}
+	return \%l;
 }
 
 =pod
