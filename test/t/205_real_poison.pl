@@ -58,14 +58,26 @@ my %type = (block => 'blk', dead_letter => 'dl', skip => 'skp');
 q1(qq{INSERT INTO poison_policy (aggregate_type, policy) VALUES ('$type{$_}', '$_')})
   for sort keys %type;
 
-# v1 and v3 small on a topic that takes them; v2 the poison.
-sub emit_three
+# v1 first (published), then v2 the poison; v3 only once v2 is settled
+# (blocked, dead-lettered or skipped).  Emitting them together would be
+# judged by the two known bugs shown at the end instead.
+sub settled
 {
-	my ($t, $agg, $poison_topic, $payload) = @_;
-	my $ok = $poison_topic eq $small ? $small : $ok_topic;
-	q1(qq{SELECT outbox_emit('$t', '$agg', 'V1', '{}', topic => '$ok')});
-	q1(qq{SELECT outbox_emit('$t', '$agg', 'V2', $payload, topic => '$poison_topic')});
-	q1(qq{SELECT outbox_emit('$t', '$agg', 'V3', '{}', topic => '$ok')});
+	my ($agg, $v) = @_;
+	return qq{SELECT (SELECT disposition IS NOT NULL FROM outbox WHERE aggregate_id = '$agg'
+		AND aggregate_version = $v) OR EXISTS (SELECT FROM aggregate_publication
+		WHERE aggregate_id = '$agg' AND blocked_version = $v)};
+}
+
+sub emit_poison
+{
+	my ($at, $agg, $poison_topic, $payload, $ok) = @_;
+	q1(qq{SELECT outbox_emit('$at', '$agg', 'V1', '{}', topic => '$ok')});
+	poll_until(settled($agg, 1), 60) or return undef;
+	q1(qq{SELECT outbox_emit('$at', '$agg', 'V2', $payload, topic => '$poison_topic')});
+	my $t = poll_until(settled($agg, 2), 90);
+	q1(qq{SELECT outbox_emit('$at', '$agg', 'V3', '{}', topic => '$ok')});
+	return $t;
 }
 
 my $t_start = time;
@@ -74,24 +86,28 @@ my $load = start_load($node, clients => 2, jobs => 1, resilient => 1,
 sleep 0.2 while max_id($node) < 500 && time - $t_start < 30;
 
 my $big = q{jsonb_build_object('blob', repeat('x', 30000))};
-my $t_poison = time;
+my %settle;
 for my $p (sort keys %type)
 {
-	emit_three($type{$p}, "big-$p", $small, $big);
-	emit_three($type{$p}, "missing-$p", "real.missing.$p", q{'{}'});
+	$settle{"big-$p"} = emit_poison($type{$p}, "big-$p", $small, $big, $small);
+	$settle{"missing-$p"} = emit_poison($type{$p}, "missing-$p", "real.missing.$p", q{'{}'}, $ok_topic);
+	ok(defined $settle{"big-$p"}, "$p: the too-large v2 was settled by the policy");
+	ok(defined $settle{"missing-$p"}, "$p: the missing-topic v2 was settled by the policy");
 }
+note "seconds from emitting a poison v2 until the policy settled it: "
+  . join ' ', map { sprintf "%s=%.1f", $_, $settle{$_} // -1 } sort keys %settle;
 
 # block: both stay at v2 with the broker's / client's error text
 for my $kind (qw(big missing))
 {
 	my $agg = "$kind-block";
-	ok(defined poll_until(qq{SELECT blocked_version IS NOT NULL FROM aggregate_publication
-		WHERE aggregate_id = '$agg'}, 90), "block: $agg blocked");
 	my $row = q1(qq{SELECT blocked_version || '|' || attempts || '|' || last_error
 		FROM aggregate_publication WHERE aggregate_id = '$agg'});
 	note "block: $agg: $row";
-	like($row, $kind eq 'big' ? qr/^2\|2\|MSG_SIZE_TOO_LARGE: Broker: Message size too large/
-		: qr/^2\|2\|UNKNOWN_TOPIC/, "block: $agg blocked at v2 after 2 attempts with the real error");
+	like($row, $kind eq 'big' ? qr/^2\|2\|MSG_SIZE_TOO_LARGE: Broker: Message size too large$/
+		: qr/^2\|2\|_UNKNOWN_TOPIC: Local: Unknown topic$/,
+		"block: $agg blocked at v2 after 2 attempts with the real error");
+	sleep 1;
 	is(q1(qq{SELECT string_agg(aggregate_version::text, ',' ORDER BY aggregate_version)
 		FROM outbox WHERE aggregate_id = '$agg' AND published_at IS NULL}),
 		'2,3', "block: $agg v3 waits behind v2");
@@ -107,22 +123,20 @@ for my $p (qw(dead_letter skip))
 	for my $kind (qw(big missing))
 	{
 		my $agg = "$kind-$p";
-		my $t = poll_until(qq{SELECT count(*) = 0 FROM outbox WHERE aggregate_id = '$agg'
-			AND published_at IS NULL}, 90);
-		ok(defined $t, "$p: $agg settled");
-		$t = time - $t_poison if defined $t;
-		$recover = $t if defined $t && $t > $recover;
+		ok(defined poll_until(qq{SELECT count(*) = 0 FROM outbox WHERE aggregate_id = '$agg'
+			AND published_at IS NULL}, 60), "$p: $agg settled");
+		$recover = $settle{$agg} if ($settle{$agg} // 0) > $recover;
 		my $disp = $p eq 'skip' ? 'skipped' : 'dead_lettered';
 		is(q1(qq{SELECT string_agg(aggregate_version || ':' || disposition, ',' ORDER BY aggregate_version)
 			FROM outbox WHERE aggregate_id = '$agg'}),
 			"1:published,2:$disp,3:published", "$p: $agg recorded");
-		note "$p: $agg v2 error: " . q1(qq{SELECT last_error FROM outbox
-			WHERE aggregate_id = '$agg' AND aggregate_version = 2});
+		like(q1(qq{SELECT last_error FROM outbox WHERE aggregate_id = '$agg' AND aggregate_version = 2}),
+			$kind eq 'big' ? qr/^MSG_SIZE_TOO_LARGE: Broker: Message size too large$/
+			: qr/^_UNKNOWN_TOPIC: Local: Unknown topic$/, "$p: $agg v2 keeps the real error");
 	}
 }
 
-# The dead-letter topic holds both v2s, with the real error in a header
-# (read with the Java client's view of the headers via order_check --print).
+# The dead-letter topic holds both v2s, with the real error in a header.
 my $d = $rk->check(topics => [$dlq], opts => ['--print', '--any-start']);
 like($d->{output}, qr/key=big-dead_letter version=2/, 'dead_letter: the large event is in the dead-letter topic')
   or diag $d->{output};
@@ -135,6 +149,8 @@ ok(stop_load($load, 60), 'emitters stopped');
 ok(defined poll_until(q{SELECT count(*) = 0 FROM outbox WHERE aggregate_type = 'load'
 	AND published_at IS NULL}, 90), 'the load was published in full');
 cmp_ok(counter($node, 'delivery_errors_permanent'), '>=', 8, 'permanent errors counted');
+note "fatal producer errors so far: " . counter($node, 'delivery_errors_fatal')
+  . ' (enable.gapless.guarantee turns a permanent failure with later messages in flight into one)';
 is(counter($node, 'events_dead_lettered'), '2', 'two events dead-lettered');
 is(counter($node, 'events_skipped'), '2', 'two events skipped');
 
@@ -149,10 +165,57 @@ ok(defined poll_until(q{SELECT count(*) = 0 FROM outbox WHERE aggregate_id = 'bi
 	AND published_at IS NULL}, 60), 'after outbox_skip the blocked aggregate goes on');
 
 # Order: the load, and every poison aggregate's published versions
+my $fatal = counter($node, 'delivery_errors_fatal');
 my $r = real_verdict($rk, $node, 'poison', topics => [$load_topic],
-	recover_s => $recover);
-my $c = $rk->check(topics => [$small, $ok_topic, 'real.missing.block'], opts => ['--any-start']);
-is($c->{inversions}, 0, 'poison aggregates: no inversion in their topics') or diag $c->{output};
+	recover_s => $recover, where => q{aggregate_type = 'load'});
+# (one topic at a time: an aggregate spread over topics has no order across them)
+for my $t ($small, $ok_topic, 'real.missing.block')
+{
+	my $c = $rk->check(topics => [$t], opts => ['--any-start']);
+	is($c->{inversions} . '/' . $c->{duplicates}, '0/0',
+		"poison aggregates: no inversion, no duplicate in $t") or diag $c->{output};
+}
+
+# Two publisher bugs that only a real broker shows (TODO until fixed).
+TODO:
+{
+	local $TODO = 'publisher bug: a batch refused as too large fails every event in it';
+
+	# The broker judges max.message.bytes per record batch, and librdkafka
+	# puts messages of one partition in one batch: a small event of another
+	# aggregate produced right after a too-large one fails with it, counts an
+	# attempt, and (here, policy skip, 2 attempts) is skipped although Kafka
+	# would have taken it alone.
+	q1(qq{BEGIN; SELECT outbox_emit('skp', 'x-big', 'V1', $big, topic => '$small');
+		SELECT outbox_emit('skp', 'x-innocent', 'V1', '{}', topic => '$small'); COMMIT;});
+	poll_until(q{SELECT count(*) = 0 FROM outbox WHERE aggregate_id IN ('x-big', 'x-innocent')
+		AND published_at IS NULL}, 60);
+	my $row = q1(q{SELECT disposition || coalesce(' after: ' || last_error, '')
+		FROM outbox WHERE aggregate_id = 'x-innocent'});
+	note "x-innocent (small, same partition as a too-large event): $row";
+	is($row, 'published', 'a small event batched with a too-large one is still published');
+}
+TODO:
+{
+	local $TODO = 'publisher bug: a later version on another topic overtakes a failed one';
+
+	# v1 goes to a missing topic, v2 of the same aggregate to an existing
+	# one, in one batch: v2 is acknowledged while v1 fails (blocked), so a
+	# consumer of real.ok sees v2 before v1 exists anywhere.
+	my $violations = counter($node, 'order_violations');
+	q1(qq{BEGIN; SELECT outbox_emit('blk', 'x-cross', 'V1', '{}', topic => 'real.missing.cross');
+		SELECT outbox_emit('blk', 'x-cross', 'V2', '{}', topic => '$ok_topic'); COMMIT;});
+	poll_until(q{SELECT blocked_version IS NOT NULL FROM aggregate_publication
+		WHERE aggregate_id = 'x-cross'}, 60);
+	sleep 1;
+	my $p = $rk->check(topics => [$ok_topic], opts => ['--print', '--any-start']);
+	my $ahead = () = $p->{output} =~ /key=x-cross version=2/g;
+	note "x-cross: v2 in $ok_topic $ahead time(s) while v1 is blocked; order_violations "
+	  . counter($node, 'order_violations') . " (was $violations)";
+	is($ahead, 0, 'v2 on another topic waits for the blocked v1');
+	is(counter($node, 'order_violations'), $violations, 'the order guard saw no violation');
+}
+
 note_counters($node, $t_start);
 note "worker log: $_" for grep { /outbox: / } split /\n/, slurp_file($node->logfile);
 
