@@ -27,11 +27,13 @@ use RealKafka;
 
 our @EXPORT = qw(real_cluster real_verdict real_readback);
 
-# Start a cluster in tmp_check/kafka (bounded by max_seconds, default 600).
+# Start a cluster in tmp_check/kafka_<test file> (bounded by max_seconds,
+# default 600).
 sub real_cluster
 {
 	my (%a) = @_;
-	my $dir = "$PostgreSQL::Test::Utils::tmp_check/kafka";
+	my ($test) = $0 =~ m{([^/]+?)(?:\.pl)?$};
+	my $dir = "$PostgreSQL::Test::Utils::tmp_check/kafka_$test";
 	my $rk = RealKafka->start(dir => $dir, max_seconds => 600, %a);
 	note sprintf "real Kafka: %d nodes up in %.1f s (%s)", $a{brokers} // 3,
 	  $rk->{start_s}, $rk->bootstrap;
