@@ -31,7 +31,7 @@ my $load_topic = 'outbox.event.load';
 my $small = 'real.small';
 my $ok_topic = 'real.ok';
 my $dlq = 'outbox.dead_letter';
-my $props = 'topic.metadata.propagation.max.ms=3000';
+my $props = $ENV{OUTBOX_FAULT_KAFKA_PROPERTIES} // 'topic.metadata.propagation.max.ms=3000';
 
 my $rk = real_cluster(topics => ["$load_topic:4", "$ok_topic:2", "$dlq:2"]);
 $rk->topic($small, 1, configs => { 'max.message.bytes' => 5000 });
