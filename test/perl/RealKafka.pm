@@ -153,24 +153,34 @@ sub sasl_properties
 =item $rk->outbox_conf(sasl => $mechanism, password => $pw, properties => 'k=v;...')
 
 The outbox settings (a hash for C<outbox_node>) that point the publisher
-at this cluster: C<brokers>, and C<kafka_properties> from C<properties>
-plus, with C<sasl>, the credentials of that mechanism's user.  The only
-place where tests pass Kafka credentials to the publisher.
+at this cluster: C<brokers>, C<kafka_properties> from C<properties>, and
+with C<sasl> a C<kafka_credentials_file> holding the login of that
+mechanism's user (a new file, mode 0600, under the cluster directory, on
+every call: a changed file name makes a reload recreate the producer).
+The only place where tests pass Kafka credentials to the publisher.
 
 =cut
+
+my $credentials_seq = 0;
 
 sub outbox_conf
 {
 	my ($self, %a) = @_;
-	my @props = grep { $_ ne '' } split /;/, $a{properties} // '';
 	my %conf = (brokers => $self->{bootstrap});
+	$conf{kafka_properties} = $a{properties} if defined $a{properties};
 	if ($a{sasl})
 	{
 		my %p = $self->sasl_properties($a{sasl}, $a{password});
-		push @props, map { "$_=$p{$_}" } sort keys %p;
+		my $file = sprintf '%s/credentials-%d', $self->{dir}, ++$credentials_seq;
+		my $old = umask 077;
+		open my $fh, '>', $file or croak "RealKafka: cannot write $file: $!";
+		umask $old;
+		print $fh map { "$_=$p{$_}\n" } sort keys %p;
+		close $fh or croak "RealKafka: cannot write $file: $!";
+		chmod 0600, $file;
+		$conf{kafka_credentials_file} = $file;
 		$conf{brokers} = $self->{bootstrap_sasl};
 	}
-	$conf{kafka_properties} = join ';', @props if @props;
 	return %conf;
 }
 
