@@ -406,6 +406,7 @@ sub stop
 	return;
 }
 
+# Stop the cluster when the object goes (not in forked children).
 sub DESTROY
 {
 	my ($self) = @_;
@@ -438,6 +439,7 @@ sub _run
 	return $out;
 }
 
+# A file's contents ('' if unreadable).
 sub _slurp
 {
 	my ($file) = @_;
