@@ -6,7 +6,18 @@
 # their headers.  As root on a fresh Debian 12 machine it first installs the
 # packages, builds and installs the extension.  Everything stops by itself.
 #
+# Usage: test/demo.sh [--real-kafka]
+#   --real-kafka: a real 3-node Apache Kafka 3.9 cluster (test/tools/kafka_cluster,
+#   Java; the first run downloads the jars) instead of the mock.
+#
 set -euo pipefail
+
+real=
+case ${1:-} in
+	--real-kafka) real=1 ;;
+	'') ;;
+	*) echo "usage: $0 [--real-kafka]" >&2; exit 2 ;;
+esac
 
 src=$(cd "$(dirname "$0")/.." && pwd)
 
@@ -19,7 +30,7 @@ if [ "$(id -u)" = 0 ]; then
 	cp -r "$src/test" "$work/"
 	chown -R postgres: "$work"
 	rc=0
-	runuser -u postgres -- env OUTBOX_DEMO_WORK="$work" bash "$work/test/demo.sh" || rc=$?
+	runuser -u postgres -- env OUTBOX_DEMO_WORK="$work" bash "$work/test/demo.sh" "$@" || rc=$?
 	rm -rf "$work"
 	exit "$rc"
 fi
@@ -33,15 +44,22 @@ mock_pid=
 cleanup() {
 	pg_ctl -D "$work/data" -m fast stop >/dev/null 2>&1 || true
 	[ -n "$mock_pid" ] && kill "$mock_pid" 2>/dev/null || true
+	[ -n "$real" ] && "$tools/kafka_cluster" down "$work/kafka" >/dev/null 2>&1 || true
 }
 trap cleanup EXIT
 
-echo "== mock Kafka cluster (3 brokers on 127.0.0.1)"
-"$tools/mock_kafka" --brokers 3 --bootstrap-file "$work/bootstrap" \
-	--control-file "$work/control" --max-seconds 300 >"$work/mock.log" 2>&1 &
-mock_pid=$!
-for _ in $(seq 50); do [ -s "$work/bootstrap" ] && break; sleep 0.1; done
-brokers=$(cat "$work/bootstrap")
+if [ -n "$real" ]; then
+	echo "== real Kafka 3.9 cluster (3 KRaft nodes on 127.0.0.1, RF 3, min.insync.replicas 2)"
+	brokers=$("$tools/kafka_cluster" start "$work/kafka" --max-seconds 300)
+	"$tools/kafka_cluster" topic "$work/kafka" outbox.event.order 3
+else
+	echo "== mock Kafka cluster (3 brokers on 127.0.0.1)"
+	"$tools/mock_kafka" --brokers 3 --bootstrap-file "$work/bootstrap" \
+		--control-file "$work/control" --max-seconds 300 >"$work/mock.log" 2>&1 &
+	mock_pid=$!
+	for _ in $(seq 50); do [ -s "$work/bootstrap" ] && break; sleep 0.1; done
+	brokers=$(cat "$work/bootstrap")
+fi
 echo "   bootstrap: $brokers"
 
 echo "== PostgreSQL with shared_preload_libraries = 'outbox'"

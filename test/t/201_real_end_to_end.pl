@@ -1,0 +1,114 @@
+# Real Kafka, end to end: a 3-broker Apache Kafka 3.9 cluster (RF 3,
+# min.insync.replicas 2, acks=all) instead of the mock.  A commit wakes the
+# publisher; concurrent emitters with rollbacks and savepoints on hot
+# aggregates run beside a plain load over many aggregates, with two
+# publisher workers, and a configuration reload under load recreates the
+# producer.  The order checker judges what reached Kafka, and a client that
+# is not librdkafka (the Java client, test/kafka/ReadBack.java) reads the
+# topics back to check the checker.
+#
+# recover_s: from the end of the emitters until nothing was pending.
+use strict;
+use warnings;
+
+use PostgreSQL::Test::Utils;
+use Test::More;
+use Time::HiRes qw(time sleep);
+
+use FaultTest;
+use OutboxTest;
+use RealKafka;
+use RealTest;
+
+my $hot = 8;
+my @topics = ('outbox.event.load', 'outbox.event.hot');
+
+my $rk = real_cluster(topics => ['outbox.event.load:6', 'outbox.event.hot:3']);
+my %conf = ($rk->outbox_conf, workers => 2, poll_interval => '60s');
+my $node = outbox_node('real_e2e', $rk, %conf);
+$node->append_conf('postgresql.conf', "deadlock_timeout = '100ms'\n");
+quiet_statements($node);
+ok(defined wait_publisher($node, 2, 30), 'two publisher workers running');
+
+# A commit wakes the publisher: with a 60 s fallback poll an event is only
+# published quickly if the commit set the worker's latch.
+$node->safe_psql('postgres', "SELECT outbox_emit('load', 'warmup', 'Created', '{}')");
+my $t = wait_published($node, 30);
+ok(defined $t, 'first event published') or diag "took " . ($t // 'forever');
+note sprintf "first event (producer start, metadata) published in %.2f s", $t // -1;
+my $wakeups = counter($node, 'wakeups');
+$node->safe_psql('postgres', "SELECT outbox_emit('load', 'warmup', 'Changed', '{}')");
+$t = wait_published($node, 20);
+ok(defined $t && $t < 5, 'commit wake-up: published within 5 s despite a 60 s poll interval')
+  or diag "took " . ($t // 'forever');
+note sprintf "commit to published on real Kafka: %.3f s", $t // -1;
+cmp_ok(counter($node, 'wakeups'), '>', $wakeups, 'the worker counted a wake-up');
+
+# Hot aggregates: two per transaction (lower id first: no deadlock), with
+# savepoints rolled back or released and transactions rolled back.
+my $script = <<"EOS";
+\\set x random(1, $hot)
+\\set y random(1, $hot)
+\\set a1 least(:x, :y)
+\\set a2 greatest(:x, :y)
+\\set sp random(1, 100)
+\\set rb random(1, 100)
+BEGIN;
+SELECT outbox_emit('hot', 'hot-' || :a1, 'First', jsonb_build_object('client', :client_id));
+SAVEPOINT s1;
+SELECT outbox_emit('hot', 'hot-' || :a2, 'InSavepoint', jsonb_build_object('client', :client_id));
+\\if :sp <= 35
+ROLLBACK TO SAVEPOINT s1;
+\\else
+RELEASE SAVEPOINT s1;
+\\endif
+SELECT outbox_emit('hot', 'hot-' || :a2, 'Last', jsonb_build_object('client', :client_id));
+\\if :rb <= 15
+ROLLBACK;
+\\else
+COMMIT;
+\\endif
+EOS
+
+my $t_start = time;
+my $hotload = start_load($node, script => $script, clients => 6, jobs => 1,
+	transactions => 400, max_tries => 1000);
+my $load = start_load($node, clients => 4, jobs => 1, transactions => 600,
+	events_per_tx => 5, aggregates => 1000, rate => 200);
+
+# A reload under load: other producer properties recreate the producer.
+sleep 0.2 while max_id($node) < 3000 && time - $t_start < 30;
+my $creations = counter($node, 'producer_creations');
+$node->append_conf('postgresql.conf', "outbox.kafka_properties = 'linger.ms=5'\n");
+$node->reload;
+note sprintf "reload at %.1f s, %d events emitted", time - $t_start, max_id($node);
+
+ok(stop_load($hotload, 120), 'hot emitters finished (deadlocks retried)');
+ok(stop_load($load, 120), 'plain emitters finished');
+my $t_end = time;
+my $drain = wait_published($node, 120);
+ok(defined $drain, 'everything published');
+note sprintf "emitters ran %.1f s; drained %.2f s after them", $t_end - $t_start, $drain // -1;
+cmp_ok(counter($node, 'producer_creations'), '>=', $creations + 2,
+	'the reload recreated the producer of both workers');
+ok($node->log_contains('Kafka settings changed, recreating the producer'),
+	'the reload is logged');
+
+db_versions_contiguous($node, 'real end to end');
+is($node->safe_psql('postgres', q{
+	SELECT count(*) FROM (
+	  SELECT kafka_offset <= lag(kafka_offset) OVER w AS back,
+	         kafka_partition <> lag(kafka_partition) OVER w AS moved
+	    FROM outbox WINDOW w AS (PARTITION BY aggregate_id ORDER BY aggregate_version)) s
+	 WHERE back OR moved}),
+	'0', 'recorded Kafka offsets increase with the version within each aggregate');
+cmp_ok(max_id($node), '>=', 5000, 'thousands of events emitted');
+
+my $r = real_verdict($rk, $node, 'end_to_end', topics => \@topics, recover_s => $drain);
+is($r->{duplicates}, 0, 'no duplicates without faults');
+real_readback($rk, $node, 'end_to_end', $r, topics => \@topics);
+note_counters($node, $t_start);
+
+$node->stop;
+$rk->stop;
+done_testing();
