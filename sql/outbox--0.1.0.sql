@@ -731,3 +731,232 @@ GRANT SELECT ON @extschema@.outbox_status, @extschema@.outbox_aggregate_status T
 -- Say at once if no publisher will serve this database (not preloaded,
 -- outbox.workers = 0, or another outbox.database).
 SELECT @extschema@.outbox_check_publisher();
+
+--
+-- ===================================================================
+-- The consumer half: inbox subscriptions applied by the inbox workers
+-- (src/inbox_worker.c).  Everything below belongs to it.
+-- ===================================================================
+--
+
+-- What a handler receives: the Kafka record and the publisher's headers.
+CREATE TYPE @extschema@.inbox_message AS (
+	consumer text,
+	topic text,
+	"partition" integer,
+	"offset" bigint,
+	key text,
+	event_id text,
+	event_type text,
+	aggregate_type text,
+	aggregate_id text,
+	aggregate_version bigint,
+	headers jsonb,
+	payload jsonb,			-- NULL for a tombstone or a value that is not JSON
+	payload_bytes bytea,
+	kafka_timestamp timestamptz
+);
+
+-- One row per consumer: a Kafka consumer group ('outbox.inbox.' || consumer).
+CREATE TABLE @extschema@.inbox_subscription (
+	consumer text PRIMARY KEY,
+	topics text[] NOT NULL,
+	handler regprocedure NOT NULL,
+	-- The role that subscribed: the handler runs as this role.
+	owner regrole NOT NULL,
+	created_at timestamptz NOT NULL DEFAULT now()
+);
+
+-- Per consumer and partition: where to resume, and what happened there.
+-- next_offset is written in the transaction that applied the messages
+-- before it, so it is exact; Kafka's committed offset is only for lag.
+CREATE TABLE @extschema@.inbox_offset (
+	consumer text NOT NULL,
+	topic text NOT NULL,
+	"partition" integer NOT NULL,
+	next_offset bigint,
+	high_watermark bigint,
+	last_applied_offset bigint,
+	last_applied_at timestamptz,
+	applied bigint NOT NULL DEFAULT 0,
+	duplicates bigint NOT NULL DEFAULT 0,
+	gaps bigint NOT NULL DEFAULT 0,
+	errors bigint NOT NULL DEFAULT 0,
+	dead_lettered bigint NOT NULL DEFAULT 0,
+	skipped bigint NOT NULL DEFAULT 0,
+	-- The message at next_offset failed this many times; retried after
+	-- next_attempt_at, or stopped there (blocked_at) by the block policy.
+	attempts integer NOT NULL DEFAULT 0,
+	last_error text,
+	next_attempt_at timestamptz,
+	blocked_at timestamptz,
+	blocked_reason text,
+	-- Set by inbox_retry() on a partition blocked by a gap: apply it.
+	accept_gap boolean NOT NULL DEFAULT false,
+	-- Set by inbox_skip(): the worker drops the message at next_offset.
+	skip_requested boolean NOT NULL DEFAULT false,
+	updated_at timestamptz NOT NULL DEFAULT clock_timestamp(),
+	PRIMARY KEY (consumer, topic, "partition")
+);
+
+-- Updated by every batch: room for HOT updates, eager vacuum.
+ALTER TABLE @extschema@.inbox_offset SET (
+	fillfactor = 50,
+	autovacuum_vacuum_scale_factor = 0.01,
+	autovacuum_vacuum_threshold = 100
+);
+
+-- Per consumer and aggregate: the last version applied (or disposed of).
+CREATE TABLE @extschema@.inbox_aggregate (
+	consumer text NOT NULL,
+	aggregate_id text NOT NULL,
+	last_version bigint NOT NULL,
+	updated_at timestamptz NOT NULL DEFAULT clock_timestamp(),
+	PRIMARY KEY (consumer, aggregate_id)
+);
+
+ALTER TABLE @extschema@.inbox_aggregate SET (
+	fillfactor = 70,
+	autovacuum_vacuum_scale_factor = 0.02
+);
+
+-- Messages whose handler kept failing under the dead_letter policy.
+CREATE TABLE @extschema@.inbox_dead_letter (
+	id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+	consumer text NOT NULL,
+	message @extschema@.inbox_message NOT NULL,
+	error text,
+	attempts integer NOT NULL,
+	dead_lettered_at timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+
+REVOKE ALL ON @extschema@.inbox_subscription, @extschema@.inbox_offset,
+	@extschema@.inbox_aggregate, @extschema@.inbox_dead_letter FROM PUBLIC;
+
+SELECT pg_catalog.pg_extension_config_dump('@extschema@.inbox_subscription', '');
+SELECT pg_catalog.pg_extension_config_dump('@extschema@.inbox_offset', '');
+SELECT pg_catalog.pg_extension_config_dump('@extschema@.inbox_aggregate', '');
+SELECT pg_catalog.pg_extension_config_dump('@extschema@.inbox_dead_letter', '');
+SELECT pg_catalog.pg_extension_config_dump('@extschema@.inbox_dead_letter_id_seq', '');
+
+-- Not SECURITY DEFINER: the subscriber is the calling role (current_user),
+-- which the C function records; it writes the table as the extension owner.
+CREATE FUNCTION @extschema@.inbox_subscribe(consumer text, topics text[],
+	handler regprocedure)
+RETURNS void
+AS 'MODULE_PATHNAME', 'inbox_subscribe'
+LANGUAGE C VOLATILE;
+
+COMMENT ON FUNCTION @extschema@.inbox_subscribe(text, text[], regprocedure) IS
+'have the inbox workers apply the topics'' events with handler(inbox_message), exactly once, as the calling role';
+
+CREATE FUNCTION @extschema@.inbox_unsubscribe(consumer text)
+RETURNS boolean
+AS 'MODULE_PATHNAME', 'inbox_unsubscribe'
+LANGUAGE C VOLATILE;
+
+COMMENT ON FUNCTION @extschema@.inbox_unsubscribe(text) IS
+'stop a subscription (offsets, versions and dead letters are kept: subscribing again resumes)';
+
+-- The partition row an operator acts on, locked.
+CREATE FUNCTION @extschema@.inbox_partition(consumer text, topic text, "partition" integer)
+RETURNS @extschema@.inbox_offset
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	r @extschema@.inbox_offset;
+BEGIN
+	PERFORM @extschema@.outbox_check_arg('consumer', consumer);
+	PERFORM @extschema@.outbox_check_arg('topic', topic);
+	SELECT * INTO r FROM @extschema@.inbox_offset o
+	 WHERE o.consumer = inbox_partition.consumer AND o.topic = inbox_partition.topic
+	   AND o."partition" = inbox_partition."partition"
+	   FOR UPDATE;
+	IF NOT FOUND THEN
+		RAISE EXCEPTION 'consumer "%" has no partition % of topic "%"', consumer, "partition", topic
+			USING ERRCODE = 'no_data_found';
+	END IF;
+	RETURN r;
+END
+$$;
+
+CREATE FUNCTION @extschema@.inbox_retry(consumer text, topic text, "partition" integer)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	r @extschema@.inbox_offset := @extschema@.inbox_partition(consumer, topic, "partition");
+BEGIN
+	IF r.blocked_at IS NULL AND r.next_attempt_at IS NULL THEN
+		RAISE NOTICE 'partition % of topic "%" is neither blocked nor backing off for consumer "%"',
+			"partition", topic, consumer;
+		RETURN false;
+	END IF;
+	UPDATE @extschema@.inbox_offset o
+	   SET attempts = 0, next_attempt_at = NULL, blocked_at = NULL, blocked_reason = NULL,
+		   accept_gap = r.blocked_reason LIKE 'gap:%', updated_at = clock_timestamp()
+	 WHERE (o.consumer, o.topic, o."partition") = (r.consumer, r.topic, r."partition");
+	RAISE LOG 'outbox: % retried partition % of topic "%" for consumer "%" at offset %',
+		session_user, "partition", topic, consumer, r.next_offset;
+	RETURN true;
+END
+$$;
+
+COMMENT ON FUNCTION @extschema@.inbox_retry(text, text, integer) IS
+'unblock a partition: the inbox worker applies its next message again (a gap is then accepted)';
+
+CREATE FUNCTION @extschema@.inbox_skip(consumer text, topic text, "partition" integer)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	r @extschema@.inbox_offset := @extschema@.inbox_partition(consumer, topic, "partition");
+BEGIN
+	IF r.blocked_at IS NULL THEN
+		RAISE NOTICE 'partition % of topic "%" is not blocked for consumer "%": nothing to skip',
+			"partition", topic, consumer;
+		RETURN false;
+	END IF;
+	UPDATE @extschema@.inbox_offset o
+	   SET attempts = 0, next_attempt_at = NULL, blocked_at = NULL, blocked_reason = NULL,
+		   skip_requested = true, updated_at = clock_timestamp()
+	 WHERE (o.consumer, o.topic, o."partition") = (r.consumer, r.topic, r."partition");
+	RAISE LOG 'outbox: % skipped offset % of partition % of topic "%" for consumer "%"',
+		session_user, r.next_offset, "partition", topic, consumer;
+	RETURN true;
+END
+$$;
+
+COMMENT ON FUNCTION @extschema@.inbox_skip(text, text, integer) IS
+'drop the message a partition is blocked at; the inbox worker goes on with the next';
+
+CREATE VIEW @extschema@.inbox_status AS
+SELECT o.consumer, o.topic, o."partition",
+	   o.high_watermark - o.next_offset AS lag,
+	   o.next_offset, o.high_watermark,
+	   o.last_applied_offset, o.last_applied_at,
+	   o.applied, o.duplicates, o.gaps, o.errors, o.dead_lettered, o.skipped,
+	   CASE WHEN s.consumer IS NULL THEN 'unsubscribed'
+			WHEN o.blocked_at IS NOT NULL THEN 'blocked'
+			WHEN o.next_attempt_at IS NOT NULL THEN 'backing_off'
+			ELSE 'running' END AS state,
+	   o.attempts, o.last_error, o.blocked_at, o.blocked_reason, o.next_attempt_at,
+	   o.updated_at
+  FROM @extschema@.inbox_offset o
+  LEFT JOIN @extschema@.inbox_subscription s USING (consumer);
+
+COMMENT ON VIEW @extschema@.inbox_status IS
+'per consumer and partition: lag to the high watermark, last applied, duplicates, gaps, errors, state';
+
+REVOKE ALL ON FUNCTION
+	@extschema@.inbox_subscribe(text, text[], regprocedure),
+	@extschema@.inbox_unsubscribe(text),
+	@extschema@.inbox_partition(text, text, integer),
+	@extschema@.inbox_retry(text, text, integer),
+	@extschema@.inbox_skip(text, text, integer)
+	FROM PUBLIC;
+REVOKE ALL ON @extschema@.inbox_status FROM PUBLIC;
+GRANT SELECT ON @extschema@.inbox_status TO pg_monitor;

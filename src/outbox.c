@@ -23,6 +23,7 @@
 #include "compat.h"
 #include "outbox.h"
 #include "kafka.h"
+#include "inbox_worker.h"
 
 PG_MODULE_MAGIC;
 
@@ -481,6 +482,8 @@ void
 _PG_init(void)
 {
 	BackgroundWorker worker;
+
+	inbox_worker_init();
 
 	/*
 	 * Loaded otherwise (CREATE EXTENSION, LOAD, a function call,

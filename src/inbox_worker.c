@@ -1,0 +1,1681 @@
+/*-------------------------------------------------------------------------
+ *
+ * inbox_worker.c
+ *	  Inbox workers: apply the events of subscribed Kafka topics to
+ *	  PostgreSQL through a handler function, exactly once, in order.
+ *
+ * Each subscription (table inbox_subscription) is a Kafka consumer group;
+ * every worker runs one librdkafka consumer per subscription, so Kafka
+ * spreads the partitions over the workers.  The position of record is the
+ * table inbox_offset, written in the same transaction as the handlers'
+ * effects: on assignment a worker starts each partition there, and a batch
+ * locks the partitions' rows and ignores messages below the stored offset,
+ * so a crash, a rebalance or a re-delivery never applies a message twice.
+ * Offsets are committed to Kafka afterwards, for lag monitoring only.
+ *
+ * A batch is one transaction; each message runs in a subtransaction:
+ * deduplicate by the aggregate's last applied version (inbox_aggregate) and
+ * by the inbox table (event_id header, else topic/partition/offset), then
+ * call the handler as the role that subscribed, in a security-restricted
+ * operation.  A failing handler stops its partition at that message, which
+ * is retried with backoff (outbox.inbox_retry_backoff, doubling) and, after
+ * outbox.inbox_max_attempts, blocked, dead-lettered or skipped
+ * (outbox.inbox_poison_policy).  A version above the next expected one is a
+ * gap: applied and counted, or blocked (outbox.inbox_gap_policy).
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include <librdkafka/rdkafka.h>
+
+#include "access/htup_details.h"
+#include "common/hashfn.h"
+#include "access/xact.h"
+#include "catalog/pg_proc.h"
+#include "catalog/pg_type.h"
+#include "common/jsonapi.h"
+#include "executor/spi.h"
+#include "fmgr.h"
+#include "funcapi.h"
+#include "lib/stringinfo.h"
+#include "mb/pg_wchar.h"
+#include "miscadmin.h"
+#include "pgstat.h"
+#include "postmaster/bgworker.h"
+#include "postmaster/interrupt.h"
+#include "storage/ipc.h"
+#include "storage/latch.h"
+#include "tcop/tcopprot.h"
+#include "utils/acl.h"
+#include "utils/builtins.h"
+#include "utils/guc.h"
+#include "utils/json.h"
+#include "utils/lsyscache.h"
+#include "utils/memutils.h"
+#include "utils/snapmgr.h"
+#include "utils/syscache.h"
+#include "utils/timestamp.h"
+#include "utils/typcache.h"
+
+#include "compat.h"
+#include "kafka.h"
+#include "outbox.h"
+#include "inbox_worker.h"
+
+int			inbox_workers = 1;
+char	   *inbox_database = NULL;
+char	   *inbox_brokers = NULL;
+char	   *inbox_kafka_properties = NULL;
+int			inbox_batch_size = 1000;
+int			inbox_max_attempts = 5;
+int			inbox_retry_backoff_ms = 1000;
+int			inbox_poison_policy = POISON_BLOCK;
+int			inbox_gap_policy = INBOX_GAP_APPLY;
+
+/* Subscriptions are looked up again this often (and paused partitions). */
+#define INBOX_REFRESH_MS 1000
+/* Sleep while every consumer's queue is empty (a fetch sets no latch). */
+#define INBOX_IDLE_WAIT_MS 20
+/* Longest backoff of a failing handler, and of the worker after an error. */
+#define INBOX_MAX_BACKOFF_MS (5 * 60 * 1000)
+#define INBOX_ERROR_BACKOFF_MS 1000
+
+static const struct config_enum_entry poison_options[] = {
+	{"block", POISON_BLOCK, false},
+	{"dead_letter", POISON_DEAD_LETTER, false},
+	{"skip", POISON_SKIP, false},
+	{NULL, 0, false}
+};
+
+static const struct config_enum_entry gap_options[] = {
+	{"apply", INBOX_GAP_APPLY, false},
+	{"block", INBOX_GAP_BLOCK, false},
+	{NULL, 0, false}
+};
+
+/* Consumer properties the worker sets itself: exactly-once depends on them. */
+static const char *const inbox_reserved_properties[] = {
+	"group.id", "enable.auto.commit", "enable.auto.offset.store",
+	"bootstrap.servers", "metadata.broker.list", "partition.assignment.strategy",
+	"enable.partition.eof", "rebalance_cb", "offset_commit_cb",
+};
+
+/* Defaults a user may override. */
+static const char *const inbox_default_properties[][2] = {
+	{"auto.offset.reset", "earliest"},
+	{"client.id", "postgresql-outbox-inbox"},
+	{"reconnect.backoff.max.ms", "1000"},
+	{"isolation.level", "read_committed"},
+};
+
+/* A partition stopped at a message: paused in Kafka until resume_at. */
+typedef struct PausedPartition
+{
+	char	   *topic;
+	int32		partition;
+	TimestampTz resume_at;
+} PausedPartition;
+
+/* One subscription as served by this worker, in subs_context. */
+typedef struct InboxSub
+{
+	char	   *consumer;
+	char	   *topics;			/* text form of the array, to spot changes */
+	Oid			handler;
+	Oid			owner;
+	bool		seen;			/* still subscribed at the last refresh */
+	bool		usable;			/* owner and handler pass the checks */
+	rd_kafka_t *rk;
+	/* Set by the rebalance callback; assigned at stored offsets later. */
+	rd_kafka_topic_partition_list_t *pending_assign;
+	List	   *paused;			/* of PausedPartition */
+} InboxSub;
+
+/* A partition's row of inbox_offset, locked for the batch. */
+typedef struct PartState
+{
+	char	   *topic;
+	int32		partition;
+	int64		next_offset;	/* -1: none stored yet */
+	int			attempts;
+	char	   *last_error;
+	TimestampTz next_attempt_at;	/* 0: none */
+	TimestampTz blocked_at;		/* 0: not blocked */
+	char	   *blocked_reason;
+	bool		accept_gap;
+	bool		skip_requested;
+	bool		stopped;		/* no more messages of it in this batch */
+	bool		was_paused;		/* stopped before this batch */
+	int64		stop_offset;
+	int64		last_applied_offset;	/* -1: none in this batch */
+	int64		applied,
+				duplicates,
+				gaps,
+				errors,
+				dead_lettered,
+				skipped;
+} PartState;
+
+/* An aggregate's last applied version, cached for one batch. */
+typedef struct InboxAggregate
+{
+	char	   *aggregate_id;	/* hash key: must be first */
+	int64		last_version;	/* 0: none */
+	bool		dirty;
+} InboxAggregate;
+
+/* The headers the publisher sets, parsed from one message. */
+typedef struct MessageMeta
+{
+	char	   *event_id;
+	char	   *event_type;
+	char	   *aggregate_type;
+	char	   *aggregate_id;
+	int64		aggregate_version;	/* 0: none */
+	Datum		headers;		/* jsonb, or 0 */
+} MessageMeta;
+
+static int	worker_index;
+static MemoryContext subs_context = NULL;
+static MemoryContext loop_context = NULL;
+static List *subs = NIL;
+static char *consumer_brokers = NULL;
+static char *consumer_properties = NULL;
+static TimestampTz last_refresh = 0;
+static char last_logged_error[256];
+
+/* Kept plans, for the schema they were prepared in. */
+static Oid	plans_nspid = InvalidOid;
+static Oid	message_typid = InvalidOid;
+static TupleDesc message_desc = NULL;
+static SPIPlanPtr subs_plan,
+			offset_lock_plan,
+			offset_insert_plan,
+			offset_update_plan,
+			offset_read_plan,
+			agg_read_plan,
+			agg_flush_plan,
+			claim_plan,
+			dead_letter_plan;
+
+/* ---------- settings ---------- */
+
+/* Apply one user property to a consumer configuration, refusing ours. */
+static char *
+set_consumer_property(const char *key, const char *value, void *arg)
+{
+	rd_kafka_conf_t *conf = (rd_kafka_conf_t *) arg;
+	char		errstr[512];
+
+	for (int i = 0; i < lengthof(inbox_reserved_properties); i++)
+		if (strcmp(key, inbox_reserved_properties[i]) == 0)
+			return psprintf("Property \"%s\" is set by the inbox worker and cannot be changed%s.",
+							key,
+							strstr(key, "servers") || strstr(key, "broker")
+							? " (use outbox.inbox_brokers)" : "");
+	if (rd_kafka_conf_set(conf, key, value, errstr, sizeof(errstr)) != RD_KAFKA_CONF_OK)
+		return psprintf("Property \"%s\": %s", key, errstr);
+	return NULL;
+}
+
+/* Validate consumer properties on a scratch configuration; NULL if fine. */
+char *
+inbox_consumer_properties_check(const char *properties)
+{
+	rd_kafka_conf_t *conf = rd_kafka_conf_new();
+	char	   *err = outbox_for_each_property(properties, set_consumer_property, conf);
+
+	rd_kafka_conf_destroy(conf);
+	return err;
+}
+
+/* GUC check hook of outbox.inbox_kafka_properties. */
+static bool
+check_inbox_properties(char **newval, void **extra, GucSource source)
+{
+	char	   *err = inbox_consumer_properties_check(*newval);
+
+	if (err != NULL)
+	{
+		GUC_check_errdetail("%s", err);
+		pfree(err);
+		return false;
+	}
+	return true;
+}
+
+/* Define the outbox.inbox_* settings and, when preloading, the workers. */
+void
+inbox_worker_init(void)
+{
+	BackgroundWorker worker;
+
+	DefineCustomIntVariable("outbox.inbox_workers",
+							"Number of inbox workers.",
+							"0 disables the inbox workers; they idle while nothing is subscribed.",
+							&inbox_workers, 1, 0, INBOX_MAX_WORKERS,
+							PGC_POSTMASTER, 0, NULL, NULL, NULL);
+	DefineCustomStringVariable("outbox.inbox_database",
+							   "Database whose inbox subscriptions the inbox workers serve (empty: outbox.database).",
+							   NULL, &inbox_database, "",
+							   PGC_POSTMASTER, 0, NULL, NULL, NULL);
+	DefineCustomStringVariable("outbox.inbox_brokers",
+							   "Kafka bootstrap servers of the inbox workers (empty: outbox.brokers).",
+							   NULL, &inbox_brokers, "",
+							   PGC_SIGHUP, 0, NULL, NULL, NULL);
+	DefineCustomStringVariable("outbox.inbox_kafka_properties",
+							   "librdkafka consumer properties, as key=value pairs separated by semicolons.",
+							   "Visible only to superusers and members of pg_read_all_settings.",
+							   &inbox_kafka_properties, "",
+							   PGC_SIGHUP, GUC_SUPERUSER_ONLY,
+							   check_inbox_properties, NULL, NULL);
+	DefineCustomIntVariable("outbox.inbox_batch_size",
+							"Most messages one inbox transaction applies.",
+							NULL, &inbox_batch_size, 1000, 1, 100000,
+							PGC_SIGHUP, 0, NULL, NULL, NULL);
+	DefineCustomIntVariable("outbox.inbox_max_attempts",
+							"Attempts at a message whose handler fails before the poison policy applies.",
+							NULL, &inbox_max_attempts, 5, 1, 1000,
+							PGC_SIGHUP, 0, NULL, NULL, NULL);
+	DefineCustomIntVariable("outbox.inbox_retry_backoff",
+							"Wait before the first retry of a failed handler; it doubles with each attempt.",
+							NULL, &inbox_retry_backoff_ms, 1000, 10, INBOX_MAX_BACKOFF_MS,
+							PGC_SIGHUP, GUC_UNIT_MS, NULL, NULL, NULL);
+	DefineCustomEnumVariable("outbox.inbox_poison_policy",
+							 "What happens to a message whose handler keeps failing.",
+							 "block: its partition stops there; dead_letter: it goes to table inbox_dead_letter; skip: it is dropped.",
+							 &inbox_poison_policy, POISON_BLOCK, poison_options,
+							 PGC_SIGHUP, 0, NULL, NULL, NULL);
+	DefineCustomEnumVariable("outbox.inbox_gap_policy",
+							 "What happens to an event above the next expected version of its aggregate.",
+							 "apply: it is applied and counted as a gap; block: its partition stops there until inbox_retry() or inbox_skip().",
+							 &inbox_gap_policy, INBOX_GAP_APPLY, gap_options,
+							 PGC_SIGHUP, 0, NULL, NULL, NULL);
+
+	if (!process_shared_preload_libraries_in_progress)
+		return;
+
+	memset(&worker, 0, sizeof(worker));
+	worker.bgw_flags = BGWORKER_SHMEM_ACCESS | BGWORKER_BACKEND_DATABASE_CONNECTION;
+	worker.bgw_start_time = BgWorkerStart_RecoveryFinished;
+	worker.bgw_restart_time = 5;
+	snprintf(worker.bgw_library_name, BGW_MAXLEN, "outbox");
+	snprintf(worker.bgw_function_name, BGW_MAXLEN, "inbox_worker_main");
+	snprintf(worker.bgw_type, BGW_MAXLEN, "outbox inbox worker");
+	for (int i = 0; i < inbox_workers; i++)
+	{
+		snprintf(worker.bgw_name, BGW_MAXLEN, "outbox inbox worker %d", i);
+		worker.bgw_main_arg = Int32GetDatum(i);
+		RegisterBackgroundWorker(&worker);
+	}
+}
+
+/* ---------- Kafka consumers ---------- */
+
+/*
+ * Runs inside rd_kafka_consumer_poll(), outside any transaction; it must not
+ * ereport(ERROR).  An assignment is only recorded: the worker reads the
+ * stored offsets and assigns in its loop.
+ */
+static void
+rebalance_cb(rd_kafka_t *rk, rd_kafka_resp_err_t err,
+			 rd_kafka_topic_partition_list_t *parts, void *opaque)
+{
+	InboxSub   *sub = (InboxSub *) opaque;
+
+	if (sub->pending_assign)
+		rd_kafka_topic_partition_list_destroy(sub->pending_assign);
+	sub->pending_assign = NULL;
+	if (err == RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS)
+		sub->pending_assign = rd_kafka_topic_partition_list_copy(parts);
+	else
+	{
+		rd_kafka_assign(rk, NULL);
+		list_free_deep(sub->paused);
+		sub->paused = NIL;
+	}
+}
+
+/* Must not ereport(ERROR) either: transport errors are retried by librdkafka. */
+static void
+consumer_error_cb(rd_kafka_t *rk, int err, const char *reason, void *opaque)
+{
+	elog(DEBUG1, "outbox inbox: kafka: %s: %s",
+		 rd_kafka_err2name((rd_kafka_resp_err_t) err), reason);
+}
+
+/* The consumer of a subscription, in its group, subscribed to its topics. */
+static void
+consumer_create(InboxSub *sub, ArrayType *topics)
+{
+	rd_kafka_conf_t *conf = rd_kafka_conf_new();
+	rd_kafka_topic_partition_list_t *tl;
+	char		errstr[512];
+	char	   *err;
+	char	   *group = psprintf("outbox.inbox.%s", sub->consumer);
+	const char *brokers = inbox_brokers[0] ? inbox_brokers : outbox_brokers;
+	Datum	   *elems;
+	int			nelems;
+	rd_kafka_resp_err_t kerr;
+
+	for (int i = 0; i < lengthof(inbox_default_properties); i++)
+		(void) rd_kafka_conf_set(conf, inbox_default_properties[i][0],
+								 inbox_default_properties[i][1], errstr, sizeof(errstr));
+	err = outbox_for_each_property(inbox_kafka_properties, set_consumer_property, conf);
+	if (err == NULL &&
+		(rd_kafka_conf_set(conf, "bootstrap.servers", brokers, errstr, sizeof(errstr)) != RD_KAFKA_CONF_OK ||
+		 rd_kafka_conf_set(conf, "group.id", group, errstr, sizeof(errstr)) != RD_KAFKA_CONF_OK ||
+		 rd_kafka_conf_set(conf, "enable.auto.commit", "false", errstr, sizeof(errstr)) != RD_KAFKA_CONF_OK ||
+		 rd_kafka_conf_set(conf, "enable.auto.offset.store", "false", errstr, sizeof(errstr)) != RD_KAFKA_CONF_OK ||
+		 rd_kafka_conf_set(conf, "enable.partition.eof", "false", errstr, sizeof(errstr)) != RD_KAFKA_CONF_OK ||
+		 rd_kafka_conf_set(conf, "partition.assignment.strategy", "range,roundrobin", errstr, sizeof(errstr)) != RD_KAFKA_CONF_OK))
+		err = pstrdup(errstr);
+	if (err != NULL)
+	{
+		rd_kafka_conf_destroy(conf);
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("outbox inbox: invalid Kafka consumer settings"),
+				 errdetail_internal("%s", err)));
+	}
+	rd_kafka_conf_set_rebalance_cb(conf, rebalance_cb);
+	rd_kafka_conf_set_error_cb(conf, consumer_error_cb);
+	rd_kafka_conf_set_opaque(conf, sub);
+
+	sub->rk = rd_kafka_new(RD_KAFKA_CONSUMER, conf, errstr, sizeof(errstr));
+	if (sub->rk == NULL)
+	{
+		rd_kafka_conf_destroy(conf);
+		ereport(ERROR,
+				(errcode(ERRCODE_CONNECTION_FAILURE),
+				 errmsg("outbox inbox: could not create a Kafka consumer: %s", errstr)));
+	}
+	rd_kafka_poll_set_consumer(sub->rk);
+
+	deconstruct_array(topics, TEXTOID, -1, false, TYPALIGN_INT, &elems, NULL, &nelems);
+	tl = rd_kafka_topic_partition_list_new(nelems);
+	for (int i = 0; i < nelems; i++)
+		rd_kafka_topic_partition_list_add(tl, TextDatumGetCString(elems[i]),
+										  RD_KAFKA_PARTITION_UA);
+	kerr = rd_kafka_subscribe(sub->rk, tl);
+	rd_kafka_topic_partition_list_destroy(tl);
+	if (kerr != RD_KAFKA_RESP_ERR_NO_ERROR)
+		ereport(ERROR,
+				(errcode(ERRCODE_CONNECTION_FAILURE),
+				 errmsg("outbox inbox: could not subscribe consumer \"%s\": %s",
+						sub->consumer, rd_kafka_err2str(kerr))));
+	ereport(LOG,
+			(errmsg("outbox inbox worker %d: consumer \"%s\" joined group \"%s\"",
+					worker_index, sub->consumer, group)));
+}
+
+/* Leave the group and free the consumer (its partitions go to the others). */
+static void
+consumer_destroy(InboxSub *sub)
+{
+	if (sub->rk == NULL)
+		return;
+	rd_kafka_consumer_close(sub->rk);
+	rd_kafka_destroy(sub->rk);
+	sub->rk = NULL;
+	if (sub->pending_assign)
+		rd_kafka_topic_partition_list_destroy(sub->pending_assign);
+	sub->pending_assign = NULL;
+	list_free_deep(sub->paused);
+	sub->paused = NIL;
+}
+
+/* on_shmem_exit: leave the groups cleanly when stopped. */
+static void
+inbox_worker_exit(int code, Datum arg)
+{
+	ListCell   *lc;
+
+	foreach(lc, subs)
+		consumer_destroy((InboxSub *) lfirst(lc));
+}
+
+/* ---------- plans ---------- */
+
+/* Prepare and keep one plan; the query names only qualified objects. */
+static SPIPlanPtr
+keep_plan(const char *query, int nargs, Oid *argtypes)
+{
+	SPIPlanPtr	plan = SPI_prepare(query, nargs, argtypes);
+
+	if (plan == NULL)
+		elog(ERROR, "SPI_prepare failed for \"%s\": %s", query,
+			 SPI_result_code_string(SPI_result));
+	SPI_keepplan(plan);
+	return plan;
+}
+
+/*
+ * Find the extension and prepare the plans (again if it moved); false if it
+ * is not installed.  Called inside a transaction, connected to SPI.
+ */
+static bool
+prepare_plans(void)
+{
+	Oid			nspid;
+	const char *s;
+	Oid			t3[] = {TEXTOID, TEXTOID, INT4OID};
+	Oid			t2[] = {TEXTOID, TEXTOID};
+	Oid			tflush[] = {TEXTOID, TEXTARRAYOID, INT8ARRAYOID};
+	Oid			tupd[] = {TEXTOID, TEXTOID, INT4OID, INT8OID, INT8OID, INT8OID,
+		INT8OID, INT8OID, INT8OID, INT8OID, INT8OID, INT8OID, INT4OID, TEXTOID,
+	TIMESTAMPTZOID, TIMESTAMPTZOID, TEXTOID, BOOLOID, BOOLOID};
+	Oid			tdl[4];
+	bool		isnull;
+
+	if (SPI_execute("SELECT e.extnamespace, n.nspname FROM pg_catalog.pg_extension e "
+					"JOIN pg_catalog.pg_namespace n ON n.oid = e.extnamespace "
+					"WHERE e.extname = 'outbox'", true, 1) != SPI_OK_SELECT)
+		elog(ERROR, "could not look up the outbox extension");
+	if (SPI_processed == 0)
+		return false;
+	nspid = DatumGetObjectId(SPI_getbinval(SPI_tuptable->vals[0],
+										   SPI_tuptable->tupdesc, 1, &isnull));
+	if (nspid == plans_nspid)
+		return true;
+	s = quote_identifier(SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2));
+
+	message_typid = GetSysCacheOid2(TYPENAMENSP, Anum_pg_type_oid,
+									CStringGetDatum("inbox_message"),
+									ObjectIdGetDatum(nspid));
+	if (!OidIsValid(message_typid))
+		elog(ERROR, "type inbox_message of the outbox extension is missing");
+	{
+		MemoryContext old = MemoryContextSwitchTo(TopMemoryContext);
+
+		message_desc = lookup_rowtype_tupdesc_copy(message_typid, -1);
+		MemoryContextSwitchTo(old);
+	}
+
+	subs_plan = keep_plan(psprintf(
+								   "SELECT s.consumer, s.topics, s.topics::text, s.handler::oid, s.owner::oid "
+								   "FROM %s.inbox_subscription s ORDER BY s.consumer", s), 0, NULL);
+	offset_lock_plan = keep_plan(psprintf(
+										  "SELECT o.next_offset, o.attempts, o.last_error, o.next_attempt_at, "
+										  "o.blocked_at, o.blocked_reason, o.accept_gap, o.skip_requested "
+										  "FROM %s.inbox_offset o WHERE o.consumer = $1 AND o.topic = $2 "
+										  "AND o.\"partition\" = $3 FOR UPDATE", s), 3, t3);
+	offset_insert_plan = keep_plan(psprintf(
+											"INSERT INTO %s.inbox_offset (consumer, topic, \"partition\") "
+											"VALUES ($1, $2, $3) ON CONFLICT DO NOTHING", s), 3, t3);
+	offset_read_plan = keep_plan(psprintf(
+										  "SELECT o.next_offset, o.blocked_at IS NULL AND "
+										  "(o.next_attempt_at IS NULL OR o.next_attempt_at <= pg_catalog.now()) "
+										  "FROM %s.inbox_offset o WHERE o.consumer = $1 AND o.topic = $2 "
+										  "AND o.\"partition\" = $3", s), 3, t3);
+	offset_update_plan = keep_plan(psprintf(
+											"UPDATE %s.inbox_offset o SET next_offset = $4, high_watermark = $5, "
+											"last_applied_offset = coalesce($6, o.last_applied_offset), "
+											"last_applied_at = CASE WHEN $6 IS NULL THEN o.last_applied_at ELSE pg_catalog.clock_timestamp() END, "
+											"applied = o.applied + $7, duplicates = o.duplicates + $8, gaps = o.gaps + $9, "
+											"errors = o.errors + $10, dead_lettered = o.dead_lettered + $11, "
+											"skipped = o.skipped + $12, attempts = $13, last_error = $14, "
+											"next_attempt_at = $15, blocked_at = $16, blocked_reason = $17, "
+											"accept_gap = $18, skip_requested = $19, updated_at = pg_catalog.clock_timestamp() "
+											"WHERE o.consumer = $1 AND o.topic = $2 AND o.\"partition\" = $3",
+											s), lengthof(tupd), tupd);
+	agg_read_plan = keep_plan(psprintf(
+									   "SELECT a.last_version FROM %s.inbox_aggregate a "
+									   "WHERE a.consumer = $1 AND a.aggregate_id = $2", s), 2, t2);
+	agg_flush_plan = keep_plan(psprintf(
+										"INSERT INTO %s.inbox_aggregate AS a (consumer, aggregate_id, last_version) "
+										"SELECT $1, u.id, u.v FROM pg_catalog.unnest($2, $3) AS u(id, v) "
+										"ON CONFLICT (consumer, aggregate_id) DO UPDATE SET "
+										"last_version = GREATEST(a.last_version, excluded.last_version), "
+										"updated_at = pg_catalog.clock_timestamp()", s), 3, tflush);
+	claim_plan = keep_plan(psprintf(
+									"INSERT INTO %s.inbox (consumer, event_id) VALUES ($1, $2) "
+									"ON CONFLICT DO NOTHING", s), 2, t2);
+	tdl[0] = TEXTOID;
+	tdl[1] = message_typid;
+	tdl[2] = TEXTOID;
+	tdl[3] = INT4OID;
+	dead_letter_plan = keep_plan(psprintf(
+										  "INSERT INTO %s.inbox_dead_letter (consumer, message, error, attempts) "
+										  "VALUES ($1, $2, $3, $4)", s), 4, tdl);
+	plans_nspid = nspid;
+	return true;
+}
+
+/* ---------- subscriptions ---------- */
+
+/* Why a subscription cannot run (NULL if it can); checked at each refresh. */
+static const char *
+subscription_problem(Oid owner, Oid handler)
+{
+	if (!SearchSysCacheExists1(AUTHOID, ObjectIdGetDatum(owner)))
+		return "its role no longer exists";
+	if (superuser_arg(owner))
+		return "its role is a superuser: handlers never run as one";
+	if (!SearchSysCacheExists1(PROCOID, ObjectIdGetDatum(handler)))
+		return "its handler no longer exists";
+#if PG_VERSION_NUM >= 160000
+	if (object_aclcheck(ProcedureRelationId, handler, owner, ACL_EXECUTE) != ACLCHECK_OK)
+#else
+	if (pg_proc_aclcheck(handler, owner, ACL_EXECUTE) != ACLCHECK_OK)
+#endif
+		return "its role may not execute its handler";
+	return NULL;
+}
+
+static InboxSub *
+find_sub(const char *consumer)
+{
+	ListCell   *lc;
+
+	foreach(lc, subs)
+	{
+		InboxSub   *sub = lfirst(lc);
+
+		if (strcmp(sub->consumer, consumer) == 0)
+			return sub;
+	}
+	return NULL;
+}
+
+/*
+ * Bring the consumers in line with inbox_subscription: join the groups of
+ * new subscriptions, leave those of removed or changed ones.  In a
+ * transaction; false if the extension is not installed.
+ */
+static bool
+refresh_subscriptions(void)
+{
+	ListCell   *lc;
+	MemoryContext old;
+
+	if (!prepare_plans())
+		return false;
+	if (SPI_execute_plan(subs_plan, NULL, NULL, true, 0) != SPI_OK_SELECT)
+		elog(ERROR, "could not read inbox subscriptions");
+
+	foreach(lc, subs)
+		((InboxSub *) lfirst(lc))->seen = false;
+	for (uint64 i = 0; i < SPI_processed; i++)
+	{
+		HeapTuple	tup = SPI_tuptable->vals[i];
+		TupleDesc	desc = SPI_tuptable->tupdesc;
+		bool		isnull;
+		char	   *consumer = SPI_getvalue(tup, desc, 1);
+		char	   *topics = SPI_getvalue(tup, desc, 3);
+		Oid			handler = DatumGetObjectId(SPI_getbinval(tup, desc, 4, &isnull));
+		Oid			owner = DatumGetObjectId(SPI_getbinval(tup, desc, 5, &isnull));
+		InboxSub   *sub = find_sub(consumer);
+		const char *problem = subscription_problem(owner, handler);
+
+		if (sub != NULL && (strcmp(sub->topics, topics) != 0 ||
+							sub->handler != handler || sub->owner != owner))
+		{
+			/* Changed: leave the group and join again with the new topics. */
+			consumer_destroy(sub);
+			subs = list_delete_ptr(subs, sub);
+			sub = NULL;
+		}
+		if (sub == NULL)
+		{
+			old = MemoryContextSwitchTo(subs_context);
+			sub = palloc0(sizeof(InboxSub));
+			sub->consumer = pstrdup(consumer);
+			sub->topics = pstrdup(topics);
+			sub->handler = handler;
+			sub->owner = owner;
+			sub->usable = true;
+			subs = lappend(subs, sub);
+			MemoryContextSwitchTo(old);
+		}
+		sub->seen = true;
+		if ((problem != NULL) == sub->usable)
+		{
+			if (problem)
+				ereport(WARNING,
+						(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
+						 errmsg("outbox inbox: subscription \"%s\" is not applied: %s",
+								consumer, problem),
+						 errhint("Subscribe again as a role that may execute the handler.")));
+			sub->usable = (problem == NULL);
+		}
+		if (!sub->usable)
+			consumer_destroy(sub);
+		else if (sub->rk == NULL)
+			consumer_create(sub, DatumGetArrayTypeP(SPI_getbinval(tup, desc, 2, &isnull)));
+	}
+	foreach(lc, subs)
+	{
+		InboxSub   *sub = lfirst(lc);
+
+		if (!sub->seen)
+		{
+			ereport(LOG, (errmsg("outbox inbox worker %d: consumer \"%s\" unsubscribed",
+								 worker_index, sub->consumer)));
+			consumer_destroy(sub);
+			subs = foreach_delete_current(subs, lc);
+		}
+	}
+	return true;
+}
+
+/* Assign what the group gave us, each partition at its stored offset. */
+static void
+apply_assignment(InboxSub *sub)
+{
+	rd_kafka_topic_partition_list_t *parts = sub->pending_assign;
+	rd_kafka_resp_err_t err;
+
+	for (int i = 0; i < parts->cnt; i++)
+	{
+		Datum		args[3];
+		bool		isnull = true;
+		Datum		d = (Datum) 0;
+
+		args[0] = CStringGetTextDatum(sub->consumer);
+		args[1] = CStringGetTextDatum(parts->elems[i].topic);
+		args[2] = Int32GetDatum(parts->elems[i].partition);
+		if (SPI_execute_plan(offset_read_plan, args, NULL, true, 1) != SPI_OK_SELECT)
+			elog(ERROR, "could not read stored inbox offsets");
+		if (SPI_processed == 1)
+			d = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
+		/* Nothing stored: Kafka's committed offset, else auto.offset.reset. */
+		parts->elems[i].offset = isnull ? RD_KAFKA_OFFSET_INVALID : DatumGetInt64(d);
+	}
+	sub->pending_assign = NULL;
+	err = rd_kafka_assign(sub->rk, parts);
+	rd_kafka_topic_partition_list_destroy(parts);
+	if (err != RD_KAFKA_RESP_ERR_NO_ERROR)
+		ereport(ERROR,
+				(errcode(ERRCODE_CONNECTION_FAILURE),
+				 errmsg("outbox inbox: could not assign partitions of consumer \"%s\": %s",
+						sub->consumer, rd_kafka_err2str(err))));
+	elog(DEBUG1, "outbox inbox worker %d: consumer \"%s\" assigned %d partitions",
+		 worker_index, sub->consumer, parts->cnt);
+}
+
+/* Resume paused partitions whose wait is over, at their stored offsets. */
+static void
+resume_partitions(InboxSub *sub, TimestampTz now)
+{
+	ListCell   *lc;
+
+	foreach(lc, sub->paused)
+	{
+		PausedPartition *pp = lfirst(lc);
+		Datum		args[3];
+		bool		isnull;
+		bool		ready;
+		int64		offset;
+		rd_kafka_topic_partition_list_t *tl;
+		rd_kafka_error_t *error;
+
+		if (pp->resume_at > now)
+			continue;
+		args[0] = CStringGetTextDatum(sub->consumer);
+		args[1] = CStringGetTextDatum(pp->topic);
+		args[2] = Int32GetDatum(pp->partition);
+		if (SPI_execute_plan(offset_read_plan, args, NULL, true, 1) != SPI_OK_SELECT ||
+			SPI_processed != 1)
+			elog(ERROR, "could not read the stored offset of a paused partition");
+		offset = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
+		ready = DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2, &isnull));
+		if (!ready)
+		{
+			/* Blocked (or backing off longer): look again later. */
+			pp->resume_at = TimestampTzPlusMilliseconds(now, INBOX_REFRESH_MS);
+			continue;
+		}
+		tl = rd_kafka_topic_partition_list_new(1);
+		rd_kafka_topic_partition_list_add(tl, pp->topic, pp->partition)->offset = offset;
+		error = rd_kafka_seek_partitions(sub->rk, tl, 0);
+		if (error != NULL)
+		{
+			elog(DEBUG1, "outbox inbox: seek failed: %s", rd_kafka_error_string(error));
+			rd_kafka_error_destroy(error);
+		}
+		rd_kafka_resume_partitions(sub->rk, tl);
+		rd_kafka_topic_partition_list_destroy(tl);
+		pfree(pp->topic);
+		pfree(pp);
+		sub->paused = foreach_delete_current(sub->paused, lc);
+	}
+}
+
+/* ---------- messages ---------- */
+
+/* A header value as text, or NULL if it is not valid text. */
+static char *
+header_text(const void *value, size_t size)
+{
+	if (value == NULL || memchr(value, '\0', size) != NULL ||
+		!pg_verifymbstr((const char *) value, (int) size, true))
+		return NULL;
+	return pnstrdup((const char *) value, size);
+}
+
+/* The message's headers as jsonb, and the ones the publisher sets. */
+static void
+parse_headers(const rd_kafka_message_t *m, MessageMeta *meta)
+{
+	rd_kafka_headers_t *hdrs = NULL;
+	StringInfoData json;
+	const char *name;
+	const void *value;
+	size_t		size;
+	bool		first = true;
+
+	memset(meta, 0, sizeof(*meta));
+	if (rd_kafka_message_headers(m, &hdrs) != RD_KAFKA_RESP_ERR_NO_ERROR)
+		return;
+	initStringInfo(&json);
+	appendStringInfoChar(&json, '{');
+	for (size_t i = 0; rd_kafka_header_get_all(hdrs, i, &name, &value, &size) == RD_KAFKA_RESP_ERR_NO_ERROR; i++)
+	{
+		char	   *v = header_text(value, size);
+
+		if (!pg_verifymbstr(name, strlen(name), true))
+			continue;
+		if (!first)
+			appendStringInfoChar(&json, ',');
+		first = false;
+		escape_json(&json, name);
+		appendStringInfoChar(&json, ':');
+		if (v == NULL)
+			appendStringInfoString(&json, "null");
+		else
+			escape_json(&json, v);
+		if (v == NULL)
+			continue;
+		if (strcmp(name, "event_id") == 0 && v[0] != '\0')
+			meta->event_id = v;
+		else if (strcmp(name, "event_type") == 0)
+			meta->event_type = v;
+		else if (strcmp(name, "aggregate_type") == 0)
+			meta->aggregate_type = v;
+		else if (strcmp(name, "aggregate_id") == 0 && v[0] != '\0')
+			meta->aggregate_id = v;
+		else if (strcmp(name, "aggregate_version") == 0)
+		{
+			char	   *end;
+			long long	ver = strtoll(v, &end, 10);
+
+			if (*end == '\0' && ver > 0)
+				meta->aggregate_version = ver;
+		}
+	}
+	appendStringInfoChar(&json, '}');
+	meta->headers = DirectFunctionCall1(jsonb_in, CStringGetDatum(json.data));
+}
+
+/* The payload as jsonb if it is JSON text, else 0. */
+static Datum
+payload_jsonb(const rd_kafka_message_t *m)
+{
+	char	   *text = header_text(m->payload, m->len);
+	JsonLexContext *lex;
+	bool		ok;
+
+	if (text == NULL || m->payload == NULL)
+		return (Datum) 0;
+#if PG_VERSION_NUM >= 170000
+	lex = makeJsonLexContextCstringLen(NULL, text, strlen(text), GetDatabaseEncoding(), true);
+#else
+	lex = makeJsonLexContextCstringLen(text, strlen(text), GetDatabaseEncoding(), true);
+#endif
+	ok = (pg_parse_json(lex, &nullSemAction) == JSON_SUCCESS);
+	if (!ok)
+		return (Datum) 0;
+	/* Valid JSON can still be refused by jsonb (\u0000): an error here. */
+	return DirectFunctionCall1(jsonb_in, CStringGetDatum(text));
+}
+
+/* The inbox_message composite handed to the handler. */
+static Datum
+message_datum(InboxSub *sub, const rd_kafka_message_t *m, MessageMeta *meta)
+{
+	Datum		values[14];
+	bool		nulls[14];
+	rd_kafka_timestamp_type_t tstype;
+	int64		ts = rd_kafka_message_timestamp(m, &tstype);
+	char	   *key = m->key ? header_text(m->key, m->key_len) : NULL;
+	Datum		payload = payload_jsonb(m);
+	bytea	   *bytes = NULL;
+
+	memset(nulls, 0, sizeof(nulls));
+	values[0] = CStringGetTextDatum(sub->consumer);
+	values[1] = CStringGetTextDatum(rd_kafka_topic_name(m->rkt));
+	values[2] = Int32GetDatum(m->partition);
+	values[3] = Int64GetDatum(m->offset);
+#define TEXT_OR_NULL(i, s) ((s) ? (values[i] = CStringGetTextDatum(s)) : (nulls[i] = true, (Datum) 0))
+	TEXT_OR_NULL(4, key);
+	TEXT_OR_NULL(5, meta->event_id);
+	TEXT_OR_NULL(6, meta->event_type);
+	TEXT_OR_NULL(7, meta->aggregate_type);
+	TEXT_OR_NULL(8, meta->aggregate_id);
+#undef TEXT_OR_NULL
+	values[9] = Int64GetDatum(meta->aggregate_version);
+	nulls[9] = meta->aggregate_version == 0;
+	values[10] = meta->headers;
+	nulls[10] = meta->headers == (Datum) 0;
+	values[11] = payload;
+	nulls[11] = payload == (Datum) 0;
+	if (m->payload != NULL)
+	{
+		bytes = palloc(VARHDRSZ + m->len);
+		SET_VARSIZE(bytes, VARHDRSZ + m->len);
+		memcpy(VARDATA(bytes), m->payload, m->len);
+		values[12] = PointerGetDatum(bytes);
+	}
+	nulls[12] = bytes == NULL;
+	/* Milliseconds since the Unix epoch to microseconds since 2000. */
+	values[13] = TimestampTzGetDatum(ts * 1000 -
+									 (int64) (POSTGRES_EPOCH_JDATE - UNIX_EPOCH_JDATE) * USECS_PER_DAY);
+	nulls[13] = ts < 0;
+	return heap_copy_tuple_as_datum(heap_form_tuple(message_desc, values, nulls), message_desc);
+}
+
+/* ---------- one batch ---------- */
+
+/* Hash of an InboxAggregate key (a char * to the aggregate id). */
+static uint32
+agg_hash(const void *key, Size keysize)
+{
+	const char *s = *(const char *const *) key;
+
+	return hash_bytes((const unsigned char *) s, strlen(s));
+}
+
+static int
+agg_match(const void *key1, const void *key2, Size keysize)
+{
+	return strcmp(*(const char *const *) key1, *(const char *const *) key2);
+}
+
+/* The cached version state of an aggregate, read from the table once. */
+static InboxAggregate *
+aggregate_state(HTAB *aggs, InboxSub *sub, const char *aggregate_id)
+{
+	bool		found;
+	char	   *key = (char *) aggregate_id;
+	InboxAggregate   *a = hash_search(aggs, &key, HASH_ENTER, &found);
+
+	if (!found)
+	{
+		Datum		args[2];
+		bool		isnull;
+
+		a->aggregate_id = pstrdup(aggregate_id);
+		a->last_version = 0;
+		a->dirty = false;
+		args[0] = CStringGetTextDatum(sub->consumer);
+		args[1] = CStringGetTextDatum(aggregate_id);
+		if (SPI_execute_plan(agg_read_plan, args, NULL, false, 1) != SPI_OK_SELECT)
+			elog(ERROR, "could not read an inbox aggregate version");
+		if (SPI_processed == 1)
+			a->last_version = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],
+														  SPI_tuptable->tupdesc, 1, &isnull));
+	}
+	return a;
+}
+
+/* Record a disposed-of event as claimed, so a replay of it is a duplicate. */
+static void
+claim(InboxSub *sub, const char *identity, bool *claimed)
+{
+	Datum		args[2];
+
+	args[0] = CStringGetTextDatum(sub->consumer);
+	args[1] = CStringGetTextDatum(identity);
+	if (SPI_execute_plan(claim_plan, args, NULL, false, 0) != SPI_OK_INSERT)
+		elog(ERROR, "inbox claim failed");
+	if (claimed)
+		*claimed = SPI_processed == 1;
+}
+
+/* Call the handler as the subscription's role, in a restricted operation. */
+static void
+call_handler(InboxSub *sub, FmgrInfo *flinfo, Datum message)
+{
+	Oid			save_userid;
+	int			save_sec;
+	LOCAL_FCINFO(fcinfo, 1);
+
+	GetUserIdAndSecContext(&save_userid, &save_sec);
+	SetUserIdAndSecContext(sub->owner, save_sec | SECURITY_LOCAL_USERID_CHANGE |
+						   SECURITY_RESTRICTED_OPERATION);
+	InitFunctionCallInfoData(*fcinfo, flinfo, 1, InvalidOid, NULL, NULL);
+	fcinfo->args[0].value = message;
+	fcinfo->args[0].isnull = false;
+	(void) FunctionCallInvoke(fcinfo);
+	/* On error the subtransaction's abort restores the user. */
+	SetUserIdAndSecContext(save_userid, save_sec);
+}
+
+/* Stop a partition at a message for the rest of the batch. */
+static void
+stop_partition(PartState *ps, int64 offset)
+{
+	ps->stopped = true;
+	ps->stop_offset = offset;
+}
+
+/* The message is done with: the partition moves past it. */
+static void
+advance(PartState *ps, const rd_kafka_message_t *m)
+{
+	ps->next_offset = m->offset + 1;
+}
+
+/* A failed handler: back off, or apply the poison policy. */
+static void
+handler_failed(InboxSub *sub, PartState *ps, const rd_kafka_message_t *m,
+			   Datum message, InboxAggregate *agg, int64 version,
+			   const char *identity, const char *error)
+{
+	ps->errors++;
+	ps->attempts++;
+	ps->last_error = pstrdup(error);
+	if (ps->attempts < inbox_max_attempts)
+	{
+		int64		wait = (int64) inbox_retry_backoff_ms << Min(ps->attempts - 1, 20);
+
+		ps->next_attempt_at = TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
+														  Min(wait, INBOX_MAX_BACKOFF_MS));
+		stop_partition(ps, m->offset);
+		return;
+	}
+	switch ((PoisonPolicy) inbox_poison_policy)
+	{
+		case POISON_BLOCK:
+			ps->blocked_at = GetCurrentTimestamp();
+			ps->blocked_reason = psprintf("handler failed %d times", ps->attempts);
+			ps->next_attempt_at = 0;
+			stop_partition(ps, m->offset);
+			ereport(LOG,
+					(errmsg("outbox inbox: consumer \"%s\" blocked at offset %lld of partition %d of topic \"%s\"",
+							sub->consumer, (long long) m->offset, m->partition, ps->topic),
+					 errdetail_internal("%s", error),
+					 errhint("Fix the handler, then call inbox_retry() or inbox_skip().")));
+			return;
+		case POISON_DEAD_LETTER:
+			{
+				Datum		args[4];
+
+				args[0] = CStringGetTextDatum(sub->consumer);
+				args[1] = message;
+				args[2] = CStringGetTextDatum(error);
+				args[3] = Int32GetDatum(ps->attempts);
+				if (SPI_execute_plan(dead_letter_plan, args, NULL, false, 0) != SPI_OK_INSERT)
+					elog(ERROR, "could not insert an inbox dead letter");
+				ps->dead_lettered++;
+				break;
+			}
+		case POISON_SKIP:
+			ps->skipped++;
+			break;
+	}
+	claim(sub, identity, NULL);
+	if (agg != NULL && version > agg->last_version)
+	{
+		agg->last_version = version;
+		agg->dirty = true;
+	}
+	ps->attempts = 0;
+	ps->next_attempt_at = 0;
+	advance(ps, m);
+}
+
+/* Apply one message at the partition's next offset. */
+static void
+apply_message(InboxSub *sub, PartState *ps, HTAB *aggs, FmgrInfo *flinfo,
+			  const rd_kafka_message_t *m)
+{
+	MessageMeta meta;
+	InboxAggregate   *agg = NULL;
+	char	   *identity;
+	bool		gap = false;
+	volatile bool claimed = false;
+	Datum		message;
+	MemoryContext cxt = CurrentMemoryContext;
+	ResourceOwner owner = CurrentResourceOwner;
+	volatile bool failed = false;
+	char	   *volatile error = NULL;
+
+	parse_headers(m, &meta);
+	identity = meta.event_id ? meta.event_id :
+		psprintf("%s/%d/%lld", ps->topic, m->partition, (long long) m->offset);
+	if (meta.aggregate_id && meta.aggregate_version > 0)
+	{
+		agg = aggregate_state(aggs, sub, meta.aggregate_id);
+		if (meta.aggregate_version <= agg->last_version)
+		{
+			ps->duplicates++;
+			advance(ps, m);
+			return;
+		}
+		gap = meta.aggregate_version > agg->last_version + 1;
+		if (gap && inbox_gap_policy == INBOX_GAP_BLOCK && !ps->accept_gap)
+		{
+			ps->blocked_at = GetCurrentTimestamp();
+			ps->blocked_reason = psprintf("gap: aggregate \"%s\" expected version %lld, got %lld",
+										  meta.aggregate_id, (long long) agg->last_version + 1,
+										  (long long) meta.aggregate_version);
+			stop_partition(ps, m->offset);
+			return;
+		}
+	}
+	message = message_datum(sub, m, &meta);
+
+	BeginInternalSubTransaction(NULL);
+	MemoryContextSwitchTo(cxt);
+	PG_TRY();
+	{
+		bool		fresh;
+
+		claim(sub, identity, &fresh);
+		claimed = fresh;
+		if (fresh)
+			call_handler(sub, flinfo, message);
+		ReleaseCurrentSubTransaction();
+	}
+	PG_CATCH();
+	{
+		ErrorData  *edata;
+
+		MemoryContextSwitchTo(cxt);
+		edata = CopyErrorData();
+		FlushErrorState();
+		RollbackAndReleaseCurrentSubTransaction();
+		error = edata->message;
+		failed = true;
+	}
+	PG_END_TRY();
+	MemoryContextSwitchTo(cxt);
+	CurrentResourceOwner = owner;
+
+	if (failed)
+	{
+		handler_failed(sub, ps, m, message, agg, meta.aggregate_version, identity, error);
+		return;
+	}
+	if (!claimed)
+		ps->duplicates++;
+	else
+	{
+		ps->applied++;
+		ps->gaps += gap ? 1 : 0;
+		ps->last_applied_offset = m->offset;
+		ps->accept_gap = false;
+	}
+	ps->attempts = 0;
+	ps->next_attempt_at = 0;
+	if (agg != NULL && meta.aggregate_version > agg->last_version)
+	{
+		agg->last_version = meta.aggregate_version;
+		agg->dirty = true;
+	}
+	advance(ps, m);
+}
+
+/* Lock (creating if need be) a partition's row and load its state. */
+static void
+lock_partition(InboxSub *sub, PartState *ps)
+{
+	Datum		args[3];
+	HeapTuple	tup;
+	TupleDesc	desc;
+	bool		isnull;
+	Datum		d;
+
+	args[0] = CStringGetTextDatum(sub->consumer);
+	args[1] = CStringGetTextDatum(ps->topic);
+	args[2] = Int32GetDatum(ps->partition);
+	for (int tries = 0;; tries++)
+	{
+		if (SPI_execute_plan(offset_lock_plan, args, NULL, false, 1) != SPI_OK_SELECT)
+			elog(ERROR, "could not lock an inbox partition");
+		if (SPI_processed == 1 || tries > 0)
+			break;
+		if (SPI_execute_plan(offset_insert_plan, args, NULL, false, 0) != SPI_OK_INSERT)
+			elog(ERROR, "could not create an inbox partition");
+	}
+	if (SPI_processed != 1)
+		elog(ERROR, "inbox partition row vanished");
+	tup = SPI_tuptable->vals[0];
+	desc = SPI_tuptable->tupdesc;
+	d = SPI_getbinval(tup, desc, 1, &isnull);
+	ps->next_offset = isnull ? -1 : DatumGetInt64(d);
+	ps->attempts = DatumGetInt32(SPI_getbinval(tup, desc, 2, &isnull));
+	ps->last_error = SPI_getvalue(tup, desc, 3);
+	d = SPI_getbinval(tup, desc, 4, &isnull);
+	ps->next_attempt_at = isnull ? 0 : DatumGetTimestampTz(d);
+	d = SPI_getbinval(tup, desc, 5, &isnull);
+	ps->blocked_at = isnull ? 0 : DatumGetTimestampTz(d);
+	ps->blocked_reason = SPI_getvalue(tup, desc, 6);
+	ps->accept_gap = DatumGetBool(SPI_getbinval(tup, desc, 7, &isnull));
+	ps->skip_requested = DatumGetBool(SPI_getbinval(tup, desc, 8, &isnull));
+	ps->last_applied_offset = -1;
+}
+
+/* Write a partition's new state, in the batch's transaction. */
+static void
+save_partition(InboxSub *sub, PartState *ps)
+{
+	Datum		v[19];
+	char		n[19];
+	int64		lo,
+				hi;
+
+	memset(n, ' ', sizeof(n));
+	v[0] = CStringGetTextDatum(sub->consumer);
+	v[1] = CStringGetTextDatum(ps->topic);
+	v[2] = Int32GetDatum(ps->partition);
+	v[3] = Int64GetDatum(ps->next_offset);
+	n[3] = ps->next_offset < 0 ? 'n' : ' ';
+	/* Cached from fetch responses: no round trip. */
+	if (rd_kafka_get_watermark_offsets(sub->rk, ps->topic, ps->partition, &lo, &hi) == RD_KAFKA_RESP_ERR_NO_ERROR && hi >= 0)
+		v[4] = Int64GetDatum(hi);
+	else
+		n[4] = 'n';
+	v[5] = Int64GetDatum(ps->last_applied_offset);
+	n[5] = ps->last_applied_offset < 0 ? 'n' : ' ';
+	v[6] = Int64GetDatum(ps->applied);
+	v[7] = Int64GetDatum(ps->duplicates);
+	v[8] = Int64GetDatum(ps->gaps);
+	v[9] = Int64GetDatum(ps->errors);
+	v[10] = Int64GetDatum(ps->dead_lettered);
+	v[11] = Int64GetDatum(ps->skipped);
+	v[12] = Int32GetDatum(ps->attempts);
+	v[13] = ps->last_error ? CStringGetTextDatum(ps->last_error) : (n[13] = 'n', (Datum) 0);
+	v[14] = TimestampTzGetDatum(ps->next_attempt_at);
+	n[14] = ps->next_attempt_at == 0 ? 'n' : ' ';
+	v[15] = TimestampTzGetDatum(ps->blocked_at);
+	n[15] = ps->blocked_at == 0 ? 'n' : ' ';
+	v[16] = ps->blocked_reason ? CStringGetTextDatum(ps->blocked_reason) : (n[16] = 'n', (Datum) 0);
+	v[17] = BoolGetDatum(ps->accept_gap);
+	v[18] = BoolGetDatum(ps->skip_requested);
+	if (SPI_execute_plan(offset_update_plan, v, n, false, 0) != SPI_OK_UPDATE)
+		elog(ERROR, "could not store an inbox offset");
+}
+
+/* qsort comparator: partitions by topic, then number (the lock order). */
+static int
+part_cmp(const void *a, const void *b)
+{
+	const PartState *x = a;
+	const PartState *y = b;
+	int			c = strcmp(x->topic, y->topic);
+
+	return c != 0 ? c : (x->partition > y->partition) - (x->partition < y->partition);
+}
+
+/* qsort comparator of aggregate ids (the lock order of the flush). */
+static int
+agg_cmp(const void *a, const void *b)
+{
+	return strcmp((*(InboxAggregate *const *) a)->aggregate_id, (*(InboxAggregate *const *) b)->aggregate_id);
+}
+
+/* Upsert the versions of the aggregates the batch moved. */
+static void
+flush_aggregates(InboxSub *sub, HTAB *aggs)
+{
+	long		n = hash_get_num_entries(aggs);
+	InboxAggregate  **list = palloc(sizeof(InboxAggregate *) * Max(n, 1));
+	Datum	   *ids = palloc(sizeof(Datum) * Max(n, 1));
+	Datum	   *vers = palloc(sizeof(Datum) * Max(n, 1));
+	HASH_SEQ_STATUS seq;
+	InboxAggregate   *a;
+	int			k = 0;
+	Datum		args[3];
+
+	hash_seq_init(&seq, aggs);
+	while ((a = hash_seq_search(&seq)) != NULL)
+		if (a->dirty)
+			list[k++] = a;
+	if (k == 0)
+		return;
+	qsort(list, k, sizeof(InboxAggregate *), agg_cmp);
+	for (int i = 0; i < k; i++)
+	{
+		ids[i] = CStringGetTextDatum(list[i]->aggregate_id);
+		vers[i] = Int64GetDatum(list[i]->last_version);
+	}
+	args[0] = CStringGetTextDatum(sub->consumer);
+	args[1] = PointerGetDatum(construct_array(ids, k, TEXTOID, -1, false, TYPALIGN_INT));
+	args[2] = PointerGetDatum(construct_array(vers, k, INT8OID, 8, FLOAT8PASSBYVAL, TYPALIGN_DOUBLE));
+	if (SPI_execute_plan(agg_flush_plan, args, NULL, false, 0) != SPI_OK_INSERT)
+		elog(ERROR, "could not store inbox aggregate versions");
+}
+
+/* The partition states of a batch, one per partition seen, sorted. */
+static PartState *
+batch_partitions(rd_kafka_message_t **msgs, int n, int *nparts)
+{
+	PartState  *parts = palloc0(sizeof(PartState) * n);
+	int			k = 0;
+
+	for (int i = 0; i < n; i++)
+	{
+		const char *topic = rd_kafka_topic_name(msgs[i]->rkt);
+		int			j;
+
+		for (j = 0; j < k; j++)
+			if (parts[j].partition == msgs[i]->partition && strcmp(parts[j].topic, topic) == 0)
+				break;
+		if (j == k)
+		{
+			parts[k].topic = pstrdup(topic);
+			parts[k].partition = msgs[i]->partition;
+			k++;
+		}
+	}
+	qsort(parts, k, sizeof(PartState), part_cmp);
+	*nparts = k;
+	return parts;
+}
+
+static PartState *
+find_part(PartState *parts, int nparts, const rd_kafka_message_t *m)
+{
+	const char *topic = rd_kafka_topic_name(m->rkt);
+
+	for (int j = 0; j < nparts; j++)
+		if (parts[j].partition == m->partition && strcmp(parts[j].topic, topic) == 0)
+			return &parts[j];
+	elog(ERROR, "inbox batch lost track of a partition");
+	return NULL;				/* keep compiler quiet */
+}
+
+/* Is the partition paused, waiting to be resumed at its stored offset? */
+static bool
+is_paused(InboxSub *sub, PartState *ps)
+{
+	ListCell   *lc;
+
+	foreach(lc, sub->paused)
+	{
+		PausedPartition *pp = lfirst(lc);
+
+		if (pp->partition == ps->partition && strcmp(pp->topic, ps->topic) == 0)
+			return true;
+	}
+	return false;
+}
+
+/* Pause a stopped partition where it stopped; it resumes from the table. */
+static void
+pause_partition(InboxSub *sub, PartState *ps)
+{
+	rd_kafka_topic_partition_list_t *tl = rd_kafka_topic_partition_list_new(1);
+	MemoryContext old = MemoryContextSwitchTo(subs_context);
+	PausedPartition *pp = palloc(sizeof(PausedPartition));
+
+	pp->topic = pstrdup(ps->topic);
+	pp->partition = ps->partition;
+	pp->resume_at = ps->blocked_at != 0 ? TimestampTzPlusMilliseconds(GetCurrentTimestamp(), INBOX_REFRESH_MS)
+		: ps->next_attempt_at;
+	sub->paused = lappend(sub->paused, pp);
+	MemoryContextSwitchTo(old);
+	rd_kafka_topic_partition_list_add(tl, ps->topic, ps->partition);
+	rd_kafka_pause_partitions(sub->rk, tl);
+	rd_kafka_topic_partition_list_destroy(tl);
+}
+
+/*
+ * Apply a batch of messages in one transaction.  Returns the number of
+ * messages applied or dropped as duplicates.
+ */
+static int
+run_batch(InboxSub *sub, rd_kafka_message_t **msgs, int n)
+{
+	int			nparts;
+	PartState  *parts;
+	HASHCTL		hctl;
+	HTAB	   *aggs;
+	FmgrInfo	flinfo;
+	rd_kafka_topic_partition_list_t *commit;
+	int			done = 0;
+
+	parts = batch_partitions(msgs, n, &nparts);
+	memset(&hctl, 0, sizeof(hctl));
+	hctl.keysize = sizeof(char *);
+	hctl.entrysize = sizeof(InboxAggregate);
+	hctl.hcxt = CurrentMemoryContext;
+	hctl.hash = agg_hash;
+	hctl.match = agg_match;
+	aggs = hash_create("inbox aggregates", 256, &hctl,
+					   HASH_ELEM | HASH_FUNCTION | HASH_COMPARE | HASH_CONTEXT);
+
+	fmgr_info(sub->handler, &flinfo);
+	for (int i = 0; i < nparts; i++)
+	{
+		lock_partition(sub, &parts[i]);
+		/* Messages fetched before it was paused: they come again. */
+		if (is_paused(sub, &parts[i]))
+		{
+			parts[i].stopped = true;
+			parts[i].was_paused = true;
+		}
+	}
+
+	for (int i = 0; i < n; i++)
+	{
+		rd_kafka_message_t *m = msgs[i];
+		PartState  *ps = find_part(parts, nparts, m);
+
+		CHECK_FOR_INTERRUPTS();
+		if (ps->stopped)
+			continue;
+		/* Already applied: a re-delivery, or another worker's. */
+		if (ps->next_offset >= 0 && m->offset < ps->next_offset)
+			continue;
+		if (ps->blocked_at != 0 ||
+			(ps->next_attempt_at != 0 && ps->next_attempt_at > GetCurrentTimestamp()))
+		{
+			stop_partition(ps, m->offset);
+			continue;
+		}
+		if (ps->skip_requested)
+		{
+			ps->skip_requested = false;
+			ps->skipped++;
+			advance(ps, m);
+			done++;
+			continue;
+		}
+		apply_message(sub, ps, aggs, &flinfo, m);
+		if (!ps->stopped)
+			done++;
+	}
+
+	flush_aggregates(sub, aggs);
+	commit = rd_kafka_topic_partition_list_new(nparts);
+	for (int i = 0; i < nparts; i++)
+	{
+		save_partition(sub, &parts[i]);
+		if (parts[i].next_offset >= 0)
+			rd_kafka_topic_partition_list_add(commit, parts[i].topic,
+											  parts[i].partition)->offset = parts[i].next_offset;
+	}
+	PopActiveSnapshot();
+	SPI_finish();
+	CommitTransactionCommand();
+
+	/* Stopped partitions wait; the rest of their messages come again. */
+	for (int i = 0; i < nparts; i++)
+		if (parts[i].stopped && !parts[i].was_paused)
+			pause_partition(sub, &parts[i]);
+	/* For lag monitoring only: the table is the position of record. */
+	if (commit->cnt > 0)
+		(void) rd_kafka_commit(sub->rk, commit, 1);
+	rd_kafka_topic_partition_list_destroy(commit);
+	return done;
+}
+
+/* ---------- the loop ---------- */
+
+/* Messages of one consumer waiting to be applied (at most a batch). */
+static rd_kafka_message_t **batch_msgs = NULL;
+static int	batch_n = 0;
+
+static void
+destroy_batch(void)
+{
+	for (int i = 0; i < batch_n; i++)
+		rd_kafka_message_destroy(batch_msgs[i]);
+	batch_n = 0;
+}
+
+/* Take what the consumer has fetched, without waiting. */
+static void
+poll_consumer(InboxSub *sub)
+{
+	rd_kafka_message_t *m;
+
+	while (batch_n < inbox_batch_size &&
+		   (m = rd_kafka_consumer_poll(sub->rk, 0)) != NULL)
+	{
+		if (m->err)
+		{
+			if (m->err != RD_KAFKA_RESP_ERR__PARTITION_EOF)
+				elog(DEBUG1, "outbox inbox: consumer \"%s\": %s", sub->consumer,
+					 rd_kafka_message_errstr(m));
+			rd_kafka_message_destroy(m);
+			continue;
+		}
+		batch_msgs[batch_n++] = m;
+	}
+}
+
+/* Begin a transaction with SPI and a snapshot, for one step. */
+static void
+begin_step(void)
+{
+	SetCurrentStatementStartTimestamp();
+	StartTransactionCommand();
+	if (SPI_connect() != SPI_OK_CONNECT)
+		elog(ERROR, "SPI_connect failed");
+	PushActiveSnapshot(GetTransactionSnapshot());
+}
+
+static void
+end_step(void)
+{
+	PopActiveSnapshot();
+	SPI_finish();
+	CommitTransactionCommand();
+}
+
+/*
+ * One pass: refresh subscriptions when due, assign and resume partitions,
+ * then take a batch from each consumer and apply it.  Returns the number of
+ * messages handled; -1 if the extension is not installed.
+ */
+static int
+inbox_step(void)
+{
+	TimestampTz now = GetCurrentTimestamp();
+	int			total = 0;
+	ListCell   *lc;
+
+	if (TimestampDifferenceExceeds(last_refresh, now, INBOX_REFRESH_MS) || plans_nspid == InvalidOid)
+	{
+		bool		installed;
+
+		pgstat_report_activity(STATE_RUNNING, "refreshing subscriptions");
+		begin_step();
+		installed = refresh_subscriptions();
+		end_step();
+		last_refresh = now;
+		if (!installed)
+		{
+			foreach(lc, subs)
+				consumer_destroy((InboxSub *) lfirst(lc));
+			subs = NIL;
+			plans_nspid = InvalidOid;
+			return -1;
+		}
+	}
+
+	foreach(lc, subs)
+	{
+		InboxSub   *sub = lfirst(lc);
+
+		if (sub->rk == NULL)
+			continue;
+		poll_consumer(sub);
+		if (sub->pending_assign != NULL)
+		{
+			/* What was fetched before is fetched again from the offsets. */
+			destroy_batch();
+			begin_step();
+			apply_assignment(sub);
+			end_step();
+			poll_consumer(sub);
+		}
+		else if (sub->paused != NIL)
+		{
+			begin_step();
+			resume_partitions(sub, now);
+			end_step();
+		}
+		if (batch_n == 0)
+			continue;
+		pgstat_report_activity(STATE_RUNNING, psprintf("applying %d messages of \"%s\"",
+													   batch_n, sub->consumer));
+		PG_TRY();
+		{
+			begin_step();
+			total += run_batch(sub, batch_msgs, batch_n);
+		}
+		PG_CATCH();
+		{
+			/*
+			 * After a failed batch the consumer has moved past messages it
+			 * did not apply: assign again, from the stored offsets.
+			 */
+			if (sub->rk != NULL && sub->pending_assign == NULL)
+				(void) rd_kafka_assignment(sub->rk, &sub->pending_assign);
+			destroy_batch();
+			PG_RE_THROW();
+		}
+		PG_END_TRY();
+		destroy_batch();
+	}
+	return total;
+}
+
+/* Log a worker error once per condition. */
+static void
+log_inbox_error(void)
+{
+	ErrorData  *edata;
+	MemoryContext old = MemoryContextSwitchTo(loop_context);
+
+	edata = CopyErrorData();
+	MemoryContextSwitchTo(old);
+	FlushErrorState();
+	if (strncmp(last_logged_error, edata->message, sizeof(last_logged_error) - 1) != 0)
+	{
+		ereport(LOG,
+				(errmsg("outbox inbox worker %d: %s", worker_index, edata->message),
+				 edata->detail ? errdetail_internal("%s", edata->detail) : 0,
+				 errhint("The inbox worker retries with backoff.")));
+		strlcpy(last_logged_error, edata->message, sizeof(last_logged_error));
+	}
+}
+
+/* Leave every group when the Kafka settings change: join again with them. */
+static void
+check_consumer_settings(void)
+{
+	ListCell   *lc;
+
+	if (consumer_brokers != NULL &&
+		strcmp(consumer_brokers, inbox_brokers[0] ? inbox_brokers : outbox_brokers) == 0 &&
+		strcmp(consumer_properties, inbox_kafka_properties) == 0)
+		return;
+	if (consumer_brokers != NULL)
+	{
+		ereport(LOG, (errmsg("outbox inbox worker %d: Kafka settings changed, recreating the consumers",
+							 worker_index)));
+		foreach(lc, subs)
+			consumer_destroy((InboxSub *) lfirst(lc));
+		list_free(subs);
+		subs = NIL;
+		MemoryContextReset(subs_context);
+		last_refresh = 0;
+	}
+	consumer_brokers = MemoryContextStrdup(TopMemoryContext,
+										   inbox_brokers[0] ? inbox_brokers : outbox_brokers);
+	consumer_properties = MemoryContextStrdup(TopMemoryContext, inbox_kafka_properties);
+}
+
+void
+inbox_worker_main(Datum main_arg)
+{
+	const char *db;
+	int			backoff_ms = INBOX_ERROR_BACKOFF_MS;
+	bool		logged_missing = false;
+
+	worker_index = DatumGetInt32(main_arg);
+	pqsignal(SIGHUP, SignalHandlerForConfigReload);
+	pqsignal(SIGTERM, die);
+	BackgroundWorkerUnblockSignals();
+
+	db = inbox_database[0] ? inbox_database : outbox_database;
+	BackgroundWorkerInitializeConnection(db, NULL, 0);
+	/* Our own statements name everything qualified. */
+	SetConfigOption("search_path", "pg_catalog, pg_temp", PGC_SUSET, PGC_S_OVERRIDE);
+
+	subs_context = AllocSetContextCreate(TopMemoryContext, "inbox subscriptions",
+										 ALLOCSET_DEFAULT_SIZES);
+	loop_context = AllocSetContextCreate(TopMemoryContext, "inbox loop",
+										 ALLOCSET_DEFAULT_SIZES);
+	batch_msgs = MemoryContextAlloc(TopMemoryContext,
+									sizeof(rd_kafka_message_t *) * 100000);
+	check_consumer_settings();
+	on_shmem_exit(inbox_worker_exit, (Datum) 0);
+	ereport(LOG, (errmsg("outbox inbox worker %d started for database \"%s\"",
+						 worker_index, db)));
+
+	for (;;)
+	{
+		int			n = 0;
+		bool		failed = false;
+		long		wait_ms;
+
+		CHECK_FOR_INTERRUPTS();
+		if (ConfigReloadPending)
+		{
+			ConfigReloadPending = false;
+			ProcessConfigFile(PGC_SIGHUP);
+			check_consumer_settings();
+		}
+		MemoryContextReset(loop_context);
+		MemoryContextSwitchTo(loop_context);
+
+		PG_TRY();
+		{
+			n = inbox_step();
+		}
+		PG_CATCH();
+		{
+			HOLD_INTERRUPTS();
+			log_inbox_error();
+			AbortCurrentTransaction();
+			RESUME_INTERRUPTS();
+			failed = true;
+		}
+		PG_END_TRY();
+		MemoryContextSwitchTo(loop_context);
+		(void) pgstat_report_stat(false);
+
+		if (failed)
+		{
+			wait_ms = backoff_ms;
+			backoff_ms = Min(backoff_ms * 2, 60 * 1000);
+		}
+		else
+		{
+			backoff_ms = INBOX_ERROR_BACKOFF_MS;
+			last_logged_error[0] = '\0';
+			if (n < 0 && !logged_missing)
+				ereport(LOG,
+						(errmsg("outbox inbox worker %d: extension \"outbox\" is not installed in database \"%s\"; waiting",
+								worker_index, db)));
+			logged_missing = (n < 0);
+			if (n > 0)
+				continue;
+			/* Idle: nothing subscribed waits for the refresh. */
+			wait_ms = subs == NIL ? INBOX_REFRESH_MS : INBOX_IDLE_WAIT_MS;
+		}
+		pgstat_report_activity(STATE_IDLE, NULL);
+		(void) WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
+						 wait_ms, PG_WAIT_EXTENSION);
+		ResetLatch(MyLatch);
+	}
+}

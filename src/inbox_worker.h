@@ -1,0 +1,38 @@
+/*-------------------------------------------------------------------------
+ *
+ * inbox_worker.h
+ *	  The consumer half: inbox workers applying Kafka events to PostgreSQL.
+ *
+ *-------------------------------------------------------------------------
+ */
+#ifndef OUTBOX_INBOX_WORKER_H
+#define OUTBOX_INBOX_WORKER_H
+
+#include "postgres.h"
+
+#define INBOX_MAX_WORKERS 16
+
+/* What a partition does with a message above the aggregate's next version. */
+typedef enum InboxGapPolicy
+{
+	INBOX_GAP_APPLY,
+	INBOX_GAP_BLOCK
+} InboxGapPolicy;
+
+/* Settings (outbox.inbox_*) */
+extern int	inbox_workers;
+extern char *inbox_database;
+extern char *inbox_brokers;
+extern char *inbox_kafka_properties;
+extern int	inbox_batch_size;
+extern int	inbox_max_attempts;
+extern int	inbox_retry_backoff_ms;
+extern int	inbox_poison_policy;
+extern int	inbox_gap_policy;
+
+/* inbox_worker.c */
+extern void inbox_worker_init(void);
+extern PGDLLEXPORT void inbox_worker_main(Datum main_arg);
+extern char *inbox_consumer_properties_check(const char *properties);
+
+#endif							/* OUTBOX_INBOX_WORKER_H */
