@@ -231,7 +231,7 @@ inbox_subscribe(PG_FUNCTION_ARGS)
 
 	ereport(LOG,
 			(errmsg("outbox: role \"%s\" subscribed consumer \"%s\" with handler %s",
-					GetUserNameFromId(role, false), consumer, format_procedure(handler))));
+					GetUserNameFromId(role, false), consumer, format_procedure_qualified(handler))));
 	PG_RETURN_VOID();
 }
 

@@ -525,7 +525,7 @@ prepare_plans(void)
 									   "WHERE a.consumer = $1 AND a.aggregate_id = $2", s), 2, t2);
 	agg_flush_plan = keep_plan(psprintf(
 										"INSERT INTO %s.inbox_aggregate AS a (consumer, aggregate_id, last_version) "
-										"SELECT $1, u.id, u.v FROM pg_catalog.unnest($2, $3) AS u(id, v) "
+										"SELECT $1, u.id, u.v FROM ROWS FROM (pg_catalog.unnest($2), pg_catalog.unnest($3)) AS u(id, v) "
 										"ON CONFLICT (consumer, aggregate_id) DO UPDATE SET "
 										"last_version = GREATEST(a.last_version, excluded.last_version), "
 										"updated_at = pg_catalog.clock_timestamp()", s), 3, tflush);

@@ -1,0 +1,148 @@
+# test/perl/InboxTest.pm
+#
+# Shared set-up of the inbox TAP tests: one cluster whose publisher serves
+# database "postgres" (the producer) and whose inbox workers serve database
+# "consumer", both with the extension, and a consumer-side handler that
+# records what it applied.
+
+package InboxTest;
+
+use strict;
+use warnings;
+
+use Exporter 'import';
+use PostgreSQL::Test::Cluster;
+use PostgreSQL::Test::Utils;
+use Test::More;
+use Time::HiRes qw(time sleep);
+
+our @EXPORT = qw(inbox_node setup_consumer wait_applied consumer_verdict
+  inbox_pids producer_expected);
+
+# A node with the publisher on "postgres" and the inbox on "consumer".
+# %conf entries are appended as outbox.<key> = '<value>'.
+sub inbox_node
+{
+	my ($name, $mk, %conf) = @_;
+	my $node = PostgreSQL::Test::Cluster->new($name);
+
+	$node->init;
+	$node->append_conf('postgresql.conf', qq{
+shared_preload_libraries = 'outbox'
+outbox.database = 'postgres'
+outbox.inbox_database = 'consumer'
+outbox.brokers = '@{[ $mk->bootstrap ]}'
+outbox.poll_interval = '500ms'
+outbox.delivery_timeout = '5s'
+outbox.inbox_kafka_properties = 'session.timeout.ms=6000;heartbeat.interval.ms=500'
+max_connections = 60
+log_min_messages = info
+});
+	while (my ($k, $v) = each %conf)
+	{
+		$node->append_conf('postgresql.conf', "outbox.$k = '$v'\n");
+	}
+	$node->start;
+	$node->safe_psql('postgres', 'CREATE EXTENSION outbox');
+	$node->safe_psql('postgres', 'CREATE DATABASE consumer');
+	$node->safe_psql('consumer', 'CREATE EXTENSION outbox');
+	return $node;
+}
+
+# Role app, table app.applied and handler app.apply(inbox_message), which
+# fails for payloads {"fail": true} while app.fail_switch says so; then
+# subscribe consumer $consumer to $topics as app.
+sub setup_consumer
+{
+	my ($node, $consumer, @topics) = @_;
+
+	$node->safe_psql('consumer', q{
+CREATE ROLE app LOGIN;
+CREATE SCHEMA app AUTHORIZATION app;
+SET ROLE app;
+CREATE TABLE app.applied (
+	seq bigint GENERATED ALWAYS AS IDENTITY,
+	aggregate_id text, version bigint, event_id text, topic text,
+	"partition" int, "offset" bigint, payload jsonb, applied_by text);
+CREATE TABLE app.fail_switch (on_ boolean NOT NULL);
+INSERT INTO app.fail_switch VALUES (true);
+CREATE FUNCTION app.apply(m inbox_message) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+	IF (m.payload ->> 'fail')::boolean AND (SELECT on_ FROM app.fail_switch) THEN
+		RAISE EXCEPTION 'handler refuses %', m.event_id;
+	END IF;
+	INSERT INTO app.applied (aggregate_id, version, event_id, topic, "partition", "offset", payload, applied_by)
+	VALUES (m.aggregate_id, m.aggregate_version, m.event_id, m.topic, m."partition", m."offset",
+			m.payload, current_user);
+END
+$$;
+RESET ROLE;
+});
+	$node->safe_psql('consumer', 'GRANT EXECUTE ON FUNCTION inbox_subscribe(text, text[], regprocedure), inbox_unsubscribe(text) TO app');
+	my $arr = join(',', map { "'$_'" } @topics);
+	$node->safe_psql('consumer', qq{SET ROLE app;
+		SELECT inbox_subscribe('$consumer', ARRAY[$arr], 'app.apply(inbox_message)'::regprocedure)});
+}
+
+# Wait until app.applied has $n rows; seconds taken, undef on timeout.
+sub wait_applied
+{
+	my ($node, $n, $timeout) = @_;
+	my $t0 = time;
+	my $have;
+
+	$timeout //= 120;
+	while (time - $t0 < $timeout)
+	{
+		$have = $node->safe_psql('consumer', 'SELECT count(*) FROM app.applied');
+		return time - $t0 if $have >= $n;
+		sleep 0.2;
+	}
+	diag "applied $have of $n after ${timeout}s";
+	return undef;
+}
+
+# What the producer committed: "aggregate_id\tversion\tevent_id" lines.
+sub producer_expected
+{
+	my ($node, $where) = @_;
+	$where //= 'true';
+	return $node->safe_psql('postgres',
+		"SELECT aggregate_id || E'\\t' || aggregate_version || E'\\t' || event_id
+		   FROM outbox WHERE $where ORDER BY aggregate_id, aggregate_version");
+}
+
+# The consumer database's check: every committed event applied exactly
+# once, per aggregate in version order.  Returns a list of problems.
+sub consumer_verdict
+{
+	my ($node, $where) = @_;
+	my @problems;
+	my $expected = producer_expected($node, $where);
+	my $got = $node->safe_psql('consumer',
+		"SELECT aggregate_id || E'\\t' || version || E'\\t' || event_id
+		   FROM app.applied ORDER BY aggregate_id, version, seq");
+	push @problems, 'applied events differ from the committed ones'
+	  if $got ne $expected;
+	my $dups = $node->safe_psql('consumer',
+		'SELECT count(*) FROM (SELECT event_id FROM app.applied GROUP BY 1 HAVING count(*) > 1) d');
+	push @problems, "$dups events applied more than once" if $dups;
+	my $inversions = $node->safe_psql('consumer', q{
+		SELECT count(*) FROM (SELECT version, lag(version) OVER (PARTITION BY aggregate_id ORDER BY seq) AS prev
+								FROM app.applied) s
+		 WHERE prev IS NOT NULL AND version <> prev + 1});
+	push @problems, "$inversions applications out of version order" if $inversions;
+	return @problems;
+}
+
+# Pids of the inbox workers.
+sub inbox_pids
+{
+	my ($node) = @_;
+	my $pids = $node->safe_psql('postgres',
+		"SELECT string_agg(pid::text, ' ') FROM pg_stat_activity WHERE backend_type = 'outbox inbox worker'");
+	return grep { $_ } split / /, $pids;
+}
+
+1;
