@@ -50,8 +50,9 @@ log_min_messages = info
 }
 
 # Role app, table app.applied and handler app.apply(inbox_message), which
-# fails for payloads {"fail": true} while app.fail_switch says so; then
-# subscribe consumer $consumer to $topics as app.
+# fails for payloads {"fail": true} while app.knobs.fail is set and sleeps
+# app.knobs.delay seconds per message; then subscribe consumer $consumer to
+# @topics as app.
 sub setup_consumer
 {
 	my ($node, $consumer, @topics) = @_;
@@ -64,14 +65,15 @@ CREATE TABLE app.applied (
 	seq bigint GENERATED ALWAYS AS IDENTITY,
 	aggregate_id text, version bigint, event_id text, topic text,
 	"partition" int, "offset" bigint, payload jsonb, applied_by text);
-CREATE TABLE app.fail_switch (on_ boolean NOT NULL);
-INSERT INTO app.fail_switch VALUES (true);
+CREATE TABLE app.knobs (fail boolean NOT NULL, delay float8 NOT NULL);
+INSERT INTO app.knobs VALUES (true, 0);
 CREATE FUNCTION app.apply(m inbox_message) RETURNS void
 LANGUAGE plpgsql AS $$
 BEGIN
-	IF (m.payload ->> 'fail')::boolean AND (SELECT on_ FROM app.fail_switch) THEN
+	IF (m.payload ->> 'fail')::boolean AND (SELECT fail FROM app.knobs) THEN
 		RAISE EXCEPTION 'handler refuses %', m.event_id;
 	END IF;
+	PERFORM pg_sleep(delay) FROM app.knobs WHERE delay > 0;
 	INSERT INTO app.applied (aggregate_id, version, event_id, topic, "partition", "offset", payload, applied_by)
 	VALUES (m.aggregate_id, m.aggregate_version, m.event_id, m.topic, m."partition", m."offset",
 			m.payload, current_user);
