@@ -1027,6 +1027,42 @@ handler_failed(InboxSub *sub, PartState *ps, const rd_kafka_message_t *m,
 	advance(ps, m);
 }
 
+/* What the inbox deduplicates on: event_id, else topic/partition/offset. */
+static char *
+message_identity(PartState *ps, const rd_kafka_message_t *m, MessageMeta *meta)
+{
+	if (meta->event_id)
+		return meta->event_id;
+	return psprintf("%s/%d/%lld", ps->topic, m->partition, (long long) m->offset);
+}
+
+/*
+ * Drop the message an operator skipped (inbox_skip): claimed and its version
+ * recorded like one skipped by the policy, so neither a replay nor the next
+ * version of its aggregate sees a hole.
+ */
+static void
+skip_message(InboxSub *sub, PartState *ps, HTAB *aggs, const rd_kafka_message_t *m)
+{
+	MessageMeta meta;
+
+	parse_headers(m, &meta);
+	claim(sub, message_identity(ps, m, &meta), NULL);
+	if (meta.aggregate_id && meta.aggregate_version > 0)
+	{
+		InboxAggregate *agg = aggregate_state(aggs, sub, meta.aggregate_id);
+
+		if (meta.aggregate_version > agg->last_version)
+		{
+			agg->last_version = meta.aggregate_version;
+			agg->dirty = true;
+		}
+	}
+	ps->skip_requested = false;
+	ps->skipped++;
+	advance(ps, m);
+}
+
 /* Apply one message at the partition's next offset. */
 static void
 apply_message(InboxSub *sub, PartState *ps, HTAB *aggs, FmgrInfo *flinfo,
@@ -1044,8 +1080,7 @@ apply_message(InboxSub *sub, PartState *ps, HTAB *aggs, FmgrInfo *flinfo,
 	char	   *volatile error = NULL;
 
 	parse_headers(m, &meta);
-	identity = meta.event_id ? meta.event_id :
-		psprintf("%s/%d/%lld", ps->topic, m->partition, (long long) m->offset);
+	identity = message_identity(ps, m, &meta);
 	if (meta.aggregate_id && meta.aggregate_version > 0)
 	{
 		agg = aggregate_state(aggs, sub, meta.aggregate_id);
@@ -1380,9 +1415,7 @@ run_batch(InboxSub *sub, rd_kafka_message_t **msgs, int n)
 		}
 		if (ps->skip_requested)
 		{
-			ps->skip_requested = false;
-			ps->skipped++;
-			advance(ps, m);
+			skip_message(sub, ps, aggs, m);
 			done++;
 			continue;
 		}

@@ -1,0 +1,177 @@
+# Inbox poison and gap handling: a failing handler is retried with backoff,
+# then blocked (inbox_retry / inbox_skip), dead-lettered or skipped as
+# outbox.inbox_poison_policy says; an upstream gap is applied and counted,
+# or blocks the partition (outbox.inbox_gap_policy).  Also: who may
+# subscribe, and with what handler.
+use strict;
+use warnings;
+
+use PostgreSQL::Test::Utils;
+use Test::More;
+use Time::HiRes qw(time sleep);
+
+use MockKafka;
+use OutboxTest;
+use InboxTest;
+
+my $dir = $PostgreSQL::Test::Utils::tmp_check;
+mkdir "$dir/mock";
+my $topic = 'poison';
+my $mk = MockKafka->start(dir => "$dir/mock", brokers => 1,
+	topics => ["$topic:1"], max_seconds => 600);
+my $node = inbox_node('inbox_poison', $mk, inbox_max_attempts => 3,
+	inbox_retry_backoff => '100ms');
+setup_consumer($node, 'billing', $topic);
+
+# Poll a consumer-side query until it returns $want.
+sub wait_for
+{
+	my ($query, $want, $timeout) = @_;
+	my $t0 = time;
+	my $got;
+	while (time - $t0 < ($timeout // 60))
+	{
+		$got = $node->safe_psql('consumer', $query);
+		return 1 if $got eq $want;
+		sleep 0.1;
+	}
+	diag "waited for [$query] = [$want], last got [$got]";
+	return 0;
+}
+
+sub emit
+{
+	my ($agg, $payload, $version) = @_;
+	my $v = defined $version ? ", aggregate_version => $version" : '';
+	$node->safe_psql('postgres',
+		"SELECT outbox_emit('t', '$agg', 'E', '$payload', topic => '$topic'$v)");
+}
+
+sub set_conf
+{
+	my ($k, $v) = @_;
+	$node->append_conf('postgresql.conf', "outbox.$k = '$v'\n");
+	$node->reload;
+	sleep 0.5;
+}
+
+sub applied { $node->safe_psql('consumer',
+	"SELECT string_agg(version::text, ',' ORDER BY seq) FROM app.applied WHERE aggregate_id = '$_[0]'") }
+
+my $status = q{SELECT state || ' ' || attempts || ' ' || errors FROM inbox_status WHERE consumer = 'billing'};
+
+# --- block: retried, then the partition stops at the message. ---
+emit('blk', '{}');
+emit('blk', '{"fail": true}');
+emit('blk', '{}');
+ok(wait_for(q{SELECT state FROM inbox_status}, 'blocked'), 'block: the partition is blocked');
+is($node->safe_psql('consumer', $status), 'blocked 3 3', 'block: after 3 attempts (outbox.inbox_max_attempts)');
+like($node->safe_psql('consumer', 'SELECT last_error FROM inbox_status'), qr/handler refuses/,
+	'block: the handler\'s error is shown');
+is(applied('blk'), '1', 'block: only the version before the poison message is applied');
+sleep 1;
+is(applied('blk'), '1', 'block: the partition stays stopped');
+$node->safe_psql('consumer', 'UPDATE app.knobs SET fail = false');
+is($node->safe_psql('consumer', "SELECT inbox_retry('billing', '$topic', 0)"), 't', 'inbox_retry');
+ok(wait_for(q{SELECT string_agg(version::text, ',' ORDER BY seq) FROM app.applied WHERE aggregate_id = 'blk'}, '1,2,3'),
+	'block: after inbox_retry the message and the next are applied, in order');
+is($node->safe_psql('consumer', $status), 'running 0 3', 'block: running again');
+$node->safe_psql('consumer', 'UPDATE app.knobs SET fail = true');
+
+# --- block, then inbox_skip. ---
+emit('bsk', '{"fail": true}');
+emit('bsk', '{}');
+ok(wait_for(q{SELECT state FROM inbox_status}, 'blocked'), 'skip by operator: blocked first');
+is($node->safe_psql('consumer', "SELECT inbox_skip('billing', '$topic', 0)"), 't', 'inbox_skip');
+ok(wait_for(q{SELECT string_agg(version::text, ',') FROM app.applied WHERE aggregate_id = 'bsk'}, '2'),
+	'inbox_skip: the poison message is dropped, the next applied');
+is($node->safe_psql('consumer', 'SELECT skipped FROM inbox_status'), '1', 'inbox_skip: counted as skipped');
+
+# --- dead_letter: into the table, the partition goes on. ---
+set_conf('inbox_poison_policy', 'dead_letter');
+emit('dl', '{"fail": true}');
+emit('dl', '{}');
+ok(wait_for(q{SELECT string_agg(version::text, ',') FROM app.applied WHERE aggregate_id = 'dl'}, '2'),
+	'dead_letter: the next message is applied');
+is($node->safe_psql('consumer',
+	q{SELECT (message).aggregate_id || ' ' || (message).aggregate_version || ' ' || attempts || ' ' ||
+			 (error LIKE 'handler refuses%') || ' ' || ((message).payload ->> 'fail')
+		FROM inbox_dead_letter}),
+	'dl 1 3 true true', 'dead_letter: the message, its error and attempts are in inbox_dead_letter');
+is($node->safe_psql('consumer', q{SELECT dead_lettered || ' ' || state FROM inbox_status}), '1 running',
+	'dead_letter: counted, partition running');
+
+# --- skip: dropped, counted. ---
+set_conf('inbox_poison_policy', 'skip');
+emit('sk', '{"fail": true}');
+emit('sk', '{}');
+ok(wait_for(q{SELECT string_agg(version::text, ',') FROM app.applied WHERE aggregate_id = 'sk'}, '2'),
+	'skip: the next message is applied');
+is($node->safe_psql('consumer', 'SELECT skipped FROM inbox_status'), '2', 'skip: counted as skipped');
+
+# A replay of the disposed-of events is a duplicate, not a new attempt.
+my $dups = $node->safe_psql('consumer', 'SELECT duplicates FROM inbox_status');
+$node->safe_psql('postgres', "SELECT outbox_replay('sk', 1), outbox_replay('dl', 1)");
+ok(wait_for('SELECT duplicates FROM inbox_status', $dups + 4), 'replayed disposed-of events are duplicates');
+is($node->safe_psql('consumer', q{SELECT count(*) FROM inbox_dead_letter}), '1', 'no second dead letter');
+
+# --- gaps ---
+emit('gap', '{}', 1);
+emit('gap', '{}', 3);
+ok(wait_for(q{SELECT string_agg(version::text, ',' ORDER BY seq) FROM app.applied WHERE aggregate_id = 'gap'}, '1,3'),
+	'gap policy apply: the event after the gap is applied');
+is($node->safe_psql('consumer', 'SELECT gaps FROM inbox_status'), '1', 'gap policy apply: the gap is counted');
+
+set_conf('inbox_gap_policy', 'block');
+emit('gap', '{}', 6);
+emit('gap', '{}', 7);
+ok(wait_for(q{SELECT state FROM inbox_status}, 'blocked'), 'gap policy block: the partition is blocked');
+like($node->safe_psql('consumer', 'SELECT blocked_reason FROM inbox_status'),
+	qr/^gap: aggregate "gap" expected version 4, got 6/, 'gap policy block: the reason says which');
+is(applied('gap'), '1,3', 'gap policy block: nothing past the gap is applied');
+$node->safe_psql('consumer', "SELECT inbox_retry('billing', '$topic', 0)");
+ok(wait_for(q{SELECT string_agg(version::text, ',' ORDER BY seq) FROM app.applied WHERE aggregate_id = 'gap'}, '1,3,6,7'),
+	'gap policy block: inbox_retry accepts the gap');
+is($node->safe_psql('consumer', 'SELECT gaps FROM inbox_status'), '2', 'the accepted gap is counted');
+
+# --- who may subscribe, with what ---
+my ($rc, $out, $err) = $node->psql('consumer',
+	q{SELECT inbox_subscribe('su', ARRAY['x'], 'app.apply(inbox_message)'::regprocedure)});
+like($err, qr/a superuser cannot subscribe/, 'a superuser cannot subscribe');
+$node->safe_psql('consumer', q{CREATE ROLE other; GRANT EXECUTE ON FUNCTION
+	inbox_subscribe(text, text[], regprocedure), inbox_unsubscribe(text) TO other;
+	REVOKE EXECUTE ON FUNCTION app.apply(inbox_message) FROM PUBLIC;
+	CREATE FUNCTION public.wrong(m inbox_message) RETURNS int LANGUAGE sql AS 'SELECT 1'});
+my $apply_oid = $node->safe_psql('consumer', q{SELECT 'app.apply(inbox_message)'::regprocedure::oid});
+($rc, $out, $err) = $node->psql('consumer',
+	qq{SET ROLE other; SELECT inbox_subscribe('o', ARRAY['x'], ${apply_oid}::regprocedure)});
+like($err, qr/permission denied for function app.apply/, 'a role must be able to execute its handler');
+($rc, $out, $err) = $node->psql('consumer',
+	q{SET ROLE other; SELECT inbox_subscribe('o', ARRAY['x'], 'public.wrong(inbox_message)'::regprocedure)});
+like($err, qr/cannot be an inbox handler/, 'a handler must return void');
+($rc, $out, $err) = $node->psql('consumer',
+	q{SET ROLE other; SELECT inbox_unsubscribe('billing')});
+like($err, qr/consumer "billing" is subscribed by role "app"/, 'another role cannot unsubscribe a consumer');
+($rc, $out, $err) = $node->psql('consumer',
+	q{SET ROLE app; SELECT inbox_subscribe('b2', ARRAY['bad topic'], 'app.apply(inbox_message)'::regprocedure)});
+like($err, qr/invalid topic "bad topic"/, 'topic names are checked');
+($rc, $out, $err) = $node->psql('consumer',
+	q{SET ROLE app; SELECT inbox_subscribe('', ARRAY['x'], 'app.apply(inbox_message)'::regprocedure)});
+like($err, qr/consumer must not be empty/, 'an empty consumer name is refused');
+
+# A handler that became unusable is not run: its role lost EXECUTE.
+$node->safe_psql('consumer', 'REVOKE ALL ON SCHEMA app FROM app');
+$node->safe_psql('consumer', 'ALTER FUNCTION app.apply(inbox_message) OWNER TO postgres');
+$node->safe_psql('consumer', 'REVOKE EXECUTE ON FUNCTION app.apply(inbox_message) FROM app, PUBLIC');
+emit('late', '{}');
+ok(wait_for(q{SELECT count(*) > 0 FROM pg_stat_activity WHERE backend_type = 'outbox inbox worker'}, 't'),
+	'the worker runs');
+sleep 3;
+is($node->safe_psql('consumer', q{SELECT count(*) FROM app.applied WHERE aggregate_id = 'late'}), '0',
+	'a handler its role may no longer execute is not run');
+ok($node->log_contains('subscription "billing" is not applied: its role may not execute its handler'),
+	'and the reason is logged');
+
+$node->stop;
+$mk->stop;
+done_testing();
