@@ -23,10 +23,16 @@ SELECT throws_ok('ALTER EXTENSION outbox SET SCHEMA public', '0A000',
 
 -- Tables
 
+<<<<<<< HEAD
 SELECT tables_are('ob', ARRAY['outbox', 'aggregate_publication', 'inbox', 'inbox_consumer',
                               'poison_policy', 'publisher_control'],
+=======
+SELECT tables_are('ob', ARRAY['outbox', 'aggregate_publication', 'inbox', 'poison_policy',
+                              'publisher_control', 'inbox_subscription', 'inbox_offset',
+                              'inbox_aggregate', 'inbox_dead_letter'],
+>>>>>>> bc7f2bc (Schema and privilege tests know the inbox objects and the hidden inbox_kafka_properties)
                   'the extension creates exactly these tables');
-SELECT views_are('ob', ARRAY['outbox_status', 'outbox_aggregate_status'],
+SELECT views_are('ob', ARRAY['outbox_status', 'outbox_aggregate_status', 'inbox_status'],
                  'the extension creates exactly these views');
 
 SELECT columns_are('ob', 'outbox', ARRAY[
@@ -251,7 +257,8 @@ SELECT functions_are('ob', ARRAY['uuid_v7', 'outbox_emit', 'inbox_claim',
                      'outbox_publisher', 'outbox_check_publisher',
                      'outbox_check_arg', 'outbox_retry', 'outbox_pending_event', 'outbox_settled',
                      'outbox_skip', 'outbox_dead_letter', 'outbox_replay', 'outbox_pause',
-                     'outbox_resume'],
+                     'outbox_resume', 'inbox_subscribe', 'inbox_unsubscribe', 'inbox_partition',
+                     'inbox_retry', 'inbox_skip'],
                      'the extension creates exactly these functions');
 SELECT has_function('ob', 'outbox_emit',
                     ARRAY['text', 'text', 'text', 'jsonb', 'text', 'jsonb', 'text', 'bigint'],
@@ -314,8 +321,8 @@ SELECT is((SELECT proconfig FROM pg_proc WHERE oid = 'ob.inbox_claim(text, text)
           'inbox_claim pins search_path to pg_catalog, pg_temp');
 SELECT is((SELECT string_agg(proname, ' ' ORDER BY proname) FROM pg_proc
             WHERE pronamespace = 'ob'::regnamespace AND prosecdef),
-          'inbox_claim outbox_dead_letter outbox_emit outbox_pause outbox_replay '
-          'outbox_resume outbox_retry outbox_skip',
+          'inbox_claim inbox_retry inbox_skip outbox_dead_letter outbox_emit outbox_pause '
+          'outbox_replay outbox_resume outbox_retry outbox_skip',
           'the SECURITY DEFINER functions are emit, claim and the operator functions');
 -- Every SECURITY DEFINER function of the extension pins search_path.
 SELECT is_empty($$SELECT oid::regprocedure FROM pg_proc
@@ -340,8 +347,9 @@ SELECT is_empty($$SELECT c.oid::regclass FROM pg_class c
 -- dumping it would collide on restore.
 SELECT is((SELECT array_agg(c::regclass::text ORDER BY c::regclass::text)
              FROM pg_extension e, unnest(e.extconfig) AS c WHERE e.extname = 'outbox'),
-          ARRAY['ob.aggregate_publication', 'ob.inbox', 'ob.inbox_consumer', 'ob.outbox',
-                'ob.outbox_id_seq', 'ob.poison_policy'],
+          ARRAY['ob.aggregate_publication', 'ob.inbox', 'ob.inbox_aggregate', 'ob.inbox_consumer',
+                'ob.inbox_dead_letter', 'ob.inbox_dead_letter_id_seq', 'ob.inbox_offset',
+                'ob.inbox_subscription', 'ob.outbox', 'ob.outbox_id_seq', 'ob.poison_policy'],
           'pg_dump dumps the rows of every table of the extension but publisher_control');
 SELECT ok(coalesce((SELECT pg_get_serial_sequence('ob.outbox', 'id')::regclass = ANY (e.extconfig)
                       FROM pg_extension e WHERE e.extname = 'outbox'), false),
