@@ -878,6 +878,8 @@ message_datum(InboxSub *sub, const rd_kafka_message_t *m, MessageMeta *meta)
 
 /* ---------- one batch ---------- */
 
+static void end_step(void);
+
 /* Hash of an InboxAggregate key (a char * to the aggregate id). */
 static uint32
 agg_hash(const void *key, Size keysize)
@@ -1433,9 +1435,7 @@ run_batch(InboxSub *sub, rd_kafka_message_t **msgs, int n)
 			rd_kafka_topic_partition_list_add(commit, parts[i].topic,
 											  parts[i].partition)->offset = parts[i].next_offset;
 	}
-	PopActiveSnapshot();
-	SPI_finish();
-	CommitTransactionCommand();
+	end_step();
 
 	/* Stopped partitions wait; the rest of their messages come again. */
 	for (int i = 0; i < nparts; i++)
@@ -1483,7 +1483,10 @@ poll_consumer(InboxSub *sub)
 	}
 }
 
-/* Begin a transaction with SPI and a snapshot, for one step. */
+/*
+ * Begin a transaction with SPI and a snapshot, for one step.  What the step
+ * allocates goes to the loop's context, not SPI's (freed at SPI_finish).
+ */
 static void
 begin_step(void)
 {
@@ -1492,14 +1495,17 @@ begin_step(void)
 	if (SPI_connect() != SPI_OK_CONNECT)
 		elog(ERROR, "SPI_connect failed");
 	PushActiveSnapshot(GetTransactionSnapshot());
+	MemoryContextSwitchTo(loop_context);
 }
 
+/* Commit the step; back in the loop's context (commit leaves us in Top). */
 static void
 end_step(void)
 {
 	PopActiveSnapshot();
 	SPI_finish();
 	CommitTransactionCommand();
+	MemoryContextSwitchTo(loop_context);
 }
 
 /*

@@ -1,0 +1,114 @@
+#!/usr/bin/env bash
+#
+# test/bench/inbox.sh [EVENTS]
+#
+# Inbox benchmark: events applied per second by one inbox worker with a
+# trivial handler (insert a row) against the hand-written consumer
+# (inbox_consumer.c: librdkafka + inbox_claim, one message per transaction)
+# doing the same, in the same run, from the same topic.  Prints figures,
+# judges nothing.
+#
+# One mock Kafka broker (test/tools/mock_kafka, with the TCP_NODELAY shim)
+# and one throwaway PostgreSQL cluster: the publisher fills topic "bench"
+# (16 partitions, 10,000 aggregates) from database "postgres"; both
+# consumers apply it into their own table of database "consumer".  The
+# extension must be installed (make && make install).  Bounded: about two
+# minutes at the default 100,000 events; everything started stops at exit.
+#
+set -euo pipefail
+
+events=${1:-100000}
+bench=$(cd "$(dirname "$0")" && pwd)
+src=$(cd "$bench/../.." && pwd)
+tools=$src/test/tools
+
+if [ "$(id -u)" = 0 ]; then
+	make -s -C "$tools" >/dev/null
+	make -s -C "$bench" inbox_consumer nodelay.so >/dev/null
+	work=$(mktemp -d /tmp/outbox-inbox-bench.XXXXXX)
+	chown postgres: "$work"
+	rc=0
+	timeout -k 30 900 runuser -u postgres -- env PATH="$PATH" BENCH_WORK="$work" \
+		bash "$0" "$events" || rc=$?
+	[ "$rc" = 0 ] && rm -rf "$work" || echo "inbox.sh: failed ($rc); logs in $work" >&2
+	exit "$rc"
+fi
+
+work=${BENCH_WORK:-$(mktemp -d /tmp/outbox-inbox-bench.XXXXXX)}
+export PGHOST=$work PGPORT=$((20000 + RANDOM % 20000))
+mock_pid=
+cleanup() {
+	pg_ctl -D "$work/data" -m immediate stop >/dev/null 2>&1 || true
+	[ -n "$mock_pid" ] && kill "$mock_pid" 2>/dev/null || true
+}
+trap cleanup EXIT
+
+LD_PRELOAD=$bench/nodelay.so "$tools/mock_kafka" --brokers 1 --topic bench:16 \
+	--bootstrap-file "$work/bootstrap" --control-file "$work/control" \
+	--max-seconds 900 >"$work/mock.log" 2>&1 &
+mock_pid=$!
+for _ in $(seq 100); do [ -s "$work/bootstrap" ] && break; sleep 0.1; done
+brokers=$(cat "$work/bootstrap")
+
+initdb -D "$work/data" -A trust --no-sync -E UTF8 --locale=C >/dev/null
+cat >>"$work/data/postgresql.conf" <<EOF
+listen_addresses = ''
+unix_socket_directories = '$work'
+shared_preload_libraries = 'outbox'
+outbox.database = 'postgres'
+outbox.inbox_database = 'consumer'
+outbox.brokers = '$brokers'
+outbox.inbox_workers = 1
+fsync = off
+EOF
+pg_ctl -D "$work/data" -l "$work/postgres.log" -w -t 60 start >/dev/null
+psql -qX -v ON_ERROR_STOP=1 -d postgres -c 'CREATE EXTENSION outbox' -c 'CREATE DATABASE consumer'
+psql -qX -v ON_ERROR_STOP=1 -d consumer <<'EOF'
+CREATE EXTENSION outbox;
+CREATE ROLE bench LOGIN;
+GRANT EXECUTE ON FUNCTION inbox_subscribe(text, text[], regprocedure), inbox_claim(text, text) TO bench;
+CREATE TABLE bench_applied (aggregate_id text, version bigint, payload jsonb);
+CREATE TABLE worker_applied (aggregate_id text, version bigint, payload jsonb);
+GRANT INSERT ON bench_applied, worker_applied TO bench;
+CREATE FUNCTION apply_event(m inbox_message) RETURNS void LANGUAGE sql
+	AS 'INSERT INTO public.worker_applied VALUES (m.aggregate_id, m.aggregate_version, m.payload)';
+EOF
+
+# Fill the topic through the publisher.
+for _ in $(seq $((events / 10000))); do
+	psql -qX -d postgres -c "SELECT count(outbox_emit('bench', 'order-' || (i % 10000), 'Changed',
+		jsonb_build_object('i', i), topic => 'bench')) FROM generate_series(1, 10000) i" >/dev/null
+done
+for _ in $(seq 1200); do
+	[ "$(psql -qXAt -d postgres -c 'SELECT count(*) FROM outbox WHERE published_at IS NULL')" = 0 ] && break
+	sleep 0.1
+done
+total=$(psql -qXAt -d postgres -c 'SELECT count(*) FROM outbox WHERE published_at IS NOT NULL')
+echo "topic bench: $total events, 10000 aggregates, 16 partitions"
+
+# The inbox worker: from subscription to the last event applied.
+t0=$(date +%s.%N)
+psql -qXAt -d consumer -c "SET ROLE bench" \
+	-c "SELECT inbox_subscribe('worker', ARRAY['bench'], 'apply_event(inbox_message)'::regprocedure)" >/dev/null
+first=
+for _ in $(seq 6000); do
+	n=$(psql -qXAt -d consumer -c 'SELECT count(*) FROM worker_applied')
+	if [ -z "$first" ] && [ "$n" -gt 0 ]; then first=$(date +%s.%N); fi
+	[ "$n" -ge "$total" ] && break
+	sleep 0.1
+done
+t1=$(date +%s.%N)
+worker_rate=$(echo "$total / ($t1 - $first)" | bc -l)
+printf 'inbox worker (1, batch %s): %d events in %.2f s from the first applied (%.2f s from subscribing): %.0f events/s\n' \
+	"$(psql -qXAt -d consumer -c 'SHOW outbox.inbox_batch_size')" "$n" "$(echo "$t1 - $first" | bc -l)" \
+	"$(echo "$t1 - $t0" | bc -l)" "$worker_rate"
+
+# The hand-written consumer, one message per transaction.
+out=$("$bench/inbox_consumer" --dsn "dbname=consumer user=bench" --brokers "$brokers" \
+	--topic bench --group hand --events "$total" --max-seconds 600)
+hand_rate=$(echo "$out" | awk '{print $6}')
+echo "hand-written consumer: $out"
+printf 'ratio: %.1fx\n' "$(echo "$worker_rate / $hand_rate" | bc -l)"
+psql -qXAt -d consumer -c "SELECT 'check: worker applied ' || (SELECT count(*) FROM worker_applied) ||
+	', hand-written applied ' || (SELECT count(*) FROM bench_applied) ||
+	', worker duplicates ' || (SELECT sum(duplicates) FROM inbox_status)"

@@ -1,0 +1,187 @@
+/*-------------------------------------------------------------------------
+ *
+ * inbox_consumer.c
+ *		Baseline of the inbox benchmark (test/bench/inbox.sh): the consumer
+ *		every team writes by hand, one message per transaction.
+ *
+ *	inbox_consumer --dsn DSN --brokers LIST --topic T --group G --events N
+ *		[--consumer NAME] [--max-seconds S]
+ *
+ *		A librdkafka high-level consumer (auto.offset.reset=earliest,
+ *		offsets stored by hand after the database commit and auto-committed)
+ *		and one libpq connection.  For each message:
+ *
+ *		  BEGIN;
+ *		  SELECT inbox_claim(<consumer>, <event_id header>);
+ *		  -- if true:
+ *		  INSERT INTO bench_applied (aggregate_id, version, payload)
+ *		      VALUES (<headers>, <value>);
+ *		  COMMIT;
+ *		  rd_kafka_offsets_store(<offset + 1>);
+ *
+ *		which is exactly-once as long as the claim and the effect share the
+ *		transaction.  It stops after N messages claimed or skipped as
+ *		duplicates and prints one line: "events <n> seconds <s> events/s <r>",
+ *		timed from the first message.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <libpq-fe.h>
+#include <librdkafka/rdkafka.h>
+
+static double
+now_s(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+static void
+die(const char *what, const char *detail)
+{
+	fprintf(stderr, "inbox_consumer: %s%s%s\n", what, detail ? ": " : "", detail ? detail : "");
+	exit(1);
+}
+
+/* A header's value as a NUL-terminated string in buf, or "" if absent. */
+static const char *
+header(rd_kafka_message_t *m, const char *name, char *buf, size_t len)
+{
+	rd_kafka_headers_t *hdrs;
+	const void *v;
+	size_t		sz;
+
+	buf[0] = '\0';
+	if (rd_kafka_message_headers(m, &hdrs) == RD_KAFKA_RESP_ERR_NO_ERROR &&
+		rd_kafka_header_get_last(hdrs, name, &v, &sz) == RD_KAFKA_RESP_ERR_NO_ERROR &&
+		v != NULL && sz < len)
+	{
+		memcpy(buf, v, sz);
+		buf[sz] = '\0';
+	}
+	return buf;
+}
+
+/* Run one statement; die unless it returns the expected status. */
+static PGresult *
+run(PGconn *db, const char *sql, int n, const char *const *params, ExecStatusType want)
+{
+	PGresult   *r = PQexecParams(db, sql, n, NULL, params, NULL, NULL, 0);
+
+	if (PQresultStatus(r) != want)
+		die(sql, PQerrorMessage(db));
+	return r;
+}
+
+int
+main(int argc, char **argv)
+{
+	const char *dsn = NULL,
+			   *brokers = NULL,
+			   *topic = NULL,
+			   *group = NULL,
+			   *consumer = "hand";
+	long		events = 0,
+				done = 0;
+	double		max_seconds = 600,
+				t0 = 0,
+				start = now_s();
+	char		errstr[512];
+	rd_kafka_conf_t *conf;
+	rd_kafka_t *rk;
+	rd_kafka_topic_partition_list_t *tl;
+	PGconn	   *db;
+
+	for (int i = 1; i + 1 < argc; i += 2)
+	{
+		if (strcmp(argv[i], "--dsn") == 0) dsn = argv[i + 1];
+		else if (strcmp(argv[i], "--brokers") == 0) brokers = argv[i + 1];
+		else if (strcmp(argv[i], "--topic") == 0) topic = argv[i + 1];
+		else if (strcmp(argv[i], "--group") == 0) group = argv[i + 1];
+		else if (strcmp(argv[i], "--events") == 0) events = atol(argv[i + 1]);
+		else if (strcmp(argv[i], "--consumer") == 0) consumer = argv[i + 1];
+		else if (strcmp(argv[i], "--max-seconds") == 0) max_seconds = atof(argv[i + 1]);
+		else die("unknown option", argv[i]);
+	}
+	if (!dsn || !brokers || !topic || !group || events <= 0)
+		die("usage: inbox_consumer --dsn DSN --brokers LIST --topic T --group G --events N", NULL);
+
+	db = PQconnectdb(dsn);
+	if (PQstatus(db) != CONNECTION_OK)
+		die("connect", PQerrorMessage(db));
+
+	conf = rd_kafka_conf_new();
+	if (rd_kafka_conf_set(conf, "bootstrap.servers", brokers, errstr, sizeof(errstr)) ||
+		rd_kafka_conf_set(conf, "group.id", group, errstr, sizeof(errstr)) ||
+		rd_kafka_conf_set(conf, "auto.offset.reset", "earliest", errstr, sizeof(errstr)) ||
+		rd_kafka_conf_set(conf, "enable.auto.offset.store", "false", errstr, sizeof(errstr)))
+		die("config", errstr);
+	rk = rd_kafka_new(RD_KAFKA_CONSUMER, conf, errstr, sizeof(errstr));
+	if (!rk)
+		die("consumer", errstr);
+	rd_kafka_poll_set_consumer(rk);
+	tl = rd_kafka_topic_partition_list_new(1);
+	rd_kafka_topic_partition_list_add(tl, topic, RD_KAFKA_PARTITION_UA);
+	if (rd_kafka_subscribe(rk, tl))
+		die("subscribe", NULL);
+	rd_kafka_topic_partition_list_destroy(tl);
+
+	while (done < events && now_s() - start < max_seconds)
+	{
+		rd_kafka_message_t *m = rd_kafka_consumer_poll(rk, 100);
+		char		event_id[128],
+					agg[256],
+					ver[32],
+					*payload;
+		const char *claim_p[2],
+				   *ins_p[3];
+		PGresult   *r;
+
+		if (!m)
+			continue;
+		if (m->err)
+		{
+			rd_kafka_message_destroy(m);
+			continue;
+		}
+		if (t0 == 0)
+			t0 = now_s();
+		payload = strndup(m->payload ? (const char *) m->payload : "null", m->payload ? m->len : 4);
+		claim_p[0] = consumer;
+		claim_p[1] = header(m, "event_id", event_id, sizeof(event_id));
+		ins_p[0] = header(m, "aggregate_id", agg, sizeof(agg));
+		ins_p[1] = header(m, "aggregate_version", ver, sizeof(ver));
+		ins_p[2] = payload;
+
+		PQclear(run(db, "BEGIN", 0, NULL, PGRES_COMMAND_OK));
+		r = run(db, "SELECT inbox_claim($1, $2)", 2, claim_p, PGRES_TUPLES_OK);
+		if (strcmp(PQgetvalue(r, 0, 0), "t") == 0)
+			PQclear(run(db, "INSERT INTO bench_applied (aggregate_id, version, payload) VALUES ($1, $2, $3)",
+						3, ins_p, PGRES_COMMAND_OK));
+		PQclear(r);
+		PQclear(run(db, "COMMIT", 0, NULL, PGRES_COMMAND_OK));
+		/* Only after the commit: a crash before it means re-delivery. */
+		rd_kafka_offsets_store(rk, (tl = rd_kafka_topic_partition_list_new(1),
+									rd_kafka_topic_partition_list_add(tl, rd_kafka_topic_name(m->rkt),
+																	  m->partition)->offset = m->offset + 1,
+									tl));
+		rd_kafka_topic_partition_list_destroy(tl);
+		free(payload);
+		rd_kafka_message_destroy(m);
+		done++;
+	}
+	printf("events %ld seconds %.3f events/s %.0f\n", done, now_s() - t0,
+		   done / (now_s() - t0));
+	rd_kafka_consumer_close(rk);
+	rd_kafka_destroy(rk);
+	PQfinish(db);
+	return done == events ? 0 : 1;
+}
