@@ -1065,21 +1065,64 @@ skip_message(InboxSub *sub, PartState *ps, HTAB *aggs, const rd_kafka_message_t 
 	advance(ps, m);
 }
 
+/*
+ * Claim the message and, if it is new, run the handler.  Careful mode runs
+ * them in a subtransaction and returns the error message of a failure
+ * (NULL on success); otherwise an error propagates and aborts the batch.
+ */
+static char *
+claim_and_handle(InboxSub *sub, FmgrInfo *flinfo, const char *identity,
+				 Datum message, bool careful, bool *claimed)
+{
+	MemoryContext cxt = CurrentMemoryContext;
+	ResourceOwner owner = CurrentResourceOwner;
+	char	   *volatile error = NULL;
+
+	if (!careful)
+	{
+		claim(sub, identity, claimed);
+		if (*claimed)
+			call_handler(sub, flinfo, message);
+		return NULL;
+	}
+
+	BeginInternalSubTransaction(NULL);
+	MemoryContextSwitchTo(cxt);
+	PG_TRY();
+	{
+		claim(sub, identity, claimed);
+		if (*claimed)
+			call_handler(sub, flinfo, message);
+		ReleaseCurrentSubTransaction();
+	}
+	PG_CATCH();
+	{
+		ErrorData  *edata;
+
+		MemoryContextSwitchTo(cxt);
+		edata = CopyErrorData();
+		FlushErrorState();
+		RollbackAndReleaseCurrentSubTransaction();
+		error = edata->message;
+	}
+	PG_END_TRY();
+	MemoryContextSwitchTo(cxt);
+	CurrentResourceOwner = owner;
+	return error;
+}
+
 /* Apply one message at the partition's next offset. */
 static void
 apply_message(InboxSub *sub, PartState *ps, HTAB *aggs, FmgrInfo *flinfo,
-			  const rd_kafka_message_t *m)
+			  const rd_kafka_message_t *m, bool careful)
 {
 	MessageMeta meta;
-	InboxAggregate   *agg = NULL;
+	InboxAggregate *agg = NULL;
 	char	   *identity;
 	bool		gap = false;
-	volatile bool claimed = false;
+	bool		claimed = false;
 	Datum		message;
-	MemoryContext cxt = CurrentMemoryContext;
-	ResourceOwner owner = CurrentResourceOwner;
-	volatile bool failed = false;
-	char	   *volatile error = NULL;
+	char	   *error;
 
 	parse_headers(m, &meta);
 	identity = message_identity(ps, m, &meta);
@@ -1104,35 +1147,8 @@ apply_message(InboxSub *sub, PartState *ps, HTAB *aggs, FmgrInfo *flinfo,
 		}
 	}
 	message = message_datum(sub, m, &meta);
-
-	BeginInternalSubTransaction(NULL);
-	MemoryContextSwitchTo(cxt);
-	PG_TRY();
-	{
-		bool		fresh;
-
-		claim(sub, identity, &fresh);
-		claimed = fresh;
-		if (fresh)
-			call_handler(sub, flinfo, message);
-		ReleaseCurrentSubTransaction();
-	}
-	PG_CATCH();
-	{
-		ErrorData  *edata;
-
-		MemoryContextSwitchTo(cxt);
-		edata = CopyErrorData();
-		FlushErrorState();
-		RollbackAndReleaseCurrentSubTransaction();
-		error = edata->message;
-		failed = true;
-	}
-	PG_END_TRY();
-	MemoryContextSwitchTo(cxt);
-	CurrentResourceOwner = owner;
-
-	if (failed)
+	error = claim_and_handle(sub, flinfo, identity, message, careful, &claimed);
+	if (error != NULL)
 	{
 		handler_failed(sub, ps, m, message, agg, meta.aggregate_version, identity, error);
 		return;
@@ -1366,7 +1382,7 @@ pause_partition(InboxSub *sub, PartState *ps)
  * messages applied or dropped as duplicates.
  */
 static int
-run_batch(InboxSub *sub, rd_kafka_message_t **msgs, int n)
+run_batch(InboxSub *sub, rd_kafka_message_t **msgs, int n, bool careful)
 {
 	int			nparts;
 	PartState  *parts;
@@ -1421,7 +1437,7 @@ run_batch(InboxSub *sub, rd_kafka_message_t **msgs, int n)
 			done++;
 			continue;
 		}
-		apply_message(sub, ps, aggs, &flinfo, m);
+		apply_message(sub, ps, aggs, &flinfo, m, careful);
 		if (!ps->stopped)
 			done++;
 	}
@@ -1509,6 +1525,58 @@ end_step(void)
 }
 
 /*
+ * Apply the polled messages: first all in the batch's transaction, without
+ * subtransactions (the common case, several times faster); if anything
+ * fails, roll back and apply them again one subtransaction each, so that
+ * a failing handler meets its retry and poison policies.
+ */
+static int
+apply_batch(InboxSub *sub)
+{
+	volatile bool careful = false;
+	int			done = 0;
+
+	for (;;)
+	{
+		volatile bool failed = false;
+
+		PG_TRY();
+		{
+			begin_step();
+			done = run_batch(sub, batch_msgs, batch_n, careful);
+		}
+		PG_CATCH();
+		{
+			if (careful)
+			{
+				/*
+				 * The consumer has moved past messages it did not apply:
+				 * assign again, from the stored offsets.
+				 */
+				if (sub->rk != NULL && sub->pending_assign == NULL)
+					(void) rd_kafka_assignment(sub->rk, &sub->pending_assign);
+				destroy_batch();
+				PG_RE_THROW();
+			}
+			failed = true;
+		}
+		PG_END_TRY();
+		if (!failed)
+			break;
+		HOLD_INTERRUPTS();
+		elog(DEBUG1, "outbox inbox: batch of \"%s\" failed, applying it message by message",
+			 sub->consumer);
+		FlushErrorState();
+		AbortCurrentTransaction();
+		RESUME_INTERRUPTS();
+		MemoryContextSwitchTo(loop_context);
+		careful = true;
+	}
+	destroy_batch();
+	return done;
+}
+
+/*
  * One pass: refresh subscriptions when due, assign and resume partitions,
  * then take a batch from each consumer and apply it.  Returns the number of
  * messages handled; -1 if the extension is not installed.
@@ -1565,24 +1633,7 @@ inbox_step(void)
 			continue;
 		pgstat_report_activity(STATE_RUNNING, psprintf("applying %d messages of \"%s\"",
 													   batch_n, sub->consumer));
-		PG_TRY();
-		{
-			begin_step();
-			total += run_batch(sub, batch_msgs, batch_n);
-		}
-		PG_CATCH();
-		{
-			/*
-			 * After a failed batch the consumer has moved past messages it
-			 * did not apply: assign again, from the stored offsets.
-			 */
-			if (sub->rk != NULL && sub->pending_assign == NULL)
-				(void) rd_kafka_assignment(sub->rk, &sub->pending_assign);
-			destroy_batch();
-			PG_RE_THROW();
-		}
-		PG_END_TRY();
-		destroy_batch();
+		total += apply_batch(sub);
 	}
 	return total;
 }
