@@ -157,6 +157,22 @@ typedef struct PartState
 				skipped;
 } PartState;
 
+/* A message claimed and handled at the end of a batch (fast path). */
+typedef struct PendingApply
+{
+	PartState  *ps;
+	int64		offset;
+	char	   *identity;
+	Datum		message;
+	bool		gap;
+} PendingApply;
+
+typedef struct PendingList
+{
+	PendingApply *items;
+	int			n;
+} PendingList;
+
 /* An aggregate's last applied version, cached for one batch. */
 typedef struct InboxAggregate
 {
@@ -197,6 +213,7 @@ static SPIPlanPtr subs_plan,
 			agg_read_plan,
 			agg_flush_plan,
 			claim_plan,
+			claim_many_plan,
 			dead_letter_plan;
 
 /* ---------- settings ---------- */
@@ -462,6 +479,7 @@ prepare_plans(void)
 	const char *s;
 	Oid			t3[] = {TEXTOID, TEXTOID, INT4OID};
 	Oid			t2[] = {TEXTOID, TEXTOID};
+	Oid			tarr[] = {TEXTOID, TEXTARRAYOID};
 	Oid			tflush[] = {TEXTOID, TEXTARRAYOID, INT8ARRAYOID};
 	Oid			tupd[] = {TEXTOID, TEXTOID, INT4OID, INT8OID, INT8OID, INT8OID,
 		INT8OID, INT8OID, INT8OID, INT8OID, INT8OID, INT8OID, INT4OID, TEXTOID,
@@ -521,8 +539,12 @@ prepare_plans(void)
 											"WHERE o.consumer = $1 AND o.topic = $2 AND o.\"partition\" = $3",
 											s), lengthof(tupd), tupd);
 	agg_read_plan = keep_plan(psprintf(
-									   "SELECT a.last_version FROM %s.inbox_aggregate a "
-									   "WHERE a.consumer = $1 AND a.aggregate_id = $2", s), 2, t2);
+									   "SELECT a.aggregate_id, a.last_version FROM %s.inbox_aggregate a "
+									   "WHERE a.consumer = $1 AND a.aggregate_id = ANY ($2)", s), 2, tarr);
+	claim_many_plan = keep_plan(psprintf(
+										 "INSERT INTO %s.inbox (consumer, event_id) "
+										 "SELECT $1, u.id FROM pg_catalog.unnest($2) AS u(id) "
+										 "ON CONFLICT DO NOTHING RETURNING event_id", s), 2, tarr);
 	agg_flush_plan = keep_plan(psprintf(
 										"INSERT INTO %s.inbox_aggregate AS a (consumer, aggregate_id, last_version) "
 										"SELECT $1, u.id, u.v FROM ROWS FROM (pg_catalog.unnest($2), pg_catalog.unnest($3)) AS u(id, v) "
@@ -895,30 +917,60 @@ agg_match(const void *key1, const void *key2, Size keysize)
 	return strcmp(*(const char *const *) key1, *(const char *const *) key2);
 }
 
-/* The cached version state of an aggregate, read from the table once. */
-static InboxAggregate *
-aggregate_state(HTAB *aggs, InboxSub *sub, const char *aggregate_id)
+/*
+ * Read the last versions of every aggregate the batch's messages name, in
+ * one statement, into the batch's cache.
+ */
+static void
+load_aggregates(HTAB *aggs, InboxSub *sub, MessageMeta *metas, int n)
 {
-	bool		found;
-	char	   *key = (char *) aggregate_id;
-	InboxAggregate   *a = hash_search(aggs, &key, HASH_ENTER, &found);
+	Datum	   *ids = palloc(sizeof(Datum) * Max(n, 1));
+	int			k = 0;
+	Datum		args[2];
 
-	if (!found)
+	for (int i = 0; i < n; i++)
 	{
-		Datum		args[2];
-		bool		isnull;
+		char	   *key = metas[i].aggregate_id;
+		bool		found;
+		InboxAggregate *a;
 
-		a->aggregate_id = pstrdup(aggregate_id);
+		if (key == NULL || metas[i].aggregate_version <= 0)
+			continue;
+		a = hash_search(aggs, &key, HASH_ENTER, &found);
+		if (found)
+			continue;
+		a->aggregate_id = key;
 		a->last_version = 0;
 		a->dirty = false;
-		args[0] = CStringGetTextDatum(sub->consumer);
-		args[1] = CStringGetTextDatum(aggregate_id);
-		if (SPI_execute_plan(agg_read_plan, args, NULL, false, 1) != SPI_OK_SELECT)
-			elog(ERROR, "could not read an inbox aggregate version");
-		if (SPI_processed == 1)
-			a->last_version = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],
-														  SPI_tuptable->tupdesc, 1, &isnull));
+		ids[k++] = CStringGetTextDatum(key);
 	}
+	if (k == 0)
+		return;
+	args[0] = CStringGetTextDatum(sub->consumer);
+	args[1] = PointerGetDatum(construct_array(ids, k, TEXTOID, -1, false, TYPALIGN_INT));
+	if (SPI_execute_plan(agg_read_plan, args, NULL, false, 0) != SPI_OK_SELECT)
+		elog(ERROR, "could not read inbox aggregate versions");
+	for (uint64 i = 0; i < SPI_processed; i++)
+	{
+		char	   *key = SPI_getvalue(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 1);
+		bool		isnull;
+		InboxAggregate *a = hash_search(aggs, &key, HASH_FIND, NULL);
+
+		if (a != NULL)
+			a->last_version = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[i],
+														  SPI_tuptable->tupdesc, 2, &isnull));
+	}
+}
+
+/* The cached version state of an aggregate (loaded by load_aggregates). */
+static InboxAggregate *
+aggregate_state(HTAB *aggs, const char *aggregate_id)
+{
+	char	   *key = (char *) aggregate_id;
+	InboxAggregate *a = hash_search(aggs, &key, HASH_FIND, NULL);
+
+	if (a == NULL)
+		elog(ERROR, "inbox batch lost track of aggregate \"%s\"", aggregate_id);
 	return a;
 }
 
@@ -1044,19 +1096,17 @@ message_identity(PartState *ps, const rd_kafka_message_t *m, MessageMeta *meta)
  * version of its aggregate sees a hole.
  */
 static void
-skip_message(InboxSub *sub, PartState *ps, HTAB *aggs, const rd_kafka_message_t *m)
+skip_message(InboxSub *sub, PartState *ps, HTAB *aggs, const rd_kafka_message_t *m,
+			 MessageMeta *meta)
 {
-	MessageMeta meta;
-
-	parse_headers(m, &meta);
-	claim(sub, message_identity(ps, m, &meta), NULL);
-	if (meta.aggregate_id && meta.aggregate_version > 0)
+	claim(sub, message_identity(ps, m, meta), NULL);
+	if (meta->aggregate_id && meta->aggregate_version > 0)
 	{
-		InboxAggregate *agg = aggregate_state(aggs, sub, meta.aggregate_id);
+		InboxAggregate *agg = aggregate_state(aggs, meta->aggregate_id);
 
-		if (meta.aggregate_version > agg->last_version)
+		if (meta->aggregate_version > agg->last_version)
 		{
-			agg->last_version = meta.aggregate_version;
+			agg->last_version = meta->aggregate_version;
 			agg->dirty = true;
 		}
 	}
@@ -1066,25 +1116,17 @@ skip_message(InboxSub *sub, PartState *ps, HTAB *aggs, const rd_kafka_message_t 
 }
 
 /*
- * Claim the message and, if it is new, run the handler.  Careful mode runs
- * them in a subtransaction and returns the error message of a failure
- * (NULL on success); otherwise an error propagates and aborts the batch.
+ * Claim the message and, if it is new, run the handler, in a subtransaction
+ * (the careful path).  Returns the error message of a failure, NULL on
+ * success.
  */
 static char *
 claim_and_handle(InboxSub *sub, FmgrInfo *flinfo, const char *identity,
-				 Datum message, bool careful, bool *claimed)
+				 Datum message, bool *claimed)
 {
 	MemoryContext cxt = CurrentMemoryContext;
 	ResourceOwner owner = CurrentResourceOwner;
 	char	   *volatile error = NULL;
-
-	if (!careful)
-	{
-		claim(sub, identity, claimed);
-		if (*claimed)
-			call_handler(sub, flinfo, message);
-		return NULL;
-	}
 
 	BeginInternalSubTransaction(NULL);
 	MemoryContextSwitchTo(cxt);
@@ -1111,12 +1153,74 @@ claim_and_handle(InboxSub *sub, FmgrInfo *flinfo, const char *identity,
 	return error;
 }
 
-/* Apply one message at the partition's next offset. */
+/*
+ * Claim every pending message of the batch in one statement, then run the
+ * handler of each one claimed, in message order (so per partition in
+ * offset order).  An error aborts the batch, which is then applied again
+ * carefully.
+ */
+static void
+apply_pending(InboxSub *sub, FmgrInfo *flinfo, PendingList *pending)
+{
+	Datum	   *ids;
+	Datum		args[2];
+	HASHCTL		hctl;
+	HTAB	   *claimed;
+
+	if (pending->n == 0)
+		return;
+	ids = palloc(sizeof(Datum) * pending->n);
+	for (int i = 0; i < pending->n; i++)
+		ids[i] = CStringGetTextDatum(pending->items[i].identity);
+	args[0] = CStringGetTextDatum(sub->consumer);
+	args[1] = PointerGetDatum(construct_array(ids, pending->n, TEXTOID, -1, false, TYPALIGN_INT));
+	if (SPI_execute_plan(claim_many_plan, args, NULL, false, 0) != SPI_OK_INSERT_RETURNING)
+		elog(ERROR, "inbox claim failed");
+
+	memset(&hctl, 0, sizeof(hctl));
+	hctl.keysize = sizeof(char *);
+	hctl.entrysize = sizeof(char *);
+	hctl.hcxt = CurrentMemoryContext;
+	hctl.hash = agg_hash;
+	hctl.match = agg_match;
+	claimed = hash_create("inbox claims", pending->n, &hctl,
+						  HASH_ELEM | HASH_FUNCTION | HASH_COMPARE | HASH_CONTEXT);
+	for (uint64 i = 0; i < SPI_processed; i++)
+	{
+		char	   *id = SPI_getvalue(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 1);
+
+		(void) hash_search(claimed, &id, HASH_ENTER, NULL);
+	}
+
+	for (int i = 0; i < pending->n; i++)
+	{
+		PendingApply *pa = &pending->items[i];
+		bool		found;
+
+		CHECK_FOR_INTERRUPTS();
+		/* An event twice in the batch: only its first copy was claimed. */
+		(void) hash_search(claimed, &pa->identity, HASH_REMOVE, &found);
+		if (!found)
+		{
+			pa->ps->duplicates++;
+			continue;
+		}
+		call_handler(sub, flinfo, pa->message);
+		pa->ps->applied++;
+		pa->ps->gaps += pa->gap ? 1 : 0;
+		pa->ps->last_applied_offset = Max(pa->ps->last_applied_offset, pa->offset);
+	}
+}
+
+/*
+ * Apply one message at the partition's next offset.  With a pending list
+ * (fast path) the claim and the handler are deferred to apply_pending(),
+ * and the message is taken as applied; an error there aborts the batch.
+ */
 static void
 apply_message(InboxSub *sub, PartState *ps, HTAB *aggs, FmgrInfo *flinfo,
-			  const rd_kafka_message_t *m, bool careful)
+			  const rd_kafka_message_t *m, MessageMeta *meta, PendingList *pending)
 {
-	MessageMeta meta;
 	InboxAggregate *agg = NULL;
 	char	   *identity;
 	bool		gap = false;
@@ -1124,49 +1228,62 @@ apply_message(InboxSub *sub, PartState *ps, HTAB *aggs, FmgrInfo *flinfo,
 	Datum		message;
 	char	   *error;
 
-	parse_headers(m, &meta);
-	identity = message_identity(ps, m, &meta);
-	if (meta.aggregate_id && meta.aggregate_version > 0)
+	identity = message_identity(ps, m, meta);
+	if (meta->aggregate_id && meta->aggregate_version > 0)
 	{
-		agg = aggregate_state(aggs, sub, meta.aggregate_id);
-		if (meta.aggregate_version <= agg->last_version)
+		agg = aggregate_state(aggs, meta->aggregate_id);
+		if (meta->aggregate_version <= agg->last_version)
 		{
 			ps->duplicates++;
 			advance(ps, m);
 			return;
 		}
-		gap = meta.aggregate_version > agg->last_version + 1;
+		gap = meta->aggregate_version > agg->last_version + 1;
 		if (gap && inbox_gap_policy == INBOX_GAP_BLOCK && !ps->accept_gap)
 		{
 			ps->blocked_at = GetCurrentTimestamp();
 			ps->blocked_reason = psprintf("gap: aggregate \"%s\" expected version %lld, got %lld",
-										  meta.aggregate_id, (long long) agg->last_version + 1,
-										  (long long) meta.aggregate_version);
+										  meta->aggregate_id, (long long) agg->last_version + 1,
+										  (long long) meta->aggregate_version);
 			stop_partition(ps, m->offset);
 			return;
 		}
 	}
-	message = message_datum(sub, m, &meta);
-	error = claim_and_handle(sub, flinfo, identity, message, careful, &claimed);
-	if (error != NULL)
+	message = message_datum(sub, m, meta);
+	if (pending != NULL)
 	{
-		handler_failed(sub, ps, m, message, agg, meta.aggregate_version, identity, error);
-		return;
+		PendingApply *pa = &pending->items[pending->n++];
+
+		pa->ps = ps;
+		pa->offset = m->offset;
+		pa->identity = identity;
+		pa->message = message;
+		pa->gap = gap;
+		ps->accept_gap &= !gap;
 	}
-	if (!claimed)
-		ps->duplicates++;
 	else
 	{
-		ps->applied++;
-		ps->gaps += gap ? 1 : 0;
-		ps->last_applied_offset = m->offset;
-		ps->accept_gap = false;
+		error = claim_and_handle(sub, flinfo, identity, message, &claimed);
+		if (error != NULL)
+		{
+			handler_failed(sub, ps, m, message, agg, meta->aggregate_version, identity, error);
+			return;
+		}
+		if (!claimed)
+			ps->duplicates++;
+		else
+		{
+			ps->applied++;
+			ps->gaps += gap ? 1 : 0;
+			ps->last_applied_offset = m->offset;
+			ps->accept_gap = false;
+		}
 	}
 	ps->attempts = 0;
 	ps->next_attempt_at = 0;
-	if (agg != NULL && meta.aggregate_version > agg->last_version)
+	if (agg != NULL && meta->aggregate_version > agg->last_version)
 	{
-		agg->last_version = meta.aggregate_version;
+		agg->last_version = meta->aggregate_version;
 		agg->dirty = true;
 	}
 	advance(ps, m);
@@ -1391,6 +1508,8 @@ run_batch(InboxSub *sub, rd_kafka_message_t **msgs, int n, bool careful)
 	FmgrInfo	flinfo;
 	rd_kafka_topic_partition_list_t *commit;
 	int			done = 0;
+	MessageMeta *metas;
+	PendingList pending;
 
 	parts = batch_partitions(msgs, n, &nparts);
 	memset(&hctl, 0, sizeof(hctl));
@@ -1401,6 +1520,13 @@ run_batch(InboxSub *sub, rd_kafka_message_t **msgs, int n, bool careful)
 	hctl.match = agg_match;
 	aggs = hash_create("inbox aggregates", 256, &hctl,
 					   HASH_ELEM | HASH_FUNCTION | HASH_COMPARE | HASH_CONTEXT);
+
+	metas = palloc(sizeof(MessageMeta) * n);
+	for (int i = 0; i < n; i++)
+		parse_headers(msgs[i], &metas[i]);
+	load_aggregates(aggs, sub, metas, n);
+	pending.items = palloc(sizeof(PendingApply) * n);
+	pending.n = 0;
 
 	fmgr_info(sub->handler, &flinfo);
 	for (int i = 0; i < nparts; i++)
@@ -1433,14 +1559,16 @@ run_batch(InboxSub *sub, rd_kafka_message_t **msgs, int n, bool careful)
 		}
 		if (ps->skip_requested)
 		{
-			skip_message(sub, ps, aggs, m);
+			skip_message(sub, ps, aggs, m, &metas[i]);
 			done++;
 			continue;
 		}
-		apply_message(sub, ps, aggs, &flinfo, m, careful);
+		apply_message(sub, ps, aggs, &flinfo, m, &metas[i], careful ? NULL : &pending);
 		if (!ps->stopped)
 			done++;
 	}
+	if (!careful)
+		apply_pending(sub, &flinfo, &pending);
 
 	flush_aggregates(sub, aggs);
 	commit = rd_kafka_topic_partition_list_new(nparts);
