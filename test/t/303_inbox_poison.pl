@@ -159,6 +159,12 @@ like($err, qr/invalid topic "bad topic"/, 'topic names are checked');
 	q{SET ROLE app; SELECT inbox_subscribe('', ARRAY['x'], 'app.apply(inbox_message)'::regprocedure)});
 like($err, qr/consumer must not be empty/, 'an empty consumer name is refused');
 
+# The consumer properties are checked when set.
+($rc, $out, $err) = $node->psql('consumer', q{ALTER SYSTEM SET outbox.inbox_kafka_properties = 'enable.auto.commit=true'});
+like($err, qr/Property "enable.auto.commit" is set by the inbox worker/, 'reserved consumer properties are refused');
+($rc, $out, $err) = $node->psql('consumer', q{ALTER SYSTEM SET outbox.inbox_kafka_properties = 'no.such.thing=1'});
+like($err, qr/invalid value for parameter "outbox.inbox_kafka_properties"/, 'unknown consumer properties are refused');
+
 # A handler that became unusable is not run: its role lost EXECUTE.
 $node->safe_psql('consumer', 'REVOKE ALL ON SCHEMA app FROM app');
 $node->safe_psql('consumer', 'ALTER FUNCTION app.apply(inbox_message) OWNER TO postgres');
