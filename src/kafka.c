@@ -846,7 +846,7 @@ int
 outbox_message_max_bytes(void)
 {
 	int			max_bytes = 1000000;	/* librdkafka's default */
-	char	   *err = for_each_property(outbox_kafka_properties,
+	char	   *err = outbox_for_each_property(outbox_kafka_properties,
 										note_message_max_bytes, &max_bytes);
 
 	if (err != NULL)

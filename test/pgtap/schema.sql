@@ -23,14 +23,9 @@ SELECT throws_ok('ALTER EXTENSION outbox SET SCHEMA public', '0A000',
 
 -- Tables
 
-<<<<<<< HEAD
 SELECT tables_are('ob', ARRAY['outbox', 'aggregate_publication', 'inbox', 'inbox_consumer',
-                              'poison_policy', 'publisher_control'],
-=======
-SELECT tables_are('ob', ARRAY['outbox', 'aggregate_publication', 'inbox', 'poison_policy',
-                              'publisher_control', 'inbox_subscription', 'inbox_offset',
-                              'inbox_aggregate', 'inbox_dead_letter'],
->>>>>>> bc7f2bc (Schema and privilege tests know the inbox objects and the hidden inbox_kafka_properties)
+                              'poison_policy', 'publisher_control', 'inbox_subscription',
+                              'inbox_offset', 'inbox_aggregate', 'inbox_dead_letter'],
                   'the extension creates exactly these tables');
 SELECT views_are('ob', ARRAY['outbox_status', 'outbox_aggregate_status', 'inbox_status'],
                  'the extension creates exactly these views');
