@@ -180,10 +180,43 @@ lock_subscription(const char *schema, const char *consumer, Oid role)
 	if (!has_privs_of_role(role, owner))
 		ereport(ERROR,
 				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
-				 errmsg("consumer \"%s\" is subscribed by role \"%s\"", consumer,
-						GetUserNameFromId(owner, true) ? GetUserNameFromId(owner, true) : "?"),
-				 errhint("Only that role (or its members) may change or remove it.")));
+				 errmsg("consumer \"%s\" is subscribed by another role", consumer),
+				 errdetail("Only the subscribing role and its members may change or remove it.")));
 	return owner;
+}
+
+/*
+ * Register the consumer to the subscribing role in inbox_consumer, so that
+ * no other role can claim its events with inbox_claim() (which would make
+ * the worker drop them as duplicates).  A consumer name registered to a
+ * role the subscriber is not a member of is refused.
+ */
+static void
+register_consumer(const char *schema, const char *consumer, Oid role)
+{
+	Oid			argtypes[2] = {TEXTOID, NAMEOID};
+	Datum		args[2];
+	Oid			registered;
+
+	args[0] = CStringGetTextDatum(consumer);
+	if (SPI_execute_with_args(psprintf("SELECT c.role FROM %s.inbox_consumer c "
+									   "WHERE c.consumer = $1 FOR UPDATE", schema),
+							  1, argtypes, args, NULL, false, 1) != SPI_OK_SELECT)
+		elog(ERROR, "could not read inbox consumers");
+	if (SPI_processed == 1)
+	{
+		registered = get_role_oid(SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1), true);
+		if (!OidIsValid(registered) || !is_member_of_role(role, registered))
+			ereport(ERROR,
+					(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
+					 errmsg("consumer \"%s\" is registered to another role", consumer),
+					 errdetail("Only members of the role it is registered to in inbox_consumer may subscribe it.")));
+		return;
+	}
+	args[1] = DirectFunctionCall1(namein, CStringGetDatum(GetUserNameFromId(role, false)));
+	if (SPI_execute_with_args(psprintf("INSERT INTO %s.inbox_consumer (consumer, role) VALUES ($1, $2)", schema),
+							  2, argtypes, args, NULL, false, 0) != SPI_OK_INSERT)
+		elog(ERROR, "could not register the inbox consumer");
 }
 
 /* inbox_subscribe(consumer, topics, handler): subscribe as current_user. */
@@ -216,6 +249,7 @@ inbox_subscribe(PG_FUNCTION_ARGS)
 	GetUserIdAndSecContext(&save_userid, &save_sec);
 	SetUserIdAndSecContext(extowner, save_sec | SECURITY_LOCAL_USERID_CHANGE);
 	(void) lock_subscription(schema, consumer, role);
+	register_consumer(schema, consumer, role);
 	args[0] = CStringGetTextDatum(consumer);
 	args[1] = PointerGetDatum(topics);
 	args[2] = ObjectIdGetDatum(handler);

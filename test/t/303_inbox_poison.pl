@@ -138,7 +138,7 @@ is($node->safe_psql('consumer', 'SELECT gaps FROM inbox_status'), '2', 'the acce
 my ($rc, $out, $err) = $node->psql('consumer',
 	q{SELECT inbox_subscribe('su', ARRAY['x'], 'app.apply(inbox_message)'::regprocedure)});
 like($err, qr/a superuser cannot subscribe/, 'a superuser cannot subscribe');
-$node->safe_psql('consumer', q{CREATE ROLE other; GRANT EXECUTE ON FUNCTION
+$node->safe_psql('consumer', q{CREATE ROLE other LOGIN; GRANT EXECUTE ON FUNCTION
 	inbox_subscribe(text, text[], regprocedure), inbox_unsubscribe(text) TO other;
 	REVOKE EXECUTE ON FUNCTION app.apply(inbox_message) FROM PUBLIC;
 	CREATE FUNCTION public.wrong(m inbox_message) RETURNS int LANGUAGE sql AS 'SELECT 1'});
@@ -151,7 +151,17 @@ like($err, qr/permission denied for function app.apply/, 'a role must be able to
 like($err, qr/cannot be an inbox handler/, 'a handler must return void');
 ($rc, $out, $err) = $node->psql('consumer',
 	q{SET ROLE other; SELECT inbox_unsubscribe('billing')});
-like($err, qr/consumer "billing" is subscribed by role "app"/, 'another role cannot unsubscribe a consumer');
+like($err, qr/consumer "billing" is subscribed by another role/, 'another role cannot unsubscribe a consumer');
+is($node->safe_psql('consumer', q{SELECT role FROM inbox_consumer WHERE consumer = 'billing'}), 'app',
+	'subscribing registers the consumer to the subscribing role');
+$node->safe_psql('consumer', q{GRANT EXECUTE ON FUNCTION inbox_claim(text, text) TO other});
+($rc, $out, $err) = $node->psql('consumer', q{SELECT inbox_claim('billing', 'forged')}, extra_params => ['-U', 'other']);
+like($err, qr/permission denied to claim for consumer "billing"/,
+	'another role cannot claim events of a subscribed consumer (which the worker would then drop)');
+$node->safe_psql('consumer', q{INSERT INTO inbox_consumer VALUES ('taken', 'other')});
+($rc, $out, $err) = $node->psql('consumer',
+	q{SET ROLE app; SELECT inbox_subscribe('taken', ARRAY['x'], 'app.apply(inbox_message)'::regprocedure)});
+like($err, qr/consumer "taken" is registered to another role/, 'a consumer registered to another role cannot be subscribed');
 ($rc, $out, $err) = $node->psql('consumer',
 	q{SET ROLE app; SELECT inbox_subscribe('b2', ARRAY['bad topic'], 'app.apply(inbox_message)'::regprocedure)});
 like($err, qr/invalid topic "bad topic"/, 'topic names are checked');
