@@ -418,10 +418,15 @@ consumer_create(InboxSub *sub, ArrayType *topics)
 	kerr = rd_kafka_subscribe(sub->rk, tl);
 	rd_kafka_topic_partition_list_destroy(tl);
 	if (kerr != RD_KAFKA_RESP_ERR_NO_ERROR)
+	{
+		/* Without a subscription the next refresh must create it again. */
+		rd_kafka_destroy(sub->rk);
+		sub->rk = NULL;
 		ereport(ERROR,
 				(errcode(ERRCODE_CONNECTION_FAILURE),
 				 errmsg("outbox inbox: could not subscribe consumer \"%s\": %s",
 						sub->consumer, rd_kafka_err2str(kerr))));
+	}
 	ereport(LOG,
 			(errmsg("outbox inbox worker %d: consumer \"%s\" joined group \"%s\"",
 					worker_index, sub->consumer, group)));
@@ -443,12 +448,18 @@ consumer_destroy(InboxSub *sub)
 	sub->paused = NIL;
 }
 
-/* on_shmem_exit: leave the groups cleanly when stopped. */
+static void destroy_batch(void);
+
+/*
+ * on_shmem_exit: leave the groups cleanly when stopped.  Messages still
+ * held go first: a consumer is not destroyed while its messages live.
+ */
 static void
 inbox_worker_exit(int code, Datum arg)
 {
 	ListCell   *lc;
 
+	destroy_batch();
 	foreach(lc, subs)
 		consumer_destroy((InboxSub *) lfirst(lc));
 }

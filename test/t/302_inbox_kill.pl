@@ -68,10 +68,30 @@ is_deeply(\@p, [], 'exactly once, in version order, only committed events, despi
 is($node->safe_psql('consumer', q{SELECT count(*) FROM inbox_offset o
 	WHERE next_offset IS DISTINCT FROM high_watermark}), '0',
 	'every partition is stored at its high watermark');
+# A clean stop in the middle of a batch: SIGTERM ends the worker promptly
+# (it leaves its group, the held messages freed first), nothing half-done.
+$node->safe_psql('consumer', 'UPDATE app.knobs SET delay = 0.002');
+$node->safe_psql('postgres', q{SELECT outbox_emit('load', 'stop-' || (i % 20), 'Changed', '{}')
+	FROM generate_series(1, 1000) i});
+ok($node->poll_query_until('consumer',
+	q{SELECT count(*) > 0 FROM pg_stat_activity WHERE backend_type = 'outbox inbox worker'
+	   AND query LIKE 'applying%'}), 'a batch is being applied');
+my $t0 = time;
+$node->stop('fast');
+my $stop_s = time - $t0;
+note "stopped in ${stop_s}s";
+$node->start;
+$committed = $node->safe_psql('postgres', 'SELECT count(*) FROM outbox');
+$node->safe_psql('consumer', 'UPDATE app.knobs SET delay = 0');
+ok(defined wait_applied($node, $committed, 120), 'after the restart everything is applied');
+sleep 1;
+@p = consumer_verdict($node);
+is_deeply(\@p, [], 'exactly once, in version order, after a stop mid-batch') or diag join("\n", @p);
+
 my $status = $node->safe_psql('consumer',
 	q{SELECT string_agg(format('p%s applied=%s dup=%s', "partition", applied, duplicates), ' ' ORDER BY "partition")
 	    FROM inbox_status});
-note "FIGURES inbox_kill kills=$kills events=$committed $status";
+note sprintf "FIGURES inbox_kill kills=%d events=%d stop=%.1fs %s", $kills, $committed, $stop_s, $status;
 
 $node->stop;
 $mk->stop;
