@@ -232,7 +232,12 @@ set_consumer_property(const char *key, const char *value, void *arg)
 							strstr(key, "servers") || strstr(key, "broker")
 							? " (use outbox.inbox_brokers)" : "");
 	if (rd_kafka_conf_set(conf, key, value, errstr, sizeof(errstr)) != RD_KAFKA_CONF_OK)
+	{
+		/* librdkafka quotes bad values: never repeat one (a secret?). */
+		if (value[0] != '\0' && strstr(errstr, value) != NULL)
+			return psprintf("Property \"%s\" has an invalid value.", key);
 		return psprintf("Property \"%s\": %s", key, errstr);
+	}
 	return NULL;
 }
 
@@ -268,15 +273,6 @@ inbox_worker_init(void)
 {
 	BackgroundWorker worker;
 
-	DefineCustomIntVariable("outbox.inbox_workers",
-							"Number of inbox workers.",
-							"0 disables the inbox workers; they idle while nothing is subscribed.",
-							&inbox_workers, 1, 0, INBOX_MAX_WORKERS,
-							PGC_POSTMASTER, 0, NULL, NULL, NULL);
-	DefineCustomStringVariable("outbox.inbox_database",
-							   "Database whose inbox subscriptions the inbox workers serve (empty: outbox.database).",
-							   NULL, &inbox_database, "",
-							   PGC_POSTMASTER, 0, NULL, NULL, NULL);
 	DefineCustomStringVariable("outbox.inbox_brokers",
 							   "Kafka bootstrap servers of the inbox workers (empty: outbox.brokers).",
 							   NULL, &inbox_brokers, "",
@@ -310,8 +306,18 @@ inbox_worker_init(void)
 							 &inbox_gap_policy, INBOX_GAP_APPLY, gap_options,
 							 PGC_SIGHUP, 0, NULL, NULL, NULL);
 
+	/* The workers' own settings exist only where they can run. */
 	if (!process_shared_preload_libraries_in_progress)
 		return;
+	DefineCustomIntVariable("outbox.inbox_workers",
+							"Number of inbox workers.",
+							"0 disables the inbox workers; they idle while nothing is subscribed.",
+							&inbox_workers, 1, 0, INBOX_MAX_WORKERS,
+							PGC_POSTMASTER, 0, NULL, NULL, NULL);
+	DefineCustomStringVariable("outbox.inbox_database",
+							   "Database whose inbox subscriptions the inbox workers serve (empty: outbox.database).",
+							   NULL, &inbox_database, "",
+							   PGC_POSTMASTER, 0, NULL, NULL, NULL);
 
 	memset(&worker, 0, sizeof(worker));
 	worker.bgw_flags = BGWORKER_SHMEM_ACCESS | BGWORKER_BACKEND_DATABASE_CONNECTION;

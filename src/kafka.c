@@ -846,10 +846,17 @@ int
 outbox_message_max_bytes(void)
 {
 	int			max_bytes = 1000000;	/* librdkafka's default */
-	char	   *err = outbox_for_each_property(outbox_kafka_properties,
+	char	   *err = for_each_property(outbox_kafka_properties,
 										note_message_max_bytes, &max_bytes);
 
 	if (err != NULL)
 		pfree(err);
 	return max_bytes > 0 ? max_bytes : 1000000;
+}
+
+/* The property splitter, for the inbox workers' consumer properties. */
+char *
+outbox_for_each_property(const char *properties, outbox_property_fn fn, void *arg)
+{
+	return for_each_property(properties, fn, arg);
 }

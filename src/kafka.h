@@ -39,6 +39,11 @@ typedef struct DeliveryTracker
 	void		(*stale_report) (uint32 generation, int index);
 } DeliveryTracker;
 
+/* Called per key=value; returns NULL or a palloc'd message without the value. */
+typedef char *(*outbox_property_fn) (const char *key, const char *value, void *arg);
+
+extern char *outbox_for_each_property(const char *properties,
+									  outbox_property_fn fn, void *arg);
 extern char *outbox_kafka_config_check(const char *properties,
 									   const char *credentials_file);
 extern char *outbox_brokers_check(const char *brokers);
