@@ -4,6 +4,8 @@
  *	  Inbox workers: apply the events of subscribed Kafka topics to
  *	  PostgreSQL through a handler function, exactly once, in order.
  *
+ * A launcher, connected to no database, starts outbox.inbox_workers
+ * dynamic workers once their database exists, and again when one exits.
  * Each subscription (table inbox_subscription) is a Kafka consumer group;
  * every worker runs one librdkafka consumer per subscription, so Kafka
  * spreads the partitions over the workers.  The position of record is the
@@ -44,6 +46,7 @@
 #include "pgstat.h"
 #include "postmaster/bgworker.h"
 #include "postmaster/interrupt.h"
+#include "commands/dbcommands.h"
 #include "storage/ipc.h"
 #include "storage/latch.h"
 #include "tcop/tcopprot.h"
@@ -319,18 +322,108 @@ inbox_worker_init(void)
 							   NULL, &inbox_database, "",
 							   PGC_POSTMASTER, 0, NULL, NULL, NULL);
 
+	if (inbox_workers == 0)
+		return;
 	memset(&worker, 0, sizeof(worker));
 	worker.bgw_flags = BGWORKER_SHMEM_ACCESS | BGWORKER_BACKEND_DATABASE_CONNECTION;
 	worker.bgw_start_time = BgWorkerStart_RecoveryFinished;
 	worker.bgw_restart_time = 5;
 	snprintf(worker.bgw_library_name, BGW_MAXLEN, "outbox");
+	snprintf(worker.bgw_function_name, BGW_MAXLEN, "inbox_launcher_main");
+	snprintf(worker.bgw_type, BGW_MAXLEN, "outbox inbox launcher");
+	snprintf(worker.bgw_name, BGW_MAXLEN, "outbox inbox launcher");
+	RegisterBackgroundWorker(&worker);
+}
+
+/* ---------- the launcher ---------- */
+
+/* Does the database exist?  (Connected to no database: pg_database only.) */
+static bool
+database_exists(const char *db)
+{
+	bool		exists;
+
+	StartTransactionCommand();
+	exists = OidIsValid(get_database_oid(db, true));
+	CommitTransactionCommand();
+	return exists;
+}
+
+/* Start inbox worker i; false if no background worker slot is free. */
+static bool
+start_inbox_worker(int i, BackgroundWorkerHandle **handle)
+{
+	BackgroundWorker worker;
+
+	memset(&worker, 0, sizeof(worker));
+	worker.bgw_flags = BGWORKER_SHMEM_ACCESS | BGWORKER_BACKEND_DATABASE_CONNECTION;
+	worker.bgw_start_time = BgWorkerStart_RecoveryFinished;
+	worker.bgw_restart_time = BGW_NEVER_RESTART;
+	snprintf(worker.bgw_library_name, BGW_MAXLEN, "outbox");
 	snprintf(worker.bgw_function_name, BGW_MAXLEN, "inbox_worker_main");
 	snprintf(worker.bgw_type, BGW_MAXLEN, "outbox inbox worker");
-	for (int i = 0; i < inbox_workers; i++)
+	snprintf(worker.bgw_name, BGW_MAXLEN, "outbox inbox worker %d", i);
+	worker.bgw_main_arg = Int32GetDatum(i);
+	worker.bgw_notify_pid = MyProcPid;
+	return RegisterDynamicBackgroundWorker(&worker, handle);
+}
+
+/*
+ * The launcher, connected to no database, starts the inbox workers once
+ * their database exists and starts again any that exits.  A missing
+ * database (say outbox.database is wrong) is logged once and costs a look
+ * every few seconds, not a worker failing with FATAL every 5 s.
+ */
+void
+inbox_launcher_main(Datum main_arg)
+{
+	const char *db = inbox_database[0] ? inbox_database : outbox_database;
+	BackgroundWorkerHandle *handles[INBOX_MAX_WORKERS] = {0};
+	TimestampTz next_start[INBOX_MAX_WORKERS] = {0};
+	bool		logged_missing = false;
+
+	pqsignal(SIGHUP, SignalHandlerForConfigReload);
+	pqsignal(SIGTERM, die);
+	BackgroundWorkerUnblockSignals();
+	BackgroundWorkerInitializeConnection(NULL, NULL, 0);
+
+	for (;;)
 	{
-		snprintf(worker.bgw_name, BGW_MAXLEN, "outbox inbox worker %d", i);
-		worker.bgw_main_arg = Int32GetDatum(i);
-		RegisterBackgroundWorker(&worker);
+		TimestampTz now = GetCurrentTimestamp();
+		bool		exists;
+
+		CHECK_FOR_INTERRUPTS();
+		if (ConfigReloadPending)
+		{
+			ConfigReloadPending = false;
+			ProcessConfigFile(PGC_SIGHUP);
+		}
+		exists = database_exists(db);
+		if (!exists && !logged_missing)
+			ereport(LOG,
+					(errmsg("outbox inbox launcher: database \"%s\" does not exist; waiting", db),
+					 errhint("Set outbox.inbox_database (else outbox.database) to the consumers' database.")));
+		logged_missing = !exists;
+		for (int i = 0; exists && i < inbox_workers; i++)
+		{
+			pid_t		pid;
+
+			if (handles[i] != NULL &&
+				GetBackgroundWorkerPid(handles[i], &pid) != BGWH_STOPPED)
+				continue;
+			if (now < next_start[i])
+				continue;
+			/* A worker that stops is started again, at most every 5 s. */
+			next_start[i] = TimestampTzPlusMilliseconds(now, 5000);
+			if (!start_inbox_worker(i, &handles[i]))
+				ereport(LOG,
+						(errmsg("outbox inbox launcher: no background worker slot for inbox worker %d", i),
+						 errhint("Raise max_worker_processes.")));
+		}
+		pgstat_report_activity(STATE_IDLE, NULL);
+		(void) WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
+						 exists ? 1000 : 5000, PG_WAIT_EXTENSION);
+		ResetLatch(MyLatch);
 	}
 }
 

@@ -32,6 +32,7 @@ extern int	inbox_gap_policy;
 
 /* inbox_worker.c */
 extern void inbox_worker_init(void);
+extern PGDLLEXPORT void inbox_launcher_main(Datum main_arg);
 extern PGDLLEXPORT void inbox_worker_main(Datum main_arg);
 extern char *inbox_consumer_properties_check(const char *properties);
 
