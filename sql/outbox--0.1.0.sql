@@ -841,11 +841,13 @@ SELECT pg_catalog.pg_extension_config_dump('@extschema@.inbox_dead_letter_id_seq
 
 -- Not SECURITY DEFINER: the subscriber is the calling role (current_user),
 -- which the C function records; it writes the table as the extension owner.
+-- The pinned search_path keeps a caller's operators out of those statements.
 CREATE FUNCTION @extschema@.inbox_subscribe(consumer text, topics text[],
 	handler regprocedure)
 RETURNS void
 AS 'MODULE_PATHNAME', 'inbox_subscribe'
-LANGUAGE C VOLATILE;
+LANGUAGE C VOLATILE
+SET search_path = pg_catalog, pg_temp;
 
 COMMENT ON FUNCTION @extschema@.inbox_subscribe(text, text[], regprocedure) IS
 'have the inbox workers apply the topics'' events with handler(inbox_message), exactly once, as the calling role';
@@ -853,7 +855,8 @@ COMMENT ON FUNCTION @extschema@.inbox_subscribe(text, text[], regprocedure) IS
 CREATE FUNCTION @extschema@.inbox_unsubscribe(consumer text)
 RETURNS boolean
 AS 'MODULE_PATHNAME', 'inbox_unsubscribe'
-LANGUAGE C VOLATILE;
+LANGUAGE C VOLATILE
+SET search_path = pg_catalog, pg_temp;
 
 COMMENT ON FUNCTION @extschema@.inbox_unsubscribe(text) IS
 'stop a subscription (offsets, versions and dead letters are kept: subscribing again resumes)';

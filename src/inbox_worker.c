@@ -696,6 +696,7 @@ subscription_problem(Oid owner, Oid handler)
 	return NULL;
 }
 
+/* This worker's state of a subscription, or NULL. */
 static InboxSub *
 find_sub(const char *consumer)
 {
@@ -1021,6 +1022,7 @@ agg_hash(const void *key, Size keysize)
 	return hash_bytes((const unsigned char *) s, strlen(s));
 }
 
+/* Key comparison of the aggregate-id-keyed tables. */
 static int
 agg_match(const void *key1, const void *key2, Size keysize)
 {
@@ -1557,6 +1559,7 @@ batch_partitions(rd_kafka_message_t **msgs, int n, int *nparts)
 	return parts;
 }
 
+/* The batch's state of a message's partition. */
 static PartState *
 find_part(PartState *parts, int nparts, const rd_kafka_message_t *m)
 {
@@ -1708,6 +1711,7 @@ run_batch(InboxSub *sub, rd_kafka_message_t **msgs, int n, bool careful)
 static rd_kafka_message_t **batch_msgs = NULL;
 static int	batch_n = 0;
 
+/* Give the held messages back to librdkafka. */
 static void
 destroy_batch(void)
 {
@@ -1922,6 +1926,7 @@ check_consumer_settings(void)
 	consumer_properties = MemoryContextStrdup(TopMemoryContext, inbox_kafka_properties);
 }
 
+/* An inbox worker: apply every subscription of its database, forever. */
 void
 inbox_worker_main(Datum main_arg)
 {

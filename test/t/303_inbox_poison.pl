@@ -169,6 +169,19 @@ like($err, qr/invalid topic "bad topic"/, 'topic names are checked');
 	q{SET ROLE app; SELECT inbox_subscribe('', ARRAY['x'], 'app.apply(inbox_message)'::regprocedure)});
 like($err, qr/consumer must not be empty/, 'an empty consumer name is refused');
 
+# A caller's operators are not used by inbox_subscribe's own statements
+# (which run as the extension owner): its search_path is pinned.
+$node->safe_psql('consumer', q{GRANT CREATE ON DATABASE consumer TO app});
+$node->safe_psql('consumer', q{SET ROLE app; CREATE SCHEMA evil;
+	CREATE FUNCTION evil.eq(text, text) RETURNS boolean LANGUAGE plpgsql AS
+		$$BEGIN RAISE EXCEPTION 'hijacked as %', current_user; END$$;
+	CREATE OPERATOR evil.= (LEFTARG = text, RIGHTARG = text, FUNCTION = evil.eq)});
+($rc, $out, $err) = $node->psql('consumer', q{SET ROLE app; SET search_path = evil, pg_catalog, public;
+	SELECT public.inbox_subscribe('hijack', ARRAY['x'], 'app.apply(public.inbox_message)'::regprocedure)});
+unlike($err, qr/hijacked/, 'a caller\'s operator is not run by inbox_subscribe');
+is($rc, 0, 'and the subscription is made') or diag $err;
+$node->safe_psql('consumer', q{SET ROLE app; SELECT inbox_unsubscribe('hijack')});
+
 # The consumer properties are checked when set.
 ($rc, $out, $err) = $node->psql('consumer', q{ALTER SYSTEM SET outbox.inbox_kafka_properties = 'enable.auto.commit=true'});
 like($err, qr/Property "enable.auto.commit" is set by the inbox worker/, 'reserved consumer properties are refused');
