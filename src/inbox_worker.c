@@ -46,7 +46,11 @@
 #include "pgstat.h"
 #include "postmaster/bgworker.h"
 #include "postmaster/interrupt.h"
-#include "commands/dbcommands.h"
+#include "access/heapam.h"
+#include "access/table.h"
+#include "access/tableam.h"
+#include "catalog/pg_database.h"
+#include "utils/fmgroids.h"
 #include "storage/ipc.h"
 #include "storage/latch.h"
 #include "tcop/tcopprot.h"
@@ -337,14 +341,28 @@ inbox_worker_init(void)
 
 /* ---------- the launcher ---------- */
 
-/* Does the database exist?  (Connected to no database: pg_database only.) */
+/*
+ * Does the database exist?  Connected to no database, only shared catalogs
+ * can be read, and only by a heap scan: an index scan may need to build
+ * the index's relcache entry from pg_class (a fresh cluster has no cached
+ * one), which fails outside a database.
+ */
 static bool
 database_exists(const char *db)
 {
+	Relation	rel;
+	ScanKeyData key;
+	TableScanDesc scan;
 	bool		exists;
 
 	StartTransactionCommand();
-	exists = OidIsValid(get_database_oid(db, true));
+	rel = table_open(DatabaseRelationId, AccessShareLock);
+	ScanKeyInit(&key, Anum_pg_database_datname, BTEqualStrategyNumber, F_NAMEEQ,
+				CStringGetDatum(db));
+	scan = table_beginscan_catalog(rel, 1, &key);
+	exists = HeapTupleIsValid(heap_getnext(scan, ForwardScanDirection));
+	table_endscan(scan);
+	table_close(rel, AccessShareLock);
 	CommitTransactionCommand();
 	return exists;
 }
