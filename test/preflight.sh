@@ -29,9 +29,9 @@ need_cmd() {	# need_cmd SUITE COMMAND PACKAGE
 need_file() {	# need_file SUITE PATH WHAT
 	[ -e "$2" ] || miss "$1" "$3 ($2 not found)"
 }
-need_perl() {	# need_perl SUITE MODULE PACKAGE [INCLUDE]
+need_perl() {	# need_perl SUITE MODULE PACKAGE
 	command -v perl >/dev/null 2>&1 || return 0	# reported by need_cmd
-	perl ${4:+-I"$4"} -M"$2" -e 1 >/dev/null 2>&1 ||
+	perl -M"$2" -e 1 >/dev/null 2>&1 ||
 		miss "$1" "Perl module $2 not found (package $3)"
 }
 need_tools() {	# need_tools SUITE: the test tools (make builds them)
@@ -91,7 +91,9 @@ for suite in "$@"; do
 			need_perl "$suite" Test::More perl
 			need_perl "$suite" JSON::PP perl
 			need_perl "$suite" Time::HiRes perl
-			need_perl "$suite" PostgreSQL::Test::Cluster postgresql-client-15 "$pgxs/src/test/perl"
+			# Only looked for: loading it creates tmp_check/ in the current directory.
+			need_file "$suite" "$pgxs/src/test/perl/PostgreSQL/Test/Cluster.pm" \
+				"Perl module PostgreSQL::Test::Cluster (package postgresql-client-15)"
 			need_file "$suite" "$pgxs/src/test/regress/pg_regress" "pg_regress (package postgresql-client-15)"
 			for b in pgbench pg_dump pg_restore; do
 				need_file "$suite" "$bindir/$b" "$b (package postgresql-15)"

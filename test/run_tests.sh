@@ -35,8 +35,9 @@ if [ "$(id -u)" = 0 ]; then
 	tar -C "$src" --exclude=.git -cf - . | tar -C "$work/src" -xf -
 	chown -R postgres: "$work"
 	rc=0
-	runuser -u postgres -- env OUTBOX_TEST_WORK="$work" \
-		"$work/src/test/run_tests.sh" $suites || rc=$?
+	# From a directory postgres may enter (the tree may be under /root).
+	(cd "$work" && runuser -u postgres -- env OUTBOX_TEST_WORK="$work" \
+		"$work/src/test/run_tests.sh" $suites) || rc=$?
 	[ "$rc" = 0 ] && [ -z "${OUTBOX_TEST_KEEP:-}" ] && rm -rf "$work"
 	[ "$rc" != 0 ] && echo "test output kept in $work"
 	exit "$rc"
