@@ -5,7 +5,7 @@
 # brings it) instead of letting a suite fail half-way.  Used by
 # test/run_tests.sh and by `make installcheck` / `make prove_installcheck`.
 #
-# Usage: test/preflight.sh [--not-root] suite...
+# Usage: [PG_CONFIG=...] test/preflight.sh [--not-root] suite...
 #        suites: regress isolation pgtap tools tap
 #        --not-root: fail as root (PostgreSQL refuses to run as root)
 # Exit status 0 when all is there, 2 otherwise.
@@ -42,15 +42,16 @@ need_tools() {	# need_tools SUITE: the test tools (make builds them)
 	done
 }
 
-if ! command -v pg_config >/dev/null 2>&1; then
-	echo "preflight: pg_config not found (package postgresql-server-dev-15; or put the" >&2
+pg_config=${PG_CONFIG:-pg_config}
+if ! command -v "$pg_config" >/dev/null 2>&1; then
+	echo "preflight: $pg_config not found (package postgresql-server-dev-15; or put the" >&2
 	echo "preflight: server's bin directory on PATH); install with: bash .ci/install-deps" >&2
 	exit 2
 fi
-bindir=$(pg_config --bindir)
-pgxs=$(dirname "$(dirname "$(dirname "$(pg_config --pgxs)")")")
-sharedir=$(pg_config --sharedir)
-pkglibdir=$(pg_config --pkglibdir)
+bindir=$("$pg_config" --bindir)
+pgxs=$(dirname "$(dirname "$(dirname "$("$pg_config" --pgxs)")")")
+sharedir=$("$pg_config" --sharedir)
+pkglibdir=$("$pg_config" --pkglibdir)
 
 if [ $# -gt 0 ]; then
 	for b in initdb pg_ctl postgres psql; do
