@@ -171,8 +171,14 @@ in_chroot() {	# in_chroot NAME COMMAND: run as root in the clone, log to $work/N
 }
 
 verdict=()
-in_chroot demo 'bash test/demo.sh' || verdict+=("test/demo.sh failed")
-in_chroot ci 'bash .ci/run' || verdict+=(".ci/run failed")
+why() {	# why NAME RC
+	case $2 in
+		124 | 137) verdict+=("$1 timed out (OUTBOX_FRESH_TIMEOUT=$budget s)") ;;
+		*) verdict+=("$1 failed with exit status $2") ;;
+	esac
+}
+in_chroot demo 'bash test/demo.sh' || why test/demo.sh $?
+in_chroot ci 'bash .ci/run' || why .ci/run $?
 
 [ -n "${OUTBOX_FRESH_PROVE_TESTS:-}" ] && verdict+=("trial run: PROVE_TESTS=$OUTBOX_FRESH_PROVE_TESTS")
 say "packages in the chroot at the end: $(chroot "$root" dpkg-query -W -f='.\n' | wc -l)"
@@ -180,6 +186,6 @@ if [ "${#verdict[@]}" = 0 ]; then
 	echo "fresh machine: PASS (Debian 12 minbase, commit ${head:0:12}: test/demo.sh and .ci/run succeeded, $(($(date +%s) - start)) s)"
 	exit 0
 fi
-echo "fresh machine: FAIL ($(IFS=';'; echo "${verdict[*]}"); commit ${head:0:12}, logs in $work, kept)"
+echo "fresh machine: FAIL ($(printf '%s; ' "${verdict[@]}")commit ${head:0:12}, logs in $work, kept)"
 keep=1
 exit 1
