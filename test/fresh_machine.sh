@@ -31,6 +31,10 @@
 #
 set -uo pipefail
 
+# The whole script is one compound command, read before it runs: editing
+# the file during a run (e.g. checking out another commit) cannot break it.
+{
+
 fresh=
 keep=
 for a in "$@"; do
@@ -45,6 +49,10 @@ if [ "$(id -u)" != 0 ]; then
 	echo "fresh_machine: must run as root (debootstrap, chroot, mount)" >&2
 	exit 2
 fi
+
+for c in git unshare mount chroot timeout tar; do
+	command -v "$c" >/dev/null || { echo "fresh_machine: command '$c' not found on the host" >&2; exit 2; }
+done
 
 src=$(cd "$(dirname "$0")/.." && pwd)
 cache=${OUTBOX_FRESH_CACHE:-/var/cache/outbox-fresh}
@@ -189,3 +197,4 @@ fi
 echo "fresh machine: FAIL ($(printf '%s; ' "${verdict[@]}")commit ${head:0:12}, logs in $work, kept)"
 keep=1
 exit 1
+}
