@@ -48,10 +48,8 @@ bindir=$(pg_config --bindir)
 export PATH="$bindir:$PATH"
 export PGHOST="$work" PGPORT=$((20000 + RANDOM % 20000))
 
-mock_pid=
 cleanup() {
 	pg_ctl -D "$work/data" -m immediate stop >/dev/null 2>&1 || true
-	[ -n "$mock_pid" ] && kill "$mock_pid" 2>/dev/null || true
 }
 trap cleanup EXIT
 
@@ -78,23 +76,18 @@ result() {
 
 needs_cluster() {
 	[ -d "$work/data" ] && return 0
-	# The pgTAP cluster.  A mock broker so that settings pointing at it are
-	# realistic; no publisher runs (outbox.workers = 0): pgTAP must not
+	# The pgTAP cluster, set up as make installcheck's temporary instances
+	# are (test/outbox_regress.conf): no publisher runs, pgTAP must not
 	# depend on one.  Publishing is tested by the TAP suite.
-	"$src/test/tools/mock_kafka" --brokers 1 --bootstrap-file "$work/bootstrap" \
-		--control-file "$work/control" --max-seconds 3600 >"$work/mock.log" 2>&1 &
-	mock_pid=$!
 	initdb -D "$work/data" -A trust --no-sync -E UTF8 --locale=C >"$work/initdb.log"
 	cat >>"$work/data/postgresql.conf" <<-EOF
 		listen_addresses = ''
 		unix_socket_directories = '$work'
 		port = $PGPORT
-		shared_preload_libraries = 'outbox'
-		outbox.workers = 0
 		fsync = off
 		max_connections = 50
-		max_prepared_transactions = 10
 	EOF
+	cat "$src/test/outbox_regress.conf" >>"$work/data/postgresql.conf"
 	pg_ctl -D "$work/data" -l "$work/postgres.log" -w start >/dev/null
 }
 
