@@ -25,8 +25,9 @@ PG_CONFIG ?= pg_config
 PGXS := $(shell $(PG_CONFIG) --pgxs)
 include $(PGXS)
 
-# The TAP tests' own modules (MockKafka, OutboxTest, FaultTest).
-PROVE_FLAGS += -I ./test/perl
+# The TAP tests' own modules (MockKafka, OutboxTest, FaultTest); not in
+# PROVE_FLAGS, which is the user's (make ... PROVE_FLAGS=--verbose).
+PG_PROVE_FLAGS += -I ./test/perl
 
 # PGXS looks for t/*.pl; ours are in test/t.  One file:
 #   make prove_installcheck PROVE_TESTS=test/t/101_brokers_down.pl
