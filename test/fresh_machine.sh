@@ -6,7 +6,9 @@
 # there, as root, `bash test/demo.sh` and then `bash .ci/run` (which
 # install their packages with --no-install-recommends, build, install and
 # run every suite).  It proves that the set-up section works on a machine
-# that has nothing the developers installed by hand.  Not part of .ci/run.
+# that has nothing the developers installed by hand.  First, on the bare
+# chroot, `bash test/run_tests.sh` must stop at once with a preflight
+# message naming what is missing.  Not part of .ci/run.
 #
 # Usage (as root): test/fresh_machine.sh [--fresh] [--keep]
 #   --fresh  debootstrap a new base even if a cached one exists
@@ -185,6 +187,15 @@ why() {	# why NAME RC
 		*) verdict+=("$1 failed with exit status $2") ;;
 	esac
 }
+# Before anything is installed, the test runner must stop at once and say
+# what is missing (test/preflight.sh), not fail half-way through a suite.
+in_chroot bare 'bash test/run_tests.sh'
+rc=$?
+if [ "$rc" = 2 ] && grep -q '^preflight: .*not found' "$work/bare.log"; then
+	say "on the bare machine the runner stopped at once, naming what is missing"
+else
+	verdict+=("on the bare machine test/run_tests.sh did not stop with a preflight message (exit $rc)")
+fi
 in_chroot demo 'bash test/demo.sh' || why test/demo.sh $?
 in_chroot ci 'bash .ci/run' || why .ci/run $?
 
