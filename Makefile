@@ -8,9 +8,48 @@ PGFILEDESC = "outbox - transactional outbox published to Kafka"
 PG_CPPFLAGS = -Wall -Wmissing-prototypes
 SHLIB_LINK = -lrdkafka
 
+# make installcheck: the regression and isolation suites, each on a
+# temporary instance that preloads the library (test/outbox_regress.conf),
+# then the TAP tests (test/t, helpers in test/perl).  The extension must be
+# installed; PostgreSQL refuses to run as root (see outbox-preflight).
+REGRESS = $(patsubst test/sql/%.sql,%,$(sort $(wildcard test/sql/*.sql)))
+REGRESS_OPTS = --inputdir=test --temp-config=test/outbox_regress.conf \
+	--temp-instance=./tmp_check
+ISOLATION = $(patsubst test/isolation/specs/%.spec,%,$(sort $(wildcard test/isolation/specs/*.spec)))
+ISOLATION_OPTS = --inputdir=test/isolation --temp-config=test/outbox_regress.conf \
+	--temp-instance=./tmp_check_iso
+TAP_TESTS = 1
+REGRESS_PREP = outbox-preflight
+
 PG_CONFIG ?= pg_config
 PGXS := $(shell $(PG_CONFIG) --pgxs)
 include $(PGXS)
+
+# The TAP tests' own modules (MockKafka, OutboxTest, FaultTest); not in
+# PROVE_FLAGS, which is the user's (make ... PROVE_FLAGS=--verbose).
+PG_PROVE_FLAGS += -I ./test/perl
+
+# PGXS looks for t/*.pl; ours are in test/t.  One file:
+#   make prove_installcheck PROVE_TESTS=test/t/101_brokers_down.pl
+define prove_installcheck
+rm -rf '$(CURDIR)'/tmp_check
+$(MKDIR_P) '$(CURDIR)'/tmp_check
+cd $(srcdir) && TESTDIR='$(CURDIR)' PATH="$(bindir):$$PATH" PGPORT='6$(DEF_PGPORT)' \
+	PG_REGRESS='$(top_builddir)/src/test/regress/pg_regress' \
+	$(PROVE) $(PG_PROVE_FLAGS) $(PROVE_FLAGS) $(if $(PROVE_TESTS),$(PROVE_TESTS),test/t/*.pl)
+endef
+
+.PHONY: prove_installcheck outbox-preflight
+prove_installcheck: REGRESS = 
+prove_installcheck: ISOLATION =
+prove_installcheck: outbox-preflight
+	$(prove_installcheck)
+
+# Stop at once, naming what is missing (a tool, the installed extension,
+# a non-root user), rather than failing half-way through a suite.
+outbox-preflight:
+	@PG_CONFIG='$(PG_CONFIG)' test/preflight.sh --not-root $(if $(REGRESS),regress) $(if $(ISOLATION),isolation) \
+		$(if $(TAP_TESTS),tap)
 
 .PHONY: tools clean-tools test demo
 tools:
@@ -22,7 +61,8 @@ clean: clean-tools
 clean-tools:
 	$(MAKE) -C test/tools clean
 
-# Every suite, on throwaway clusters; needs `make install` first.
+# Every suite (regress, isolation, pgTAP, the test tools, TAP) on throwaway
+# clusters, as the postgres user when run as root; needs `make install` first.
 test: all
 	test/run_tests.sh
 

@@ -30,7 +30,8 @@ if [ "$(id -u)" = 0 ]; then
 	cp -r "$src/test" "$work/"
 	chown -R postgres: "$work"
 	rc=0
-	runuser -u postgres -- env OUTBOX_DEMO_WORK="$work" bash "$work/test/demo.sh" "$@" || rc=$?
+	# From a directory postgres may enter (the tree may be under /root).
+	(cd "$work" && runuser -u postgres -- env OUTBOX_DEMO_WORK="$work" bash "$work/test/demo.sh" "$@") || rc=$?
 	rm -rf "$work"
 	exit "$rc"
 fi

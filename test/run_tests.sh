@@ -6,22 +6,38 @@
 # (make install).  PostgreSQL refuses to run as root, so as root this copies
 # the tree to a directory the postgres user owns and runs itself as postgres.
 #
+# The regression, isolation and TAP suites run through PGXS (make
+# installcheck with the suite's variables, make prove_installcheck), each
+# regression and isolation run on its own temporary instance; pgTAP and the
+# tools' self-test run here.  Before any suite starts, test/preflight.sh
+# checks that every tool the requested suites call is installed and stops
+# at once naming what is missing.
+#
 # Usage: test/run_tests.sh [suite ...]   suites: regress isolation pgtap tools tap
-#        PROVE_TESTS="001_publish.pl 101_brokers_down.pl" runs only those TAP files.
+#        PROVE_TESTS="001_publish.pl test/t/101_*.pl" runs only those TAP files
+#        (names in test/t, or paths from the top of the tree).
 #
 set -euo pipefail
 
 src=$(cd "$(dirname "$0")/.." && pwd)
 suites=${*:-regress isolation pgtap tools tap}
 
+"$src/test/preflight.sh" $suites || exit 2
+
 if [ "$(id -u)" = 0 ]; then
+	if ! id postgres >/dev/null 2>&1 || ! command -v runuser >/dev/null; then
+		echo "run_tests: PostgreSQL refuses to run as root, and there is no postgres user" \
+			"(package postgresql-15) or no runuser (package util-linux) to run as" >&2
+		exit 2
+	fi
 	work=$(mktemp -d /tmp/outbox-test.XXXXXX)
 	mkdir "$work/src"
 	tar -C "$src" --exclude=.git -cf - . | tar -C "$work/src" -xf -
 	chown -R postgres: "$work"
 	rc=0
-	runuser -u postgres -- env OUTBOX_TEST_WORK="$work" \
-		"$work/src/test/run_tests.sh" $suites || rc=$?
+	# From a directory postgres may enter (the tree may be under /root).
+	(cd "$work" && runuser -u postgres -- env OUTBOX_TEST_WORK="$work" \
+		"$work/src/test/run_tests.sh" $suites) || rc=$?
 	[ "$rc" = 0 ] && [ -z "${OUTBOX_TEST_KEEP:-}" ] && rm -rf "$work"
 	[ "$rc" != 0 ] && echo "test output kept in $work"
 	exit "$rc"
@@ -29,14 +45,11 @@ fi
 
 work=${OUTBOX_TEST_WORK:-$(mktemp -d /tmp/outbox-test.XXXXXX)}
 bindir=$(pg_config --bindir)
-pgxs=$(dirname "$(dirname "$(dirname "$(pg_config --pgxs)")")")
 export PATH="$bindir:$PATH"
 export PGHOST="$work" PGPORT=$((20000 + RANDOM % 20000))
 
-mock_pid=
 cleanup() {
 	pg_ctl -D "$work/data" -m immediate stop >/dev/null 2>&1 || true
-	[ -n "$mock_pid" ] && kill "$mock_pid" 2>/dev/null || true
 }
 trap cleanup EXIT
 
@@ -63,46 +76,35 @@ result() {
 
 needs_cluster() {
 	[ -d "$work/data" ] && return 0
-	# A mock broker so that settings pointing at it are realistic; the
-	# shared cluster runs no publisher (outbox.workers = 0): the SQL suites
-	# must not depend on one.  Publishing is tested by the TAP suite.
-	"$src/test/tools/mock_kafka" --brokers 1 --bootstrap-file "$work/bootstrap" \
-		--control-file "$work/control" --max-seconds 3600 >"$work/mock.log" 2>&1 &
-	mock_pid=$!
+	# The pgTAP cluster, set up as make installcheck's temporary instances
+	# are (test/outbox_regress.conf): no publisher runs, pgTAP must not
+	# depend on one.  Publishing is tested by the TAP suite.
 	initdb -D "$work/data" -A trust --no-sync -E UTF8 --locale=C >"$work/initdb.log"
 	cat >>"$work/data/postgresql.conf" <<-EOF
 		listen_addresses = ''
 		unix_socket_directories = '$work'
 		port = $PGPORT
-		shared_preload_libraries = 'outbox'
-		outbox.workers = 0
 		fsync = off
 		max_connections = 50
-		max_prepared_transactions = 10
 	EOF
+	cat "$src/test/outbox_regress.conf" >>"$work/data/postgresql.conf"
 	pg_ctl -D "$work/data" -l "$work/postgres.log" -w start >/dev/null
 }
 
 for suite in $suites; do
 	case $suite in
 		regress)
-			needs_cluster
 			rc=0
 			tests=$(list_tests "$src/test/sql" '[0-9]*.sql' '\.sql') &&
-			"$pgxs/src/test/regress/pg_regress" --inputdir="$src/test" \
-				--outputdir="$work/regress" --bindir="$bindir" \
-				--dbname=contrib_regression $tests || rc=$?
-			[ "$rc" != 0 ] && cat "$work/regress/regression.diffs" 2>/dev/null | head -200
+			make -s -C "$src" installcheck REGRESS="$(echo $tests)" ISOLATION= TAP_TESTS= || rc=$?
+			[ "$rc" != 0 ] && cat "$src/regression.diffs" 2>/dev/null | head -200
 			result regress $rc
 			;;
 		isolation)
-			needs_cluster
 			rc=0
 			tests=$(list_tests "$src/test/isolation/specs" '*.spec' '\.spec') &&
-			"$pgxs/src/test/isolation/pg_isolation_regress" \
-				--inputdir="$src/test/isolation" --outputdir="$work/isolation" \
-				--bindir="$bindir" --dbname=isolation_regression $tests || rc=$?
-			[ "$rc" != 0 ] && cat "$work/isolation/regression.diffs" 2>/dev/null | head -200
+			make -s -C "$src" installcheck ISOLATION="$(echo $tests)" REGRESS= TAP_TESTS= || rc=$?
+			[ "$rc" != 0 ] && cat "$src/output_iso/regression.diffs" 2>/dev/null | head -200
 			result isolation $rc
 			;;
 		pgtap)
@@ -122,16 +124,13 @@ for suite in $suites; do
 			;;
 		tap)
 			rc=0
-			mkdir -p "$work/tap"
 			tests=${PROVE_TESTS:-$(list_tests "$src/test/t" '*.pl')} &&
-			(cd "$work/tap" && TESTDIR="$work/tap" PG_REGRESS="$pgxs/src/test/regress/pg_regress" \
-				OUTBOX_SRC="$src" \
-				prove -I "$pgxs/src/test/perl" -I "$src/test/perl" \
-				$(for t in $tests; do echo "$src/test/t/$t"; done)) || rc=$?
+			tests=$(for t in $tests; do case $t in */*) echo "$t" ;; *) echo "test/t/$t" ;; esac; done) &&
+			make -s -C "$src" prove_installcheck PROVE_TESTS="$(echo $tests)" || rc=$?
 			# The fault scenarios' figures (events, duplicates, gaps, ...).
-			grep -ho 'FIGURES .*' "$work"/tap/tmp_check/log/regress_log_* 2>/dev/null || true
+			grep -ho 'FIGURES .*' "$src"/tmp_check/log/regress_log_* 2>/dev/null || true
 			if [ "$rc" != 0 ]; then
-				for f in "$work"/tap/tmp_check/log/*; do
+				for f in "$src"/tmp_check/log/*; do
 					echo "---- $f"; tail -n 60 "$f"
 				done
 			fi

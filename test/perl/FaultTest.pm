@@ -136,7 +136,7 @@ END
 sub stop_load
 {
 	my ($h, $timeout) = @_;
-	$timeout //= 60;
+	$timeout //= 300;
 	if ($h->{resilient})
 	{
 		open my $fh, '>', $h->{stop} or die $!;
@@ -181,7 +181,7 @@ sub wait_backlog
 {
 	my ($node, $id, $timeout) = @_;
 	my $t0 = time;
-	$timeout //= 60;
+	$timeout //= 180;
 	while (time - $t0 < $timeout)
 	{
 		my $n = $node->safe_psql('postgres',
@@ -348,7 +348,7 @@ sub wait_publisher
 {
 	my ($node, $n, $timeout, $exclude) = @_;
 	$n //= 1;
-	$timeout //= 60;
+	$timeout //= 120;
 	my $not = $exclude && @$exclude ? ' AND pid NOT IN (' . join(',', @$exclude) . ')' : '';
 	my $t0 = time;
 	while (time - $t0 < $timeout)

@@ -17,21 +17,26 @@ my $mk = MockKafka->start(dir => "$dir/mock1", brokers => 3, max_seconds => 600)
 my $node = outbox_node('publish', $mk, poll_interval => '60s');
 my $topic = 'outbox.event.load';
 
-# A commit wakes the publisher at once: with a 60 s fallback poll the event
-# is only published quickly if the commit callback set the worker's latch.
+# A commit wakes the publisher at once: the fallback poll comes 60 s after
+# the worker's last batch, so an event published with no poll counted in
+# between was published because the commit callback set the worker's
+# latch.  How quickly is a figure.
 $node->safe_psql('postgres', "SELECT outbox_emit('load', 'warmup', 'Created', '{}')");
-my $t = wait_published($node, 20);
-ok(defined $t && $t < 5, 'first event published promptly after commit')
-  or diag "took " . ($t // 'forever');
+my $t = wait_published($node, 120);
+ok(defined $t, 'first event published after commit');
 my $wakeups = counter($node, 'wakeups');
+my $polls = counter($node, 'polls');
 $node->safe_psql('postgres', "SELECT outbox_emit('load', 'warmup', 'Changed', '{}')");
-$t = wait_published($node, 20);
-ok(defined $t && $t < 2, 'commit wake-up: published within 2 s despite a 60 s poll interval');
+my $t2 = wait_published($node, 120);
+ok(defined $t2, 'commit wake-up: published');
 cmp_ok(counter($node, 'wakeups'), '>', $wakeups, 'the worker counted a wake-up');
+is(counter($node, 'polls'), $polls, 'no fallback poll happened meanwhile');
+note sprintf "FIGURES scenario=wakeup first_event_s=%.2f commit_to_published_s=%.2f",
+  $t // -1, $t2 // -1;
 
 # Many concurrent emitters over many aggregates, with rollbacks.
 emit_load($node, clients => 8, transactions => 300, aggregates => 200, events_per_tx => 2);
-ok(defined wait_published($node, 60), 'concurrent load: everything published');
+ok(defined wait_published($node, 180), 'concurrent load: everything published');
 is($node->safe_psql('postgres',
 	q{SELECT count(*) FROM (SELECT aggregate_id FROM outbox GROUP BY 1
 	   HAVING max(aggregate_version) <> count(*) OR min(aggregate_version) <> 1) s}),
@@ -55,7 +60,7 @@ is(counter($node, 'events_published'), $before, 'nothing is marked published whi
 cmp_ok($node->safe_psql('postgres', 'SELECT count(*) FROM outbox WHERE published_at IS NULL'),
 	'>', 0, 'events wait in the outbox');
 $mk->cmd('all_up');
-ok(defined wait_published($node, 90), 'outage: everything published after the brokers came back');
+ok(defined wait_published($node, 180), 'outage: everything published after the brokers came back');
 $r = $mk->check(topics => [$topic], expect => expect_file($node, "$dir/exp2"));
 is($r->{exit}, 0, 'outage: order checker clean') or diag $r->{output};
 
@@ -66,29 +71,39 @@ $node->safe_psql('postgres', q{
 $node->safe_psql('postgres', q{
 	SELECT outbox_emit('load', 'hot', 'Tick', jsonb_build_object('i', i))
 	  FROM generate_series(3001, 5000) i});
-ok(defined wait_published($node, 60), 'hot aggregate: published');
+ok(defined wait_published($node, 180), 'hot aggregate: published');
 $r = $mk->check(topics => [$topic], expect => expect_file($node, "$dir/exp3"));
 is($r->{exit}, 0, 'hot aggregate: order checker clean') or diag $r->{output};
 
 # SIGHUP: a new broker list takes effect without a restart.  Point the
 # publisher at a port where nothing listens, then back.
+# Wait (bounded) until the worker says it took the new setting rather than
+# for a fixed time; then an event waits in a batch that times out against
+# the dead broker list.
 my $creations = counter($node, 'producer_creations');
+my $changes = () = slurp_file($node->logfile) =~ /Kafka settings changed, recreating the producer/g;
 $node->append_conf('postgresql.conf', "outbox.brokers = '127.0.0.1:1'\n");
 $node->reload;
-sleep 1;
+my $t0 = time;
+sleep 0.1 while (() = slurp_file($node->logfile) =~ /Kafka settings changed, recreating the producer/g) == $changes
+  && time - $t0 < 120;
+ok((() = slurp_file($node->logfile) =~ /Kafka settings changed, recreating the producer/g) > $changes,
+	'the worker took the new broker list');
+my $timeouts = counter($node, 'delivery_timeouts');
 $node->safe_psql('postgres', "SELECT outbox_emit('load', 'reload', 'Created', '{}')");
-sleep 3;
+$t0 = time;
+sleep 0.1 while counter($node, 'delivery_timeouts') == $timeouts && time - $t0 < 120;
+cmp_ok(counter($node, 'delivery_timeouts'), '>', $timeouts, 'the batch against the dead broker list timed out');
 is($node->safe_psql('postgres', "SELECT count(*) FROM outbox WHERE aggregate_id = 'reload' AND published_at IS NULL"),
 	'1', 'after reload to a dead broker list the event stays pending');
 $node->append_conf('postgresql.conf', "outbox.brokers = '@{[ $mk->bootstrap ]}'\n");
 $node->reload;
-ok(defined wait_published($node, 30), 'after reload back to the mock, the event is published');
+ok(defined wait_published($node, 120), 'after reload back to the mock, the event is published');
 cmp_ok(counter($node, 'producer_creations'), '>=', $creations + 2,
 	'each broker list change recreated the producer');
 ok($node->log_contains('Kafka settings changed, recreating the producer'),
 	'the reload is logged');
 
-cmp_ok(counter($node, 'delivery_timeouts'), '>', 0, 'the batch that waited on the dead broker list timed out');
 cmp_ok(counter($node, 'batches'), '>', 0, 'batches are counted');
 cmp_ok(counter($node, 'latency_sum_us'), '>', 0, 'the latency sum is kept');
 is($node->safe_psql('postgres', q{SELECT max(count) = (SELECT value FROM outbox_counters() WHERE name = 'events_published')

@@ -30,7 +30,7 @@ sub poll_until
 {
 	my ($sql, $timeout) = @_;
 	my $t0 = time;
-	while (time - $t0 < ($timeout // 30))
+	while (time - $t0 < ($timeout // 120))
 	{
 		return 1 if psql($sql) eq 't';
 		sleep 0.1;
@@ -86,7 +86,10 @@ ok($node->log_contains('retried aggregate "poison-1"'), 'the retry is logged');
 # --- dead_letter -----------------------------------------------------------
 $node->append_conf('postgresql.conf', "outbox.poison_policy = 'dead_letter'\n");
 $node->reload;
-sleep 0.5;
+# Once a new session sees it, the postmaster has signalled the worker too,
+# which reloads before its next batch.
+ok(poll_until(q{SELECT current_setting('outbox.poison_policy') = 'dead_letter'}),
+	'dead_letter: the setting is reloaded');
 inject_permanent(2);
 emit('poison-2', 'poison', 3);
 ok(poll_until(q{SELECT count(*) = 0 FROM outbox WHERE aggregate_id = 'poison-2' AND published_at IS NULL}),

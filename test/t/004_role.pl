@@ -36,7 +36,7 @@ $node->safe_psql('postgres', q{SET ROLE app;
 my ($rc, $out, $err) = $node->psql('postgres', 'SET ROLE app; SELECT count(*) FROM outbox');
 like($err, qr/permission denied/, 'the application role cannot read the outbox directly');
 
-ok(defined wait_published($node, 30), 'the unprivileged publisher published everything');
+ok(defined wait_published($node, 120), 'the unprivileged publisher published everything');
 my $r = $mk->check(topics => ['outbox.event.order'], expect => { map { ("r-$_" => 10) } 0 .. 4 });
 is($r->{exit}, 0, 'in order') or diag $r->{output};
 $node->poll_query_until('postgres', 'SELECT count(*) = 0 FROM outbox')

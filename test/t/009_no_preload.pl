@@ -99,7 +99,7 @@ like($pub->safe_psql('other', 'SELECT publisher_detail FROM outbox_status'),
 ok($pub->poll_query_until('postgres', q{SELECT publisher = 'running' FROM outbox_status}),
 	'outbox_status in outbox.database: running');
 $pub->safe_psql('postgres', q{SELECT outbox_emit('order', 'y', 'E', '{}')});
-ok(defined wait_published($pub, 30), 'the served database publishes');
+ok(defined wait_published($pub, 120), 'the served database publishes');
 is($pub->safe_psql('other', 'SELECT count(*) FROM outbox WHERE published_at IS NULL'), '1',
 	'the other database\'s event waits');
 

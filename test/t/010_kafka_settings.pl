@@ -49,6 +49,16 @@ sub new_log
 	return $log;
 }
 
+# Wait (bounded) until the log since $log_offset matches: a reload is
+# processed when the server gets to it, not within a fixed time.
+sub wait_log
+{
+	my ($re, $timeout) = @_;
+	my $t0 = time;
+	sleep 0.1 while new_log() !~ $re && time - $t0 < ($timeout // 60);
+	return new_log();
+}
+
 # 1. A secret in outbox.kafka_properties is refused on reload without
 # being repeated; so is a bad value.
 reload_with(q{outbox.kafka_properties = 'linger.ms=2;sasl.password=Marker1Secret'});
@@ -79,8 +89,7 @@ is(scalar @leaks, 0, 'no marker in the server log outside the SQL statements the
 # 2. The credentials file: checked like ssl_key_file, never echoed.
 write_creds("sasl.password=Marker5Secret\n", 0644);
 reload_with(qq{outbox.kafka_credentials_file = '$creds'});
-sleep 1;
-$log = new_log();
+$log = wait_log(qr/has group or world access/);
 like($log, qr/has group or world access/, 'a world-readable credentials file is refused');
 is($node->safe_psql('postgres', 'SHOW outbox.kafka_credentials_file'), '', 'and not applied');
 
@@ -101,7 +110,7 @@ is($node->safe_psql('postgres', q{SELECT count(*) FROM outbox WHERE published_at
 
 write_creds("sasl.password=Marker7Secret\nclient.id=outbox-creds-test\n", 0600);
 $node->reload;
-ok(defined wait_published($node, 30), 'with the file fixed, the event is published');
+ok(defined wait_published($node, 120), 'with the file fixed, the event is published');
 wait_for(q{SELECT bool_and(problem IS NULL) FROM outbox_workers()}, 'and the problem clears');
 $log = new_log();
 like($log, qr/Kafka settings changed, recreating the producer/, 'a changed file recreates the producer');
@@ -124,14 +133,14 @@ my $n = () = $log =~ /publisher error: could not create Kafka producer/g;
 is($n, 1, 'the failure is logged once, not on every retry');
 write_creds("client.id=outbox-creds-test\n", 0600);
 $node->reload;
-ok(defined wait_published($node, 30), 'fixed again: published');
+ok(defined wait_published($node, 120), 'fixed again: published');
 
 # outbox_emit() checks records against message.max.bytes from the setting,
 # never reading the file: the file may not change it.
 write_creds("message.max.bytes=2000000\n", 0600);
 $node->reload;
-sleep 1;
-like(new_log(), qr/Property "message.max.bytes" belongs in outbox.kafka_properties/,
+like(wait_log(qr/Property "message.max.bytes" belongs in outbox.kafka_properties/),
+	qr/Property "message.max.bytes" belongs in outbox.kafka_properties/,
 	'message.max.bytes is refused in the credentials file');
 write_creds("client.id=outbox-creds-test\n", 0600);
 $node->reload;
@@ -145,7 +154,7 @@ wait_for(q{SELECT bool_and(problem = 'all brokers are down') FROM outbox_workers
 	'all brokers down shows in outbox_workers()');
 sleep 4;
 reload_with(qq{outbox.brokers = '@{[ $mk->bootstrap ]}'});
-ok(defined wait_published($node, 30), 'brokers back: published');
+ok(defined wait_published($node, 120), 'brokers back: published');
 wait_for(q{SELECT bool_and(problem IS NULL) FROM outbox_workers()}, 'the condition clears');
 $log = new_log();
 $n = () = $log =~ /LOG:  outbox: Kafka: all brokers are down/g;

@@ -27,7 +27,7 @@ SELECT outbox_emit('vt', 'a-1', 'Changed', '{}', 'verdict.aside');
 SELECT outbox_emit('vt', 'a-1', 'Changed', '{}', 'verdict.main');
 SELECT outbox_emit('vt', 'a-2', 'Changed', '{}', 'verdict.main');
 COMMIT;});
-ok(defined wait_published($node, 60), 'all four events published');
+ok(defined wait_published($node, 120), 'all four events published');
 
 my $v2 = q{aggregate_id = 'a-1' AND aggregate_version = 2};
 my $offset = $node->safe_psql('postgres', "SELECT kafka_offset FROM outbox WHERE $v2");

@@ -47,7 +47,7 @@ note "kafka_properties: $props; response delay ${delay} ms";
 my $t_start = time;
 my $load = start_load($node, clients => 4, transactions => 1100,
 	events_per_tx => 5, aggregates => 1000, rate => 250);
-sleep 0.2 while max_id($node) < 2000 && time - $t_start < 20;
+sleep 0.2 while max_id($node) < 2000 && time - $t_start < 120;
 
 # Each round: the next ProduceRequest of every broker is appended but
 # answered $delay ms late; then let the publisher catch up.
@@ -57,7 +57,7 @@ for my $i (1 .. $rounds)
 	$mk->cmd("broker_errors $_ 0 0:$delay") for 1 .. 3;
 	sleep(($delay + 500) / 1000);
 	my $backlog = max_id($node);
-	my $t = wait_backlog($node, $backlog, 30);
+	my $t = wait_backlog($node, $backlog, 180);
 	ok(defined $t, "round $i: caught up after the lost acknowledgements");
 	$recover = $t if defined $t && $t > $recover;
 	# A lower bound: librdkafka suppresses some repeated log lines.
@@ -68,8 +68,8 @@ for my $i (1 .. $rounds)
 my $timeouts = () = slurp_file($node->logfile) =~ /Timed out ProduceRequest in flight/g;
 cmp_ok($timeouts, '>=', $rounds, 'librdkafka timed out in-flight ProduceRequests (acks lost)');
 
-ok(stop_load($load, 60), 'emitters finished without errors');
-ok(defined wait_published($node, 60), 'nothing pending after the load');
+ok(stop_load($load, 300), 'emitters finished without errors');
+ok(defined wait_published($node, 180), 'nothing pending after the load');
 
 db_versions_contiguous($node, 'lost acks');
 my $r = verdict($mk, $node, 'lost_acks', recover_s => $recover);

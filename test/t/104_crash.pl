@@ -41,20 +41,20 @@ $mk->cmd('rtt all 20');
 my $t_start = time;
 my $load = start_load($node, clients => 4, events_per_tx => 5,
 	aggregates => 1000, rate => 200, resilient => 1, chunk_s => 3);
-sleep 0.2 while max_id($node) < 2000 && time - $t_start < 20;
+sleep 0.2 while max_id($node) < 2000 && time - $t_start < 120;
 
 # Aim the kills at each phase of a batch in turn; a phase not caught
-# within 3 s falls back to any phase of a batch.
+# within 3 s falls back to any phase of a batch (within 30 s).
 my @aim = (['awaiting acknowledgements'], ['marking published'], ['producing']);
 my %phases;
 for my $i (1 .. $kills)
 {
 	my ($phase, $pid) = kill_publisher_in_batch($node, 3000, $aim[($i - 1) % @aim]);
-	($phase, $pid) = kill_publisher_in_batch($node, 5000) unless defined $phase;
+	($phase, $pid) = kill_publisher_in_batch($node, 30000) unless defined $phase;
 	ok(defined $phase, "kill $i: publisher caught inside a batch and killed")
 	  or next;
 	$phases{$phase}++;
-	my $back = wait_publisher($node, 1, 60, [$pid]);
+	my $back = wait_publisher($node, 1, 120, [$pid]);
 	ok(defined $back, "kill $i: crash restart brought the publisher back");
 	note sprintf "kill %d: SIGKILL of pid %d while \"%s\"; new publisher after %.2f s",
 	  $i, $pid, $phase, $back // -1;
@@ -76,16 +76,20 @@ for my $i (1 .. $restarts)
 	sleep 0.5;
 	$node->start;
 	$t_last = time;
-	ok(defined wait_publisher($node, 1, 60), "immediate restart $i: publisher running again");
+	ok(defined wait_publisher($node, 1, 120), "immediate restart $i: publisher running again");
 	note sprintf "immediate restart %d with %d pending", $i, $pending;
 }
 my $backlog = max_id($node);
-my $recover = wait_backlog($node, $backlog, 60);
+my $recover = wait_backlog($node, $backlog, 180);
 ok(defined $recover, 'backlog published after the last restart');
 $recover = time - $t_last if defined $recover;
 
-ok(stop_load($load, 60), 'emitters stopped');
-ok(defined wait_published($node, 60), 'nothing pending after the load');
+# However slowly the machine goes, the emitters carry on until there is a
+# substantial load (bounded).
+my $t0 = time;
+sleep 0.5 while max_id($node) < 10000 && time - $t0 < 180;
+ok(stop_load($load, 300), 'emitters stopped');
+ok(defined wait_published($node, 180), 'nothing pending after the load');
 cmp_ok(max_id($node), '>=', 10000, 'a substantial load was emitted across the crashes');
 my $aborted = () = slurp_file($load->{log}) =~ /pgbench exit [^0]/g;
 note "emitter runs ended by a crash or restart: $aborted";

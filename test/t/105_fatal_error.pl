@@ -40,7 +40,7 @@ $mk->cmd('rtt all 10');
 my $t_start = time;
 my $load = start_load($node, clients => 4, transactions => 1000,
 	events_per_tx => 5, aggregates => 1000, rate => 300);
-sleep 0.2 while max_id($node) < 2000 && time - $t_start < 20;
+sleep 0.2 while max_id($node) < 2000 && time - $t_start < 120;
 
 my $creations0 = counter($node, 'producer_creations');
 my $recover = 0;
@@ -53,12 +53,12 @@ for my $i (1 .. $n_fatal)
 			jsonb_build_object('i', i)) FROM generate_series(1, 5000) i) s;
 	} : '') . 'SELECT outbox_test_fatal_error()');
 	my $t0 = time;
-	sleep 0.02 while counter($node, 'producer_creations') == $before && time - $t0 < 15;
+	sleep 0.02 while counter($node, 'producer_creations') == $before && time - $t0 < 120;
 	my $t_new = time;
 	my $backlog = max_id($node);
 	cmp_ok(counter($node, 'producer_creations'), '>', $before,
 		"fatal error $i: the producer was recreated");
-	my $t = wait_backlog($node, $backlog, 30);
+	my $t = wait_backlog($node, $backlog, 180);
 	ok(defined $t, "fatal error $i: caught up");
 	$t = time - $t_new if defined $t;
 	$recover = $t if defined $t && $t > $recover;
@@ -67,8 +67,8 @@ for my $i (1 .. $n_fatal)
 	sleep 1;
 }
 is(counter($node, 'delivery_errors_fatal'), $n_fatal, 'each fatal producer error is counted');
-ok(stop_load($load, 60), 'emitters finished without errors');
-ok(defined wait_published($node, 60), 'nothing pending after the load');
+ok(stop_load($load, 300), 'emitters finished without errors');
+ok(defined wait_published($node, 180), 'nothing pending after the load');
 
 my $log = slurp_file($node->logfile);
 my $raised = () = $log =~ /outbox: test hook: raising a fatal producer error/g;

@@ -29,7 +29,7 @@ my $node = outbox_node('hot', $mk, %conf);
 note "kafka_properties: " . ($conf{kafka_properties} // '(default)');
 $node->append_conf('postgresql.conf', "deadlock_timeout = '100ms'\n");
 quiet_statements($node);
-ok(defined wait_publisher($node, 2, 30), 'two publisher workers running');
+ok(defined wait_publisher($node, 2, 120), 'two publisher workers running');
 
 my $script = <<"EOS";
 \\set x random(1, $hot)
@@ -64,7 +64,7 @@ EOS
 my $t_start = time;
 my $load = start_load($node, script => $script, clients => 12, jobs => 2,
 	transactions => 1000, max_tries => 1000);
-ok(stop_load($load, 80), 'emitters finished (deadlocks retried)');
+ok(stop_load($load, 400), 'emitters finished (deadlocks retried)');
 my $emit_s = time - $t_start;
 my $pgb = slurp_file($load->{log});
 my ($tx) = $pgb =~ /number of transactions actually processed: (\d+)/;
@@ -74,7 +74,7 @@ note sprintf "pgbench: %s transactions in %.1f s, %s retried, %s failed",
   $tx // '?', $emit_s, $retried // 0, $failed // 0;
 
 my $t_end = time;
-my $drain = wait_published($node, 60);
+my $drain = wait_published($node, 180);
 ok(defined $drain, 'everything published');
 
 # Every event is on one of the hot aggregates.

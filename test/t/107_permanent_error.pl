@@ -12,7 +12,8 @@
 # Emitters keep loading other aggregates (topic outbox.event.load, led by
 # brokers 1 and 2) throughout.  The failing aggregate has a topic of its
 # own whose single partition broker 3 leads, and the errors are injected on
-# broker 3 only (broker_errors 3 0 10:0), one per attempt.
+# broker 3 only (broker_errors 3 0 10:0 10:2000: two attempts fail, the
+# second answer comes 2 s late).
 #
 # The failing version is the aggregate's only pending event while errors
 # are armed; later versions come once it is blocked.  The mock cannot model
@@ -65,7 +66,7 @@ sub wait_until
 {
 	my ($sql, $timeout) = @_;
 	my $t0 = time;
-	while (time - $t0 < ($timeout // 20))
+	while (time - $t0 < ($timeout // 120))
 	{
 		return time - $t0 if q1($sql) eq 't';
 		sleep 0.05;
@@ -76,28 +77,42 @@ sub wait_until
 # Warm up: the topic exists, the producer knows its partitions.
 emit('poison', 1);
 emit("other-$_", 1) for 1 .. 5;
-ok(defined wait_published($node, 20), 'warm-up published');
+ok(defined wait_published($node, 120), 'warm-up published');
 
 my $t_start = time;
 my $load = start_load($node, clients => 2, transactions => 1500,
 	events_per_tx => 5, aggregates => 200, rate => 150);
-sleep 0.2 while max_id($node) < 1000 && time - $t_start < 20;
+sleep 0.2 while max_id($node) < 1000 && time - $t_start < 120;
 
 # First failure: v2 of "poison", alone, refused as too large.  (Later
-# versions are emitted only once it is blocked: see the header.)
-$mk->cmd('broker_errors 3 0 10:0');
+# versions are emitted only once it is blocked: see the header.)  Both
+# failures are armed at once; the second answer comes 2 s late, so the
+# state between the two attempts (1 s backoff + 2 s) can be looked at
+# without racing the retry.
+$mk->cmd('broker_errors 3 0 10:0 10:2000');
 emit('poison', 1);
-ok(defined wait_until(q{SELECT attempts = 1 FROM outbox
-	 WHERE aggregate_id = 'poison' AND aggregate_version = 2}),
-	'first failure recorded on the event');
-# Arm the second failure before the 1 s backoff ends.
-$mk->cmd('broker_errors 3 0 10:0');
-my $row = q1(q{SELECT attempts, last_error, published_at IS NULL FROM outbox
-	WHERE aggregate_id = 'poison' AND aggregate_version = 2});
+my ($row, $agg);
+my $t_first = time;
+while (time - $t_first < 60)
+{
+	# One snapshot of the event and its aggregate, once the failure is recorded.
+	my $state = q1(q{SELECT o.attempts, o.last_error, o.published_at IS NULL,
+		'|', a.attempts, a.last_error IS NOT NULL,
+		a.next_attempt_at >= a.updated_at + interval '900 ms', a.blocked_version IS NULL
+		FROM outbox o JOIN aggregate_publication a USING (aggregate_id)
+		WHERE o.aggregate_id = 'poison' AND o.aggregate_version = 2 AND o.attempts >= 1});
+	if ($state ne '')
+	{
+		($row, $agg) = split /\|\|\|/, $state;
+		last;
+	}
+	sleep 0.05;
+}
+ok(defined $row, 'first failure recorded on the event');
+$row //= '';
+$agg //= '';
 note "event poison/2 after the first failure: $row";
 like($row, qr/^1\|MSG_SIZE_TOO_LARGE: .*\|t$/, 'event: attempts = 1, last_error names MSG_SIZE_TOO_LARGE, still pending');
-my $agg = q1(q{SELECT attempts, last_error IS NOT NULL, next_attempt_at > now(), blocked_version IS NULL
-	FROM aggregate_publication WHERE aggregate_id = 'poison'});
 is($agg, '1|t|t|t', 'aggregate: attempts = 1, error recorded, backing off, not blocked');
 is(q1(q{SELECT count(*) FROM outbox WHERE aggregate_id = 'poison' AND published_at IS NOT NULL}),
 	'1', 'nothing after the failed version was published');
@@ -129,7 +144,9 @@ is(q1(q{SELECT string_agg(aggregate_version || ':' || attempts || ':' || (last_e
 	ORDER BY aggregate_version) FROM outbox WHERE aggregate_id = 'poison' AND published_at IS NULL}),
 	'2:2:true 3:0:false 4:0:false 5:0:false 6:0:false',
 	'only the failing event counts attempts; later versions wait');
-ok(stop_load($load, 60), 'emitters finished without errors');
+ok(stop_load($load, 300), 'emitters finished without errors');
+ok(defined wait_until(q{SELECT count(*) = 0 FROM outbox WHERE aggregate_type = 'load' AND published_at IS NULL}),
+	'the whole load was published while "poison" is blocked');
 cmp_ok(q1(q{SELECT count(*) FROM outbox WHERE aggregate_type = 'load' AND published_at IS NOT NULL}),
 	'>', 5000, 'the load kept being published throughout');
 is(q1(q{SELECT count(*) FROM outbox WHERE aggregate_id = 'poison' AND published_at IS NULL}),
@@ -143,7 +160,7 @@ is($r->{inversions}, 0, 'no inversion while blocked');
 # gone).  outbox_retry() also resets the events' attempts.
 my $t_unblock = time;
 is(q1(q{SELECT outbox_retry('poison')}), 't', 'outbox_retry unblocks the aggregate');
-my $recover = wait_published($node, 20);
+my $recover = wait_published($node, 120);
 ok(defined $recover, 'unblocked: the aggregate is published');
 $recover = time - $t_unblock if defined $recover;
 is(q1(q{SELECT attempts, last_error IS NULL, disposition FROM outbox

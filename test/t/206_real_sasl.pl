@@ -30,8 +30,14 @@ sub login
 {
 	my (%a) = @_;
 	my %c = $rk->outbox_conf(%a);
+	my $changes = () = slurp_file($node->logfile) =~ /Kafka settings changed, recreating the producer/g;
 	$node->append_conf('postgresql.conf', "outbox.$_ = '$c{$_}'\n") for sort keys %c;
 	$node->reload;
+	# The worker takes the new settings when it gets to it: wait (bounded)
+	# for it to say so rather than for a fixed time.
+	my $t0 = time;
+	sleep 0.1 while (() = slurp_file($node->logfile) =~ /Kafka settings changed, recreating the producer/g) == $changes
+	  && time - $t0 < 60;
 }
 
 my $t_start = time;

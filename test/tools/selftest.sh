@@ -541,11 +541,9 @@ check "order_check reads 200000 events" 0 \
 	"messages=200000 aggregates=20000 accepted=200000 lost=0" \
 	--topic load --expect "$work/load.exp"
 elapsed_ms=$((($(date +%s%N) - start) / 1000000))
-if [ $elapsed_ms -lt 15000 ]; then
-	pass "order_check is fast enough (${elapsed_ms} ms for 200000)"
-else
-	fail "order_check is fast enough" "${elapsed_ms} ms"
-fi
+# A figure, not a verdict: it depends on how busy the machine is (the read
+# itself is bounded by order_check's own timeout).
+echo "FIGURES order_check read 200000 events in ${elapsed_ms} ms"
 
 # ---------------------------------------------------------------------
 # Perl module
