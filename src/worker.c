@@ -16,8 +16,9 @@
  *	   are published;
  *	3. try-lock each aggregate in the publish key space; one that another
  *	   worker holds is skipped, that worker publishes its events;
- *	4. produce every event of the locked aggregates, each aggregate's in
- *	   version order, and wait for all delivery reports;
+ *	4. produce the events of the locked aggregates, each aggregate's in
+ *	   version order and to one destination (the rest waits for a later
+ *	   batch), and wait for all delivery reports;
  *	5. mark each aggregate's acknowledged prefix published, record the
  *	   first failure, and commit once.  If marking fails, what Kafka
  *	   acknowledged is kept and only the marking is retried.
