@@ -16,8 +16,9 @@
  *	   are published;
  *	3. try-lock each aggregate in the publish key space; one that another
  *	   worker holds is skipped, that worker publishes its events;
- *	4. produce every event of the locked aggregates, each aggregate's in
- *	   version order, and wait for all delivery reports;
+ *	4. produce the events of the locked aggregates, each aggregate's in
+ *	   version order and to one destination (the rest waits for a later
+ *	   batch), and wait for all delivery reports;
  *	5. mark each aggregate's acknowledged prefix published, record the
  *	   first failure, and commit once.  If marking fails, what Kafka
  *	   acknowledged is kept and only the marking is retried.
@@ -46,6 +47,7 @@
 #include "executor/spi.h"
 #include "fmgr.h"
 #include "lib/stringinfo.h"
+#include "mb/pg_wchar.h"
 #include "miscadmin.h"
 #include "pgstat.h"
 #include "postmaster/bgworker.h"
@@ -68,6 +70,7 @@
 #include "compat.h"
 #include "outbox.h"
 #include "kafka.h"
+#include "record_headers.h"
 
 /* Backoff of the whole worker after an error, and of a failing aggregate. */
 #define WORKER_ERROR_BACKOFF_MS 1000
@@ -108,8 +111,11 @@ typedef struct BatchEvent
 	int			attempts;
 	char	   *last_error;
 	bool		dead_letter_requested;
+	TransactionId xmin;			/* the row version read: marks apply to it only */
 	EventAction action;
 	bool		produced;
+	bool		solo;			/* produced with nothing else in flight */
+	bool		retry_alone;	/* refused for size, maybe for others: no attempt */
 	int			next;			/* next event of the same aggregate, or -1 */
 } BatchEvent;
 
@@ -117,13 +123,15 @@ typedef enum AggregateState
 {
 	AGG_ACTIVE,					/* locked by us, events being produced */
 	AGG_SKIPPED,				/* another worker holds it, or over the limit */
-	AGG_STOPPED					/* an event failed to enqueue: send no more */
+	AGG_STOPPED,				/* an event failed to enqueue: send no more */
+	AGG_DEFERRED				/* the rest waits for a later batch */
 } AggregateState;
 
 typedef struct BatchAggregate
 {
 	char	   *aggregate_id;	/* hash key: must be first */
 	AggregateState state;
+	const char *destination;	/* topic of its first produced event */
 	int			head;
 	int			tail;
 } BatchAggregate;
@@ -168,6 +176,9 @@ static BatchEvent *batch_events = NULL;
 static int	batch_nevents = 0;
 static bool batch_stalled = false;
 
+/* Messages of earlier batches were in flight when this one began producing. */
+static bool batch_after_stall = false;
+
 /*
  * What Kafka acknowledged but is not yet marked in the database: kept (in
  * marks_context) when marking fails, and only the marking is retried, so
@@ -178,6 +189,7 @@ typedef struct PendingMarks
 	Oid			extension;		/* the rows' ids mean nothing in another one */
 	int			nmarks;
 	int64	   *ids;
+	TransactionId *xmins;
 	int32	   *partitions;
 	int64	   *offsets;
 	char	  **dispositions;
@@ -463,10 +475,10 @@ prepare_plans(Oid nspid, const char *schema)
 {
 	const char *s = quote_identifier(schema);
 	Oid			fetch_types[4] = {INT4OID, INT4OID, INT4OID, TEXTARRAYOID};
-	Oid			mark_types[5] = {TIMESTAMPTZOID, INT8ARRAYOID, INT4ARRAYOID, INT8ARRAYOID,
-	TEXTARRAYOID};
+	Oid			mark_types[6] = {TIMESTAMPTZOID, INT8ARRAYOID, INT4ARRAYOID, INT8ARRAYOID,
+	TEXTARRAYOID, XIDARRAYOID};
 	Oid			progress_types[3] = {TIMESTAMPTZOID, TEXTARRAYOID, INT8ARRAYOID};
-	Oid			fail_event_types[2] = {INT8OID, TEXTOID};
+	Oid			fail_event_types[3] = {INT8OID, TEXTOID, INT4OID};
 	Oid			fail_aggregate_types[6] = {TEXTOID, INT4OID, TEXTOID, INT4OID, INT8OID, BOOLOID};
 	Oid			policy_types[2] = {TEXTOID, TEXTOID};
 	Oid			retention_types[2] = {INT4OID, INT4OID};
@@ -489,7 +501,7 @@ prepare_plans(Oid nspid, const char *schema)
 									   "SELECT o.id, o.event_id, o.aggregate_type, o.aggregate_id, "
 									   "o.aggregate_version, o.event_type, o.topic, o.headers, "
 									   "o.payload::text, o.created_at, o.attempts, o.last_error, "
-									   "o.dead_letter_requested "
+									   "o.dead_letter_requested, o.xmin "
 									   "FROM %s.outbox o "
 									   "WHERE o.published_at IS NULL "
 									   "AND NOT coalesce((SELECT c.paused FROM %s.publisher_control c), false) "
@@ -502,30 +514,40 @@ prepare_plans(Oid nspid, const char *schema)
 									   "ORDER BY o.id LIMIT $1", s, s, OUTBOX_PUBLISH_BUCKETS, s),
 							  4, fetch_types);
 
+	/*
+	 * Rows are marked only as read (same xmin): an aggregate any of whose
+	 * rows changed since (an operator's replay, retry or skip while marking
+	 * was held) keeps all its rows pending, to be sent again in order.
+	 */
 	mark_plan = prepare_kept(psprintf(
+									  "WITH u AS (SELECT * FROM unnest($2, $3, $4, $5, $6) AS u(id, p, off, d, x)), "
+									  "changed AS (SELECT q.aggregate_id FROM u JOIN %s.outbox q ON q.id = u.id "
+									  "WHERE q.xmin <> u.x OR q.published_at IS NOT NULL) "
 									  "UPDATE %s.outbox o SET published_at = $1, disposition = u.d::%s.outbox_disposition, "
 									  "attempts = o.attempts + CASE WHEN u.d = 'skipped' THEN 0 ELSE 1 END, "
 									  "last_error = CASE WHEN u.d = 'published' THEN NULL ELSE o.last_error END, "
 									  "kafka_partition = NULLIF(u.p, -1), kafka_offset = NULLIF(u.off, -1) "
-									  "FROM unnest($2, $3, $4, $5) AS u(id, p, off, d) "
-									  "WHERE o.id = u.id AND o.published_at IS NULL", s, s),
-							 5, mark_types);
+									  "FROM u WHERE o.id = u.id AND o.published_at IS NULL AND o.xmin = u.x "
+									  "AND o.aggregate_id NOT IN (SELECT c.aggregate_id FROM changed c)", s, s, s),
+							 6, mark_types);
 
 	progress_plan = prepare_kept(psprintf(
 										  "INSERT INTO %s.aggregate_publication AS a "
 										  "(aggregate_id, last_published_version, last_published_at, updated_at) "
 										  "SELECT u.id, u.v, $1, $1 FROM unnest($2, $3) AS u(id, v) "
+										  "WHERE NOT EXISTS (SELECT 1 FROM %s.outbox o WHERE o.aggregate_id = u.id "
+										  "AND o.aggregate_version <= u.v AND o.published_at IS NULL) "
 										  "ON CONFLICT (aggregate_id) DO UPDATE SET "
 										  "last_published_version = GREATEST(a.last_published_version, excluded.last_published_version), "
 										  "last_published_at = excluded.last_published_at, "
 										  "attempts = 0, last_error = NULL, next_attempt_at = NULL, "
-										  "updated_at = excluded.updated_at", s),
+										  "updated_at = excluded.updated_at", s, s),
 								 3, progress_types);
 
 	fail_event_plan = prepare_kept(psprintf(
-											"UPDATE %s.outbox SET attempts = attempts + 1, last_error = $2 "
+											"UPDATE %s.outbox SET attempts = attempts + $3, last_error = $2 "
 											"WHERE id = $1 RETURNING attempts", s),
-								   2, fail_event_types);
+								   3, fail_event_types);
 
 	/*
 	 * A permanent error backs the aggregate off exponentially.  After
@@ -559,12 +581,15 @@ prepare_plans(Oid nspid, const char *schema)
 	 * Retention looks at the oldest settled rows only (primary key order is
 	 * emit order), so a call costs at most a batch of rows however young
 	 * the table is; it deletes only what the aggregate's progress already
-	 * covers, so that version assignment never needs a deleted row.
+	 * covers, so that version assignment never needs a deleted row.  It
+	 * skips rows locked by others (outbox_replay() updates an aggregate's
+	 * rows in its own order): never waiting, it cannot deadlock with them.
 	 */
 	retention_plan = prepare_kept(psprintf(
 										   "DELETE FROM %s.outbox o USING ("
 										   "SELECT d.id FROM (SELECT id, aggregate_id, aggregate_version, published_at "
-										   "FROM %s.outbox WHERE published_at IS NOT NULL ORDER BY id LIMIT $2) d "
+										   "FROM %s.outbox WHERE published_at IS NOT NULL ORDER BY id LIMIT $2 "
+										   "FOR UPDATE SKIP LOCKED) d "
 										   "JOIN %s.aggregate_publication p ON p.aggregate_id = d.aggregate_id "
 										   "WHERE d.published_at < pg_catalog.now() - pg_catalog.make_interval(secs => $1) "
 										   "AND d.aggregate_version <= p.last_published_version) x "
@@ -581,6 +606,12 @@ prepare_plans(Oid nspid, const char *schema)
 	plans_nspid = nspid;
 }
 
+/*
+ * The record's headers: the caller's, then the publisher's own
+ * (record_headers.h; outbox_emit() refuses those names), and on a
+ * dead-lettered record why, with the error cut to what outbox_emit()
+ * counted when it checked the record's size.
+ */
 static rd_kafka_headers_t *
 build_headers(BatchEvent *ev)
 {
@@ -608,20 +639,21 @@ build_headers(BatchEvent *ev)
 		}
 	}
 	snprintf(version, sizeof(version), INT64_FORMAT, ev->version);
-	rd_kafka_header_add(hdrs, "event_id", -1, ev->event_id, -1);
-	rd_kafka_header_add(hdrs, "event_type", -1, ev->event_type, -1);
-	rd_kafka_header_add(hdrs, "aggregate_type", -1, ev->aggregate_type, -1);
-	rd_kafka_header_add(hdrs, "aggregate_id", -1, ev->aggregate_id, -1);
-	rd_kafka_header_add(hdrs, "aggregate_version", -1, version, -1);
+	rd_kafka_header_add(hdrs, OUTBOX_HEADER_EVENT_ID, -1, ev->event_id, -1);
+	rd_kafka_header_add(hdrs, OUTBOX_HEADER_EVENT_TYPE, -1, ev->event_type, -1);
+	rd_kafka_header_add(hdrs, OUTBOX_HEADER_AGGREGATE_TYPE, -1, ev->aggregate_type, -1);
+	rd_kafka_header_add(hdrs, OUTBOX_HEADER_AGGREGATE_ID, -1, ev->aggregate_id, -1);
+	rd_kafka_header_add(hdrs, OUTBOX_HEADER_AGGREGATE_VERSION, -1, version, -1);
 	if (ev->action == EV_DEAD_LETTER)
 	{
 		char		attempts[16];
+		const char *error = ev->last_error ? ev->last_error : "dead-lettered by an operator";
 
 		snprintf(attempts, sizeof(attempts), "%d", ev->attempts);
-		rd_kafka_header_add(hdrs, "dead_letter_original_topic", -1, ev->topic, -1);
-		rd_kafka_header_add(hdrs, "dead_letter_error", -1,
-							ev->last_error ? ev->last_error : "dead-lettered by an operator", -1);
-		rd_kafka_header_add(hdrs, "dead_letter_attempts", -1, attempts, -1);
+		rd_kafka_header_add(hdrs, OUTBOX_HEADER_DEAD_LETTER_ORIGINAL_TOPIC, -1, ev->topic, -1);
+		rd_kafka_header_add(hdrs, OUTBOX_HEADER_DEAD_LETTER_ERROR, -1, error,
+							pg_mbcliplen(error, strlen(error), OUTBOX_DEAD_LETTER_ERROR_MAX_BYTES));
+		rd_kafka_header_add(hdrs, OUTBOX_HEADER_DEAD_LETTER_ATTEMPTS, -1, attempts, -1);
 	}
 	return hdrs;
 }
@@ -710,6 +742,18 @@ int4_array(int32 *v, int n)
 	return PointerGetDatum(construct_array(d, n, INT4OID, 4, true, TYPALIGN_INT));
 }
 
+/* An xid[] of row versions, for the marking to compare with xmin. */
+static Datum
+xid_array(TransactionId *v, int n)
+{
+	Datum	   *d = palloc(sizeof(Datum) * Max(n, 1));
+
+	for (int i = 0; i < n; i++)
+		d[i] = TransactionIdGetDatum(v[i]);
+	return PointerGetDatum(construct_array(d, n, XIDOID, sizeof(TransactionId), true,
+										   TYPALIGN_INT));
+}
+
 static Datum
 text_array(char **v, int n)
 {
@@ -755,7 +799,8 @@ poison_policy(BatchEvent *ev)
 static void
 record_failure(BatchEvent *ev, const char *msg)
 {
-	Datum		ev_args[2] = {Int64GetDatum(ev->id), CStringGetTextDatum(msg)};
+	Datum		ev_args[3] = {Int64GetDatum(ev->id), CStringGetTextDatum(msg),
+	Int32GetDatum(1)};
 	Datum		agg_args[6];
 	bool		isnull;
 	int32		attempts;
@@ -796,6 +841,183 @@ record_failure(BatchEvent *ev, const char *msg)
 						ev->event_id, ev->aggregate_id, ev->version, attempts,
 						policy == POISON_SKIP ? "skipped" : "dead-lettered"),
 				 errdetail("Topic \"%s\": %s.", ev->topic, msg)));
+}
+
+/* Where an event goes: its topic, or the dead-letter topic. */
+static const char *
+event_destination(BatchEvent *ev)
+{
+	return ev->action == EV_DEAD_LETTER ? outbox_dead_letter_topic : ev->topic;
+}
+
+/* Is this a refusal for size, which a broker judges per request? */
+static bool
+is_size_error(rd_kafka_resp_err_t err)
+{
+	return err == RD_KAFKA_RESP_ERR_MSG_SIZE_TOO_LARGE ||
+		err == RD_KAFKA_RESP_ERR_RECORD_LIST_TOO_LARGE;
+}
+
+/* Was the event's last failure a refusal for size (then it is sent alone)? */
+static bool
+last_error_is_size(BatchEvent *ev)
+{
+	const char *names[] = {rd_kafka_err2name(RD_KAFKA_RESP_ERR_MSG_SIZE_TOO_LARGE),
+	rd_kafka_err2name(RD_KAFKA_RESP_ERR_RECORD_LIST_TOO_LARGE)};
+
+	if (ev->last_error == NULL)
+		return false;
+	for (int i = 0; i < lengthof(names); i++)
+	{
+		size_t		len = strlen(names[i]);
+
+		if (strncmp(ev->last_error, names[i], len) == 0 && ev->last_error[len] == ':')
+			return true;
+	}
+	return false;
+}
+
+/*
+ * Could the broker have judged this event's size together with others?  It
+ * checks max.message.bytes per record batch, one per partition: shared if
+ * another event of this batch went to the same topic and partition (or to
+ * the same topic, unreported), or earlier batches had messages in flight.
+ */
+static bool
+shared_request(BatchEvent *events, int nevents, int index)
+{
+	DeliveryResult *r = &tracker.results[index];
+
+	if (events[index].solo)
+		return false;
+	if (batch_after_stall)
+		return true;
+	for (int j = 0; j < nevents; j++)
+	{
+		DeliveryResult *o = &tracker.results[j];
+
+		if (j != index && events[j].produced &&
+			(!o->done || o->partition == r->partition) &&
+			strcmp(event_destination(&events[j]), event_destination(&events[index])) == 0)
+			return true;
+	}
+	return false;
+}
+
+/*
+ * Produce an event refused for size before with nothing else in flight, so
+ * that the broker judges it alone: first wait for what this batch produced,
+ * then for its own report.  Returns false, producing nothing, while messages
+ * of earlier batches are in flight (they could share its request).
+ */
+static bool
+produce_alone(BatchEvent *ev, int index, TimestampTz deadline)
+{
+	rd_kafka_resp_err_t err;
+
+	if (hash_get_num_entries(stalled_aggregates) > 0 || !await_deliveries(deadline))
+		return false;
+	err = produce_event(ev, index, deadline);
+	if (err != RD_KAFKA_RESP_ERR_NO_ERROR)
+	{
+		tracker.results[index].done = true;
+		tracker.results[index].err = err;
+		return true;
+	}
+	ev->solo = await_deliveries(deadline);
+	return true;
+}
+
+/*
+ * Produce one event of an active aggregate, or settle it without sending
+ * (skip), or stop or defer the aggregate.  Idempotence orders messages only
+ * within a partition, so a batch sends an aggregate's events to one
+ * destination (topic, and with the key, partition): the first event bound
+ * elsewhere and the rest wait for a later batch, which starts only once
+ * these are settled (stalled aggregates are not fetched).  Returns 1 if a
+ * failure was recorded, else 0.
+ */
+static int
+produce_in_order(BatchEvent *ev, int i, BatchAggregate *agg, TimestampTz deadline)
+{
+	rd_kafka_resp_err_t err;
+
+	/* An event out of attempts gets its aggregate's poison policy. */
+	if (ev->dead_letter_requested)
+		ev->action = EV_DEAD_LETTER;
+	else if (ev->attempts >= outbox_max_attempts)
+	{
+		PoisonPolicy policy = poison_policy(ev);
+
+		if (policy == POISON_BLOCK)
+		{
+			/* The policy became block since the last attempt. */
+			agg->state = AGG_STOPPED;
+			PushActiveSnapshot(GetTransactionSnapshot());
+			record_failure(ev, ev->last_error ? ev->last_error : "out of attempts");
+			PopActiveSnapshot();
+			return 1;
+		}
+		ev->action = policy == POISON_SKIP ? EV_SKIP : EV_DEAD_LETTER;
+	}
+	if (ev->action == EV_SKIP)
+	{
+		DeliveryResult *r = &tracker.results[i];
+
+		/* Settled without sending, in its place in the aggregate. */
+		r->done = true;
+		r->err = RD_KAFKA_RESP_ERR_NO_ERROR;
+		r->partition = -1;
+		r->offset = -1;
+		return 0;
+	}
+	if (agg->destination != NULL &&
+		strcmp(agg->destination, event_destination(ev)) != 0)
+	{
+		agg->state = AGG_DEFERRED;
+		return 0;
+	}
+
+	if (ev->attempts > 0 || last_error_is_size(ev))
+		outbox_count(OC_RETRIES, 1);
+	if (last_error_is_size(ev))
+	{
+		/* Alone, as its aggregate's only event of the batch. */
+		agg->state = AGG_DEFERRED;
+		if (agg->destination == NULL && produce_alone(ev, i, deadline))
+			agg->destination = event_destination(ev);
+		return 0;
+	}
+	err = produce_event(ev, i, deadline);
+	if (err != RD_KAFKA_RESP_ERR_NO_ERROR)
+	{
+		/* Later versions must not overtake this one. */
+		agg->state = AGG_STOPPED;
+		tracker.results[i].done = true;
+		tracker.results[i].err = err;
+	}
+	agg->destination = event_destination(ev);
+	return 0;
+}
+
+/*
+ * An event refused for size in a request it shared: the broker judges
+ * max.message.bytes per request, so the refusal may be for the others.
+ * Record the error without counting an attempt or backing off; the next
+ * batch sends it alone (produce_alone), and only a refusal then counts.
+ */
+static void
+note_size_error(BatchEvent *ev, const char *msg)
+{
+	Datum		args[3] = {Int64GetDatum(ev->id), CStringGetTextDatum(msg),
+	Int32GetDatum(0)};
+
+	if (SPI_execute_plan(fail_event_plan, args, NULL, false, 1) != SPI_OK_UPDATE_RETURNING)
+		elog(ERROR, "could not record the failure of event " INT64_FORMAT, ev->id);
+	ereport(LOG,
+			(errmsg("outbox: event %s (aggregate \"%s\" version " INT64_FORMAT ") was refused for size with other messages; it is sent alone next, no attempt counted",
+					ev->event_id, ev->aggregate_id, ev->version),
+			 errdetail("Topic \"%s\": %s.", event_destination(ev), msg)));
 }
 
 /*
@@ -843,8 +1065,11 @@ copy_row(BatchEvent *ev, HeapTuple tup, TupleDesc desc)
 	ev->attempts = DatumGetInt32(SPI_getbinval(tup, desc, 11, &isnull));
 	ev->last_error = SPI_getvalue(tup, desc, 12);
 	ev->dead_letter_requested = DatumGetBool(SPI_getbinval(tup, desc, 13, &isnull));
+	ev->xmin = DatumGetTransactionId(SPI_getbinval(tup, desc, 14, &isnull));
 	ev->action = EV_PUBLISH;
 	ev->produced = false;
+	ev->solo = false;
+	ev->retry_alone = false;
 	ev->next = -1;
 }
 
@@ -974,26 +1199,37 @@ make_durable(XLogRecPtr upto)
 	wait_for_standbys(upto);
 }
 
-/* Mark acknowledged events settled and advance their aggregates' progress. */
-static void
+/*
+ * Mark acknowledged events settled and advance their aggregates' progress.
+ * Only rows still as read are marked: an aggregate with a row an operator
+ * changed meanwhile (held marks: outbox_replay(), outbox_retry(),
+ * outbox_skip()) is left pending and sent again, and progress covers only
+ * versions with nothing pending up to them.
+ * Returns the number of rows marked.
+ */
+static uint64
 apply_marks(PendingMarks *pm, TimestampTz now)
 {
-	Datum		args[5];
+	Datum		args[6];
+	uint64		marked;
 
 	if (pm->nmarks == 0)
-		return;
+		return 0;
 	args[0] = TimestampTzGetDatum(now);
 	args[1] = int8_array(pm->ids, pm->nmarks);
 	args[2] = int4_array(pm->partitions, pm->nmarks);
 	args[3] = int8_array(pm->offsets, pm->nmarks);
 	args[4] = text_array(pm->dispositions, pm->nmarks);
+	args[5] = xid_array(pm->xmins, pm->nmarks);
 	if (SPI_execute_plan(mark_plan, args, NULL, false, 0) != SPI_OK_UPDATE)
 		elog(ERROR, "could not mark events published");
+	marked = SPI_processed;
 
 	args[1] = text_array(pm->progress_ids, pm->nprogress);
 	args[2] = int8_array(pm->progress_versions, pm->nprogress);
 	if (SPI_execute_plan(progress_plan, args, NULL, false, 0) != SPI_OK_INSERT)
 		elog(ERROR, "could not record aggregate progress");
+	return marked;
 }
 
 /* Count what a committed marking settled. */
@@ -1017,6 +1253,7 @@ retry_marks(void)
 	Oid			nspid = InvalidOid;
 	TimestampTz now = GetCurrentTimestamp();
 	int			n = pending_marks->nmarks;
+	uint64		marked = 0;
 	bool		same;
 
 	set_state("marking published (retry)");
@@ -1032,7 +1269,7 @@ retry_marks(void)
 	{
 		if (nspid != plans_nspid)
 			prepare_plans(nspid, schema);
-		apply_marks(pending_marks, now);
+		marked = apply_marks(pending_marks, now);
 	}
 	PopActiveSnapshot();
 	SPI_finish();
@@ -1042,7 +1279,10 @@ retry_marks(void)
 	{
 		count_settled(pending_marks, now);
 		ereport(LOG,
-				(errmsg("outbox: marked %d acknowledged events published after marking had failed", n)));
+				(errmsg("outbox: marked " UINT64_FORMAT " acknowledged events published after marking had failed", marked),
+				 marked < (uint64) n
+				 ? errdetail("%d events changed meanwhile (an operator replayed, retried or settled them) were left to be sent again.",
+							 n - (int) marked) : 0));
 	}
 	else
 	{
@@ -1143,13 +1383,13 @@ run_batch(void)
 								 1024, batch_context);
 
 	set_state("producing");
+	batch_after_stall = hash_get_num_entries(stalled_aggregates) > 0;
 	deadline = TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
 										   outbox_delivery_timeout_ms);
 	for (int i = 0; i < nevents; i++)
 	{
 		BatchEvent *ev = &events[i];
 		bool		found;
-		rd_kafka_resp_err_t err;
 
 		agg = hash_search(aggregates, &ev->aggregate_id, HASH_ENTER, &found);
 		if (!found)
@@ -1157,6 +1397,7 @@ run_batch(void)
 			LOCKTAG		tag;
 
 			agg->head = agg->tail = i;
+			agg->destination = NULL;
 			if (naggregates >= outbox_batch_aggregates)
 				agg->state = AGG_SKIPPED;
 			else
@@ -1180,50 +1421,8 @@ run_batch(void)
 			agg->tail = i;
 		}
 
-		if (agg->state != AGG_ACTIVE)
-			continue;
-
-		/* An event out of attempts gets its aggregate's poison policy. */
-		if (ev->dead_letter_requested)
-			ev->action = EV_DEAD_LETTER;
-		else if (ev->attempts >= outbox_max_attempts)
-		{
-			PoisonPolicy policy = poison_policy(ev);
-
-			if (policy == POISON_BLOCK)
-			{
-				/* The policy became block since the last attempt. */
-				agg->state = AGG_STOPPED;
-				PushActiveSnapshot(GetTransactionSnapshot());
-				record_failure(ev, ev->last_error ? ev->last_error : "out of attempts");
-				PopActiveSnapshot();
-				nfailed++;
-				continue;
-			}
-			ev->action = policy == POISON_SKIP ? EV_SKIP : EV_DEAD_LETTER;
-		}
-		if (ev->action == EV_SKIP)
-		{
-			DeliveryResult *r = &tracker.results[i];
-
-			/* Settled without sending, in its place in the aggregate. */
-			r->done = true;
-			r->err = RD_KAFKA_RESP_ERR_NO_ERROR;
-			r->partition = -1;
-			r->offset = -1;
-			continue;
-		}
-
-		if (ev->attempts > 0)
-			outbox_count(OC_RETRIES, 1);
-		err = produce_event(ev, i, deadline);
-		if (err != RD_KAFKA_RESP_ERR_NO_ERROR)
-		{
-			/* Later versions must not overtake this one. */
-			agg->state = AGG_STOPPED;
-			tracker.results[i].done = true;
-			tracker.results[i].err = err;
-		}
+		if (agg->state == AGG_ACTIVE)
+			nfailed += produce_in_order(ev, i, agg, deadline);
 	}
 
 	elog(DEBUG1, "outbox: produced %d events of %d aggregates at %ld ms", tracker.outstanding, naggregates,
@@ -1255,6 +1454,7 @@ run_batch(void)
 	pm = palloc0(sizeof(PendingMarks));
 	pm->extension = get_extension_oid("outbox", true);
 	pm->ids = palloc(sizeof(int64) * nevents);
+	pm->xmins = palloc(sizeof(TransactionId) * nevents);
 	pm->partitions = palloc(sizeof(int32) * nevents);
 	pm->offsets = palloc(sizeof(int64) * nevents);
 	pm->dispositions = palloc(sizeof(char *) * nevents);
@@ -1284,6 +1484,7 @@ run_batch(void)
 				break;
 			}
 			pm->ids[pm->nmarks] = events[i].id;
+			pm->xmins[pm->nmarks] = events[i].xmin;
 			pm->partitions[pm->nmarks] = r->partition;
 			pm->offsets[pm->nmarks] = r->offset;
 			pm->dispositions[pm->nmarks] = (char *) action_disposition[events[i].action];
@@ -1321,7 +1522,15 @@ run_batch(void)
 
 			if (!r->done)
 				continue;		/* still in flight: timed out, retried later */
-			if (outbox_kafka_error_is_permanent(r->err))
+			if (is_size_error(r->err) && failed->produced &&
+				shared_request(events, nevents, failed - events))
+			{
+				/* Maybe refused for others in its request: retried alone. */
+				outbox_count(OC_DELIVERY_ERRORS_RETRIABLE, 1);
+				failed->retry_alone = true;
+				failures[nfailures++] = failed;
+			}
+			else if (outbox_kafka_error_is_permanent(r->err))
 			{
 				outbox_count(OC_DELIVERY_ERRORS_PERMANENT, 1);
 				failures[nfailures++] = failed;
@@ -1340,9 +1549,13 @@ run_batch(void)
 	for (int f = 0; f < nfailures; f++)
 	{
 		DeliveryResult *r = &tracker.results[failures[f] - events];
+		char	   *msg = psprintf("%s: %s", rd_kafka_err2name(r->err),
+								   rd_kafka_err2str(r->err));
 
-		record_failure(failures[f], psprintf("%s: %s", rd_kafka_err2name(r->err),
-											 rd_kafka_err2str(r->err)));
+		if (failures[f]->retry_alone)
+			note_size_error(failures[f], msg);
+		else
+			record_failure(failures[f], msg);
 	}
 	nfailed += nfailures;
 

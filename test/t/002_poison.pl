@@ -1,7 +1,7 @@
 # Poison events under each policy, operator functions end to end, and
-# retention.  Permanent Produce errors (MSG_SIZE_TOO_LARGE, the mock
-# enforces no size) are injected on broker 3 only, which leads the one
-# partition of topic "poison"; everything else is led by brokers 1 and 2.
+# retention.  Permanent Produce errors (INVALID_RECORD; not a size error,
+# which is first retried alone: see 118_size_error_alone.pl) are injected
+# on broker 3 only, which leads the one partition of topic "poison"; everything else is led by brokers 1 and 2.
 use strict;
 use warnings;
 
@@ -46,7 +46,7 @@ sub emit
 		  FROM generate_series(1, $n) i");
 }
 
-sub inject_permanent { $mk->cmd('broker_errors 3 0 ' . join(' ', ('10:0') x shift)) }
+sub inject_permanent { $mk->cmd('broker_errors 3 0 ' . join(' ', ('87:0') x shift)) }
 
 # --- block (the default) -------------------------------------------------
 inject_permanent(2);
@@ -56,7 +56,7 @@ ok(poll_until(q{SELECT blocked_version = 1 FROM aggregate_publication WHERE aggr
 	'block: the aggregate is blocked at version 1 after max_attempts');
 ok(poll_until(q{SELECT count(*) = 0 FROM outbox WHERE aggregate_id = 'good-1' AND published_at IS NULL}),
 	'block: other aggregates go on');
-is(psql(q{SELECT attempts || ' ' || (last_error LIKE 'MSG_SIZE_TOO_LARGE%') FROM outbox
+is(psql(q{SELECT attempts || ' ' || (last_error LIKE 'INVALID_RECORD%') FROM outbox
 		  WHERE aggregate_id = 'poison-1' AND aggregate_version = 1}),
 	'2 true', 'block: attempts and error recorded on the event');
 is(psql(q{SELECT count(*) FROM outbox WHERE aggregate_id = 'poison-1' AND published_at IS NOT NULL}),
@@ -100,7 +100,7 @@ is(psql(q{SELECT string_agg(aggregate_version || ':' || disposition, ',' ORDER B
 $r = $mk->check(topics => ['outbox.dead_letter'], opts => ['--print', '--any-start']);
 like($r->{output}, qr/key=poison-2 version=1/, 'dead_letter: the event is in the dead-letter topic');
 like($r->{output}, qr/dead_letter_original_topic=poison/, 'dead_letter: header names the original topic');
-like($r->{output}, qr/dead_letter_error=MSG_SIZE_TOO_LARGE/, 'dead_letter: header names the error');
+like($r->{output}, qr/dead_letter_error=INVALID_RECORD/, 'dead_letter: header names the error');
 like($r->{output}, qr/dead_letter_attempts=2/, 'dead_letter: header counts the attempts');
 is(counter($node, 'events_dead_lettered'), '1', 'dead_letter: counted');
 is(psql('SELECT dead_lettered_events FROM outbox_status'), '1', 'dead_letter: in outbox_status');

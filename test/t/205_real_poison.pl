@@ -176,16 +176,14 @@ for my $t ($small, $ok_topic, 'real.missing.block')
 		"poison aggregates: no inversion, no duplicate in $t") or diag $c->{output};
 }
 
-# Two publisher bugs that only a real broker shows (TODO until fixed).
-TODO:
+# Two publisher bugs that only a real broker showed (fixed; 117 and 118
+# test the same on the mock).
 {
-	local $TODO = 'publisher bug: a batch refused as too large fails every event in it';
-
 	# The broker judges max.message.bytes per record batch, and librdkafka
 	# puts messages of one partition in one batch: a small event of another
-	# aggregate produced right after a too-large one fails with it, counts an
-	# attempt, and (here, policy skip, 2 attempts) is skipped although Kafka
-	# would have taken it alone.
+	# aggregate produced right after a too-large one fails with it.  That
+	# counts no attempt: it is sent again alone and published (it used to
+	# count, and here, policy skip, 2 attempts, to be skipped).
 	q1(qq{BEGIN; SELECT outbox_emit('skp', 'x-big', 'V1', $big, topic => '$small');
 		SELECT outbox_emit('skp', 'x-innocent', 'V1', '{}', topic => '$small'); COMMIT;});
 	poll_until(q{SELECT count(*) = 0 FROM outbox WHERE aggregate_id IN ('x-big', 'x-innocent')
@@ -195,13 +193,10 @@ TODO:
 	note "x-innocent (small, same partition as a too-large event): $row";
 	is($row, 'published', 'a small event batched with a too-large one is still published');
 }
-TODO:
 {
-	local $TODO = 'publisher bug: a later version on another topic overtakes a failed one';
-
 	# v1 goes to a missing topic, v2 of the same aggregate to an existing
-	# one, in one batch: v2 is acknowledged while v1 fails (blocked), so a
-	# consumer of real.ok sees v2 before v1 exists anywhere.
+	# one, in one batch: v2 must wait for v1 (it used to be acknowledged
+	# while v1 failed, so a consumer of real.ok saw v2 before v1 existed).
 	my $violations = counter($node, 'order_violations');
 	q1(qq{BEGIN; SELECT outbox_emit('blk', 'x-cross', 'V1', '{}', topic => 'real.missing.cross');
 		SELECT outbox_emit('blk', 'x-cross', 'V2', '{}', topic => '$ok_topic'); COMMIT;});

@@ -1,0 +1,78 @@
+# A refusal for size is judged per request: Kafka checks max.message.bytes
+# per record batch, and librdkafka puts the messages of one partition in one
+# batch.  So a small event produced right after a too-large one (another
+# aggregate, same partition) is refused with it, although Kafka would take
+# it alone.  Such a refusal counts no attempt; the event is sent again alone
+# (nothing else in flight), and only a refusal then counts.
+#
+# Topic size.t has one partition, led by broker 3, where MSG_SIZE_TOO_LARGE
+# is injected (the mock enforces no size: injected errors fail a whole
+# request).  linger.ms = 200 makes the two events one request.  With
+# outbox.max_attempts = 1 and policy skip, an event whose refusal counted is
+# skipped at once.
+use strict;
+use warnings;
+
+use PostgreSQL::Test::Utils;
+use Test::More;
+use Time::HiRes qw(time sleep);
+
+use MockKafka;
+use OutboxTest;
+
+my $dir = $PostgreSQL::Test::Utils::tmp_check;
+mkdir "$dir/mock";
+my $mk = MockKafka->start(dir => "$dir/mock", brokers => 3, max_seconds => 300);
+$mk->cmd('topic_create size.t 1 3');
+$mk->cmd('leader size.t 0 3');
+my $node = outbox_node('size', $mk, max_attempts => 1, poison_policy => 'skip',
+	kafka_properties => 'linger.ms=200');
+
+sub q1 { $node->safe_psql('postgres', $_[0]) }
+
+# Emit a big and a small event of two aggregates in one transaction.
+sub emit_pair
+{
+	my ($big, $small) = @_;
+	q1(qq{BEGIN;
+		SELECT outbox_emit('s', '$big', 'E', jsonb_build_object('pad', repeat('x', 100000)), topic => 'size.t');
+		SELECT outbox_emit('s', '$small', 'E', '{}', topic => 'size.t');
+		COMMIT;});
+}
+
+sub outcome
+{
+	my ($agg) = @_;
+	return q1(qq{SELECT disposition || ' ' || coalesce(last_error, '-') FROM outbox
+		WHERE aggregate_id = '$agg'});
+}
+
+q1(q{SELECT outbox_emit('s', 'warm', 'E', '{}', topic => 'size.t')});
+ok(defined wait_published($node, 30), 'warm-up published');
+
+# One refusal of the shared request: both are retried alone and published.
+$mk->cmd('broker_errors 3 0 10:0');
+emit_pair('a-big', 'a-small');
+ok(defined wait_published($node, 30), 'both settled');
+is(outcome('a-small'), 'published -', 'the small event is published, not poisoned');
+is(outcome('a-big'), 'published -', 'the big one too (alone, the mock takes it)');
+ok($node->log_contains(qr/aggregate "a-small" version 1\) was refused for size with other messages; it is sent alone next, no attempt counted/),
+	'the shared refusal is logged without an attempt');
+is(q1(q{SELECT string_agg(aggregate_id || ':' || attempts, ' ' ORDER BY id) FROM outbox
+	WHERE aggregate_id LIKE 'a-%'}), 'a-big:1 a-small:1', 'one attempt each: the publication');
+
+# Refused again when alone: that counts (and here poisons the big one only).
+$mk->cmd('broker_errors 3 0 10:0 10:0');
+emit_pair('b-big', 'b-small');
+ok(defined wait_published($node, 30), 'both settled');
+like(outcome('b-big'), qr/^skipped MSG_SIZE_TOO_LARGE: /, 'the big event, refused alone, is skipped');
+is(outcome('b-small'), 'published -', 'the small event is published');
+is(counter($node, 'events_skipped'), '1', 'one event skipped in all');
+
+my $r = $mk->check(topics => ['size.t'],
+	expect => { warm => 1, 'a-big' => 1, 'a-small' => 1, 'b-small' => 1 });
+is($r->{exit}, 0, 'in Kafka: each published event once') or diag $r->{output};
+
+$node->stop;
+$mk->stop;
+done_testing();
