@@ -103,7 +103,8 @@ typedef struct BatchEvent
 	char	   *event_type;
 	char	   *topic;
 	Jsonb	   *headers;
-	char	   *payload;		/* JSON text, NULL for a null payload */
+	char	   *payload;		/* the value's bytes, NULL for a null payload */
+	size_t		payload_len;
 	TimestampTz created_at;
 	int			attempts;
 	char	   *last_error;
@@ -489,7 +490,7 @@ prepare_plans(Oid nspid, const char *schema)
 									   "SELECT o.id, o.event_id, o.aggregate_type, o.aggregate_id, "
 									   "o.aggregate_version, o.event_type, o.topic, o.headers, "
 									   "o.payload::text, o.created_at, o.attempts, o.last_error, "
-									   "o.dead_letter_requested "
+									   "o.dead_letter_requested, o.payload_bytes "
 									   "FROM %s.outbox o "
 									   "WHERE o.published_at IS NULL "
 									   "AND NOT coalesce((SELECT c.paused FROM %s.publisher_control c), false) "
@@ -581,6 +582,14 @@ prepare_plans(Oid nspid, const char *schema)
 	plans_nspid = nspid;
 }
 
+/* The Kafka timestamp of an event: its emit time, in Unix milliseconds. */
+static int64
+timestamptz_to_unix_ms(TimestampTz t)
+{
+	return t / 1000 +
+		(int64) (POSTGRES_EPOCH_JDATE - UNIX_EPOCH_JDATE) * SECS_PER_DAY * 1000;
+}
+
 static rd_kafka_headers_t *
 build_headers(BatchEvent *ev)
 {
@@ -608,6 +617,8 @@ build_headers(BatchEvent *ev)
 		}
 	}
 	snprintf(version, sizeof(version), INT64_FORMAT, ev->version);
+	/* "id" too: where Debezium's outbox event router puts the event id. */
+	rd_kafka_header_add(hdrs, "id", -1, ev->event_id, -1);
 	rd_kafka_header_add(hdrs, "event_id", -1, ev->event_id, -1);
 	rd_kafka_header_add(hdrs, "event_type", -1, ev->event_type, -1);
 	rd_kafka_header_add(hdrs, "aggregate_type", -1, ev->aggregate_type, -1);
@@ -643,8 +654,8 @@ produce_event(BatchEvent *ev, int index, TimestampTz deadline)
 		err = rd_kafka_producev(producer,
 								RD_KAFKA_V_TOPIC(topic),
 								RD_KAFKA_V_KEY(ev->aggregate_id, strlen(ev->aggregate_id)),
-								RD_KAFKA_V_VALUE(ev->payload,
-												 ev->payload ? strlen(ev->payload) : 0),
+								RD_KAFKA_V_VALUE(ev->payload, ev->payload_len),
+								RD_KAFKA_V_TIMESTAMP(timestamptz_to_unix_ms(ev->created_at)),
 								RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY),
 								RD_KAFKA_V_HEADERS(hdrs),
 								RD_KAFKA_V_OPAQUE(outbox_delivery_opaque(tracker.generation, index)),
@@ -838,7 +849,20 @@ copy_row(BatchEvent *ev, HeapTuple tup, TupleDesc desc)
 	ev->topic = SPI_getvalue(tup, desc, 7);
 	d = SPI_getbinval(tup, desc, 8, &isnull);
 	ev->headers = isnull ? NULL : DatumGetJsonbPCopy(d);
-	ev->payload = SPI_getvalue(tup, desc, 9);
+	/* A raw payload's exact bytes, else the JSON payload's text. */
+	d = SPI_getbinval(tup, desc, 14, &isnull);
+	if (!isnull)
+	{
+		bytea	   *raw = DatumGetByteaPCopy(d);
+
+		ev->payload = VARDATA(raw);
+		ev->payload_len = VARSIZE(raw) - VARHDRSZ;
+	}
+	else
+	{
+		ev->payload = SPI_getvalue(tup, desc, 9);
+		ev->payload_len = ev->payload ? strlen(ev->payload) : 0;
+	}
 	ev->created_at = DatumGetTimestampTz(SPI_getbinval(tup, desc, 10, &isnull));
 	ev->attempts = DatumGetInt32(SPI_getbinval(tup, desc, 11, &isnull));
 	ev->last_error = SPI_getvalue(tup, desc, 12);
