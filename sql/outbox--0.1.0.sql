@@ -245,7 +245,8 @@ SET search_path = pg_catalog, pg_temp;
 COMMENT ON FUNCTION @extschema@.outbox_emit_raw(text, text, text, text, text, jsonb, text, bigint) IS
 'write one event whose payload is sent exactly as this text''s bytes';
 
--- One event of outbox_emit_many(): outbox_emit()'s arguments.
+-- One event of outbox_emit_many(): outbox_emit()'s arguments.  (Adding a
+-- field needs outbox_emit_many() changed with it.)
 CREATE TYPE @extschema@.outbox_event AS (
 	aggregate_type text,
 	aggregate_id text,
@@ -257,22 +258,15 @@ CREATE TYPE @extschema@.outbox_event AS (
 	aggregate_version bigint
 );
 
--- Many events in one call, emitted in array order, each as outbox_emit()
--- would (so a caller needs EXECUTE on both; no privilege of its own).
--- A failed event fails the call: nothing of it is written.
+-- Many events in one call, emitted in array order, each exactly as
+-- outbox_emit() would; a failed event fails the call: nothing of it is
+-- written.  In C rather than SQL: a SQL function body would be planned
+-- again on every call.
 CREATE FUNCTION @extschema@.outbox_emit_many(events @extschema@.outbox_event[])
 RETURNS SETOF @extschema@.emitted_event
-LANGUAGE sql VOLATILE
-SET search_path = pg_catalog, pg_temp
-AS $$
-	SELECT r.id, r.event_id, r.aggregate_version, r.topic
-	  FROM pg_catalog.unnest(events) WITH ORDINALITY
-		   AS e(aggregate_type, aggregate_id, event_type, payload, topic, headers,
-				event_id, aggregate_version, n)
-	 CROSS JOIN LATERAL @extschema@.outbox_emit(e.aggregate_type, e.aggregate_id, e.event_type,
-		   e.payload, e.topic, e.headers, e.event_id, e.aggregate_version) AS r
-	 ORDER BY e.n
-$$;
+AS 'MODULE_PATHNAME', 'outbox_emit_many'
+LANGUAGE C VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp;
 
 COMMENT ON FUNCTION @extschema@.outbox_emit_many(@extschema@.outbox_event[]) IS
 'write many events to the outbox in the current transaction, in array order';

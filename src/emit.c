@@ -22,12 +22,14 @@
 #include "miscadmin.h"
 #include "parser/scansup.h"
 #include "port/pg_bswap.h"
+#include "utils/array.h"
 #include "utils/builtins.h"
 #include "utils/guc.h"
 #include "utils/jsonb.h"
 #include "utils/lsyscache.h"
 #include "utils/snapmgr.h"
 #include "utils/timestamp.h"
+#include "utils/typcache.h"
 #include "utils/uuid.h"
 
 #include "compat.h"
@@ -37,6 +39,7 @@
 
 PG_FUNCTION_INFO_V1(outbox_emit);
 PG_FUNCTION_INFO_V1(outbox_emit_raw);
+PG_FUNCTION_INFO_V1(outbox_emit_many);
 PG_FUNCTION_INFO_V1(outbox_uuid_v7);
 PG_FUNCTION_INFO_V1(outbox_check_arg);
 
@@ -1083,4 +1086,86 @@ Datum
 outbox_emit_raw(PG_FUNCTION_ARGS)
 {
 	return emit_event(fcinfo, true);
+}
+
+/* Error context of outbox_emit_many(): which event failed. */
+static void
+emit_many_error_context(void *arg)
+{
+	errcontext("outbox_emit_many, event %d", *(int *) arg);
+}
+
+/*
+ * outbox_emit_many(events outbox_event[]): each event, in array order, as
+ * outbox_emit() would emit it, in one call (no statement per event).
+ */
+Datum
+outbox_emit_many(PG_FUNCTION_ARGS)
+{
+	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+	ArrayType  *events;
+	Datum	   *elems;
+	bool	   *elem_nulls;
+	int			nelems;
+	int16		typlen;
+	bool		typbyval;
+	char		typalign;
+	TupleDesc	event_desc = NULL;
+	int			current = 0;
+	ErrorContextCallback errcallback;
+
+	LOCAL_FCINFO(call, 8);
+
+	InitMaterializedSRF(fcinfo, 0);
+	if (PG_ARGISNULL(0))
+		return (Datum) 0;
+	events = PG_GETARG_ARRAYTYPE_P(0);
+	get_typlenbyvalalign(ARR_ELEMTYPE(events), &typlen, &typbyval, &typalign);
+	deconstruct_array(events, ARR_ELEMTYPE(events), typlen, typbyval, typalign,
+					  &elems, &elem_nulls, &nelems);
+
+	/* Each event is one outbox_emit() call, with this function's result type. */
+	InitFunctionCallInfoData(*call, fcinfo->flinfo, 8, InvalidOid, NULL, NULL);
+	errcallback.callback = emit_many_error_context;
+	errcallback.arg = &current;
+	errcallback.previous = error_context_stack;
+	error_context_stack = &errcallback;
+	for (int i = 0; i < nelems; i++)
+	{
+		HeapTupleHeader event;
+		HeapTupleData tuple;
+		Datum		args[8];
+		bool		nulls[8];
+
+		current = i + 1;
+		if (elem_nulls[i])
+			ereport(ERROR,
+					(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+					 errmsg("outbox_emit_many: event %d is NULL", i + 1)));
+		event = DatumGetHeapTupleHeader(elems[i]);
+		if (event_desc == NULL)
+		{
+			event_desc = lookup_rowtype_tupdesc_copy(HeapTupleHeaderGetTypeId(event),
+													 HeapTupleHeaderGetTypMod(event));
+			if (event_desc->natts != 8)
+				elog(ERROR, "outbox_emit_many: outbox_event must have 8 fields");
+		}
+		tuple.t_len = HeapTupleHeaderGetDatumLength(event);
+		ItemPointerSetInvalid(&tuple.t_self);
+		tuple.t_tableOid = InvalidOid;
+		tuple.t_data = event;
+		heap_deform_tuple(&tuple, event_desc, args, nulls);
+		for (int a = 0; a < 8; a++)
+		{
+			call->args[a].value = args[a];
+			call->args[a].isnull = nulls[a];
+		}
+
+		event = DatumGetHeapTupleHeader(emit_event(call, false));
+		tuple.t_len = HeapTupleHeaderGetDatumLength(event);
+		tuple.t_data = event;
+		tuplestore_puttuple(rsinfo->setResult, &tuple);
+	}
+	error_context_stack = errcallback.previous;
+	return (Datum) 0;
 }

@@ -119,4 +119,11 @@ SELECT pg_temp.try($$SELECT * FROM outbox_emit_many(ARRAY[
 	ROW('order', 'many-3', 'A', '{}', NULL, NULL, NULL, NULL),
 	ROW('order', 'many-3', 'A', '{}', NULL, '{"event_id": "x"}', NULL, NULL)]::outbox_event[])$$);
 SELECT pg_temp.try($$SELECT * FROM outbox_emit_many(ARRAY[NULL]::outbox_event[])$$);
+SELECT pg_temp.try($$SELECT * FROM outbox_emit_many(ARRAY[ROW(NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL)]::outbox_event[])$$);
+-- Which event failed is in the error's context.
+\set SHOW_CONTEXT errors
+SELECT * FROM outbox_emit_many(ARRAY[
+	ROW('order', 'many-3', 'A', '{}', NULL, NULL, NULL, NULL),
+	ROW('order', 'many-3', 'A', '{}', 'a/b', NULL, NULL, NULL)]::outbox_event[]);
+\set SHOW_CONTEXT never
 SELECT count(*) FROM outbox WHERE aggregate_id = 'many-3';
