@@ -125,19 +125,29 @@ for r in $(seq "$ROUNDS"); do
 done
 
 mean() { echo "$@" | tr ' ' '\n' | awk 'NF { s += $1; n++ } END { printf "%.0f", s / n }'; }
+# Median of the per-round ratios a/b: rounds are paired, so a load that
+# changes between rounds cancels out better than in the ratio of means.
+mratio() {
+	paste <(echo $1 | tr ' ' '\n') <(echo $2 | tr ' ' '\n') |
+		awk '{ print $1 / $2 }' | sort -g |
+		awk '{ v[NR] = $1 } END { m = (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2; printf "%.2f", m }'
+}
 echo
-echo "Events per second (mean tps x events per transaction; tps per round), $ROUNDS rounds of $SECS s, 2 clients:"
+echo "Events per second (mean tps x events per transaction), $ROUNDS rounds of $SECS s, 2 clients;"
+echo "ratios: median of the per-round ratios of tps."
 echo
-echo "| events per transaction | plain INSERT | outbox_emit | outbox_emit_many | outbox_emit_raw | emit / plain | many / plain |"
-echo "|---:|---:|---:|---:|---:|---:|---:|"
+echo "| events per transaction | plain INSERT | outbox_emit | outbox_emit_many | outbox_emit_raw | emit / plain | many / plain | many / emit |"
+echo "|---:|---:|---:|---:|---:|---:|---:|---:|"
 for n in 1 10 100; do
 	p=$(mean ${tps[plain.$n]}); e=$(mean ${tps[emit.$n]}); m=$(mean ${tps[many.$n]}); w=$(mean ${tps[raw.$n]})
-	printf "| %d | %d (%s) | %d (%s) | %d (%s) | %d (%s) | %.2f | %.2f |\n" "$n" \
-		$((p * n)) "$(echo ${tps[plain.$n]})" $((e * n)) "$(echo ${tps[emit.$n]})" \
-		$((m * n)) "$(echo ${tps[many.$n]})" $((w * n)) "$(echo ${tps[raw.$n]})" \
-		"$(echo "$e / $p" | bc -l)" "$(echo "$m / $p" | bc -l)"
+	printf "| %d | %d | %d | %d | %d | %s | %s | %s |\n" "$n" $((p * n)) $((e * n)) $((m * n)) $((w * n)) \
+		"$(mratio "${tps[emit.$n]}" "${tps[plain.$n]}")" "$(mratio "${tps[many.$n]}" "${tps[plain.$n]}")" \
+		"$(mratio "${tps[many.$n]}" "${tps[emit.$n]}")"
 done
 echo
+echo "tps per round:"
+for k in "${!tps[@]}"; do echo "  $k:${tps[$k]}"; done | sort
+echo
 p=$(mean ${tps[tx.plain]}); e=$(mean ${tps[tx.emit]})
-printf "Business UPDATE + one event: plain INSERT %d tps (%s), outbox_emit %d tps (%s): ratio %.2f\n" \
-	"$p" "$(echo ${tps[tx.plain]})" "$e" "$(echo ${tps[tx.emit]})" "$(echo "$e / $p" | bc -l)"
+printf "Business UPDATE + one event: plain INSERT %d tps, outbox_emit %d tps: ratio %s (median of rounds)\n" \
+	"$p" "$e" "$(mratio "${tps[tx.emit]}" "${tps[tx.plain]}")"
