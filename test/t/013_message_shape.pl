@@ -17,8 +17,8 @@ use MockKafka;
 use OutboxTest;
 
 my $dir = $PostgreSQL::Test::Utils::tmp_check;
-mkdir "$dir/mock12";
-my $mk = MockKafka->start(dir => "$dir/mock12", brokers => 1, max_seconds => 600);
+mkdir "$dir/mock13";
+my $mk = MockKafka->start(dir => "$dir/mock13", brokers => 1, max_seconds => 600);
 $mk->cmd('topic_create outbox.event.order 3 1');
 my $node = outbox_node('shape', $mk);
 
