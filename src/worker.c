@@ -669,6 +669,7 @@ produce_event(BatchEvent *ev, int index, TimestampTz deadline)
 			{
 				pfree(ev->payload);
 				ev->payload = NULL;
+				ev->payload_len = 0;
 			}
 			return err;
 		}
@@ -853,10 +854,14 @@ copy_row(BatchEvent *ev, HeapTuple tup, TupleDesc desc)
 	d = SPI_getbinval(tup, desc, 14, &isnull);
 	if (!isnull)
 	{
-		bytea	   *raw = DatumGetByteaPCopy(d);
+		bytea	   *raw = DatumGetByteaPP(d);
 
-		ev->payload = VARDATA(raw);
-		ev->payload_len = VARSIZE(raw) - VARHDRSZ;
+		/* A chunk of its own: produce_event() frees it once sent. */
+		ev->payload_len = VARSIZE_ANY_EXHDR(raw);
+		ev->payload = palloc(ev->payload_len + 1);
+		memcpy(ev->payload, VARDATA_ANY(raw), ev->payload_len);
+		if ((Pointer) raw != DatumGetPointer(d))
+			pfree(raw);
 	}
 	else
 	{
@@ -879,7 +884,7 @@ event_bytes(BatchEvent *ev)
 	return sizeof(BatchEvent) + strlen(ev->event_id) + strlen(ev->aggregate_type) +
 		strlen(ev->aggregate_id) + strlen(ev->event_type) + strlen(ev->topic) +
 		(ev->headers ? VARSIZE(ev->headers) : 0) +
-		(ev->payload ? strlen(ev->payload) : 0) +
+		ev->payload_len +
 		(ev->last_error ? strlen(ev->last_error) : 0);
 }
 
