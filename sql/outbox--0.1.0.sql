@@ -39,7 +39,11 @@ CREATE TABLE @extschema@.outbox (
 	event_type text NOT NULL,
 	topic text NOT NULL,
 	headers jsonb,
+	-- The message value: a JSON payload in payload, or the exact bytes of a
+	-- text or bytea payload (outbox_emit_raw) in payload_bytes; both NULL
+	-- for a tombstone.  outbox_emit() never sets both.
 	payload jsonb,
+	payload_bytes bytea,
 	created_at timestamptz NOT NULL DEFAULT pg_catalog.clock_timestamp(),
 	-- NULL while pending; set together with disposition (only the publisher
 	-- and the operator functions write them) when Kafka acknowledged the
@@ -203,6 +207,70 @@ SET search_path = pg_catalog, pg_temp;
 COMMENT ON FUNCTION @extschema@.outbox_emit(text, text, text, jsonb, text, jsonb, text, bigint) IS
 'write one event to the outbox in the current transaction';
 
+-- The same with a payload sent byte for byte: text (its bytes in the
+-- database encoding) or bytea (Avro, Protobuf, signed JSON...).  Not an
+-- overload of outbox_emit: an untyped literal payload would then resolve
+-- to text, and outbox_emit('a', 'b', 'c', '{"x": 1}') must stay jsonb.
+CREATE FUNCTION @extschema@.outbox_emit_raw(
+	aggregate_type text,
+	aggregate_id text,
+	event_type text,
+	payload bytea,
+	topic text DEFAULT NULL,
+	headers jsonb DEFAULT NULL,
+	event_id text DEFAULT NULL,
+	aggregate_version bigint DEFAULT NULL)
+RETURNS @extschema@.emitted_event
+AS 'MODULE_PATHNAME', 'outbox_emit_raw'
+LANGUAGE C VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp;
+
+COMMENT ON FUNCTION @extschema@.outbox_emit_raw(text, text, text, bytea, text, jsonb, text, bigint) IS
+'write one event whose payload is sent exactly as these bytes';
+
+CREATE FUNCTION @extschema@.outbox_emit_raw(
+	aggregate_type text,
+	aggregate_id text,
+	event_type text,
+	payload text,
+	topic text DEFAULT NULL,
+	headers jsonb DEFAULT NULL,
+	event_id text DEFAULT NULL,
+	aggregate_version bigint DEFAULT NULL)
+RETURNS @extschema@.emitted_event
+AS 'MODULE_PATHNAME', 'outbox_emit_raw'
+LANGUAGE C VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp;
+
+COMMENT ON FUNCTION @extschema@.outbox_emit_raw(text, text, text, text, text, jsonb, text, bigint) IS
+'write one event whose payload is sent exactly as this text''s bytes';
+
+-- One event of outbox_emit_many(): outbox_emit()'s arguments.  (Adding a
+-- field needs outbox_emit_many() changed with it.)
+CREATE TYPE @extschema@.outbox_event AS (
+	aggregate_type text,
+	aggregate_id text,
+	event_type text,
+	payload jsonb,
+	topic text,
+	headers jsonb,
+	event_id text,
+	aggregate_version bigint
+);
+
+-- Many events in one call, emitted in array order, each exactly as
+-- outbox_emit() would; a failed event fails the call: nothing of it is
+-- written.  In C rather than SQL: a SQL function body would be planned
+-- again on every call.
+CREATE FUNCTION @extschema@.outbox_emit_many(events @extschema@.outbox_event[])
+RETURNS SETOF @extschema@.emitted_event
+AS 'MODULE_PATHNAME', 'outbox_emit_many'
+LANGUAGE C VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp;
+
+COMMENT ON FUNCTION @extschema@.outbox_emit_many(@extschema@.outbox_event[]) IS
+'write many events to the outbox in the current transaction, in array order';
+
 -- Shared argument checks of inbox_claim() and the operator functions: not
 -- NULL (22004), not empty (22023), at most 1024 bytes (22001).
 CREATE FUNCTION @extschema@.outbox_check_arg(name text, value text)
@@ -259,6 +327,9 @@ COMMENT ON FUNCTION @extschema@.inbox_claim(text, text) IS
 
 REVOKE ALL ON FUNCTION
 	@extschema@.outbox_emit(text, text, text, jsonb, text, jsonb, text, bigint),
+	@extschema@.outbox_emit_raw(text, text, text, bytea, text, jsonb, text, bigint),
+	@extschema@.outbox_emit_raw(text, text, text, text, text, jsonb, text, bigint),
+	@extschema@.outbox_emit_many(@extschema@.outbox_event[]),
 	@extschema@.inbox_claim(text, text)
 	FROM PUBLIC;
 

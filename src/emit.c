@@ -22,12 +22,14 @@
 #include "miscadmin.h"
 #include "parser/scansup.h"
 #include "port/pg_bswap.h"
+#include "utils/array.h"
 #include "utils/builtins.h"
 #include "utils/guc.h"
 #include "utils/jsonb.h"
 #include "utils/lsyscache.h"
 #include "utils/snapmgr.h"
 #include "utils/timestamp.h"
+#include "utils/typcache.h"
 #include "utils/uuid.h"
 
 #include "compat.h"
@@ -36,6 +38,8 @@
 #include "record_headers.h"
 
 PG_FUNCTION_INFO_V1(outbox_emit);
+PG_FUNCTION_INFO_V1(outbox_emit_raw);
+PG_FUNCTION_INFO_V1(outbox_emit_many);
 PG_FUNCTION_INFO_V1(outbox_uuid_v7);
 PG_FUNCTION_INFO_V1(outbox_check_arg);
 
@@ -50,7 +54,7 @@ PG_FUNCTION_INFO_V1(outbox_check_arg);
 
 /* Headers the publisher sets itself from the event's identity. */
 static const char *const reserved_headers[] = {
-	OUTBOX_HEADER_EVENT_ID, OUTBOX_HEADER_EVENT_TYPE,
+	OUTBOX_HEADER_ID, OUTBOX_HEADER_EVENT_ID, OUTBOX_HEADER_EVENT_TYPE,
 	OUTBOX_HEADER_AGGREGATE_TYPE, OUTBOX_HEADER_AGGREGATE_ID,
 	OUTBOX_HEADER_AGGREGATE_VERSION
 };
@@ -70,6 +74,14 @@ static const char *const reserved_headers[] = {
 
 /* outbox.allowed_topics: comma-separated patterns, '*' matches anything. */
 char	   *outbox_allowed_topics = NULL;
+
+/* W3C trace context of the session, captured into each event's headers. */
+static char *outbox_traceparent = NULL;
+static char *outbox_tracestate = NULL;
+
+/* W3C Trace Context: most list members of a tracestate, and its length. */
+#define TRACESTATE_MAX_MEMBERS 32
+#define TRACESTATE_MAX_BYTES 512
 
 /*
  * Plans are prepared once per backend, for the schema the extension lives
@@ -396,6 +408,104 @@ check_allowed_topics(char **newval, void **extra, GucSource source)
 	return !any_list_item(*newval, bad_pattern, NULL);
 }
 
+/* Whether [p, p + len) is lowercase hex digits (not all zero if nonzero). */
+static bool
+is_hex(const char *p, int len, bool nonzero)
+{
+	bool		seen_nonzero = false;
+
+	for (int i = 0; i < len; i++)
+	{
+		if (!((p[i] >= '0' && p[i] <= '9') || (p[i] >= 'a' && p[i] <= 'f')))
+			return false;
+		seen_nonzero |= p[i] != '0';
+	}
+	return seen_nonzero || !nonzero;
+}
+
+/*
+ * outbox.traceparent: empty, or a W3C traceparent,
+ * version "-" trace-id "-" parent-id "-" flags in lowercase hex.  Version
+ * 00 has exactly these four fields; later versions may append more.
+ */
+static bool
+check_traceparent(char **newval, void **extra, GucSource source)
+{
+	const char *v = *newval;
+	size_t		len = v ? strlen(v) : 0;
+
+	if (len == 0)
+		return true;
+	/* Version ff is invalid; version 00 has no further fields. */
+	if (len < 55 || v[2] != '-' || v[35] != '-' || v[52] != '-' ||
+		!is_hex(v, 2, false) || strncmp(v, "ff", 2) == 0 ||
+		!is_hex(v + 3, 32, true) || !is_hex(v + 36, 16, true) ||
+		!is_hex(v + 53, 2, false) ||
+		(len > 55 && (strncmp(v, "00", 2) == 0 || v[55] != '-')))
+	{
+		GUC_check_errdetail("A traceparent is version-traceid-parentid-flags in lowercase hex "
+							"(2, 32, 16 and 2 digits), e.g. 00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01; "
+							"the ids must not be all zeros.");
+		return false;
+	}
+	return true;
+}
+
+/* A tracestate list member: key "=" value (W3C Trace Context, 3.3.1). */
+static bool
+valid_tracestate_member(const char *p, const char *end)
+{
+	const char *eq = memchr(p, '=', end - p);
+
+	if (eq == NULL || eq == p || eq - p > 256 || eq + 1 == end || end - eq - 1 > 256)
+		return false;
+	for (const char *c = p; c < eq; c++)
+		if (!((*c >= 'a' && *c <= 'z') || (*c >= '0' && *c <= '9') ||
+			  *c == '_' || *c == '-' || *c == '*' || *c == '/' || *c == '@'))
+			return false;
+	for (const char *c = eq + 1; c < end; c++)
+		if (*c < 0x20 || *c > 0x7e || *c == ',' || *c == '=')
+			return false;
+	return end[-1] != ' ';
+}
+
+/* outbox.tracestate: empty, or a W3C tracestate list of key=value members. */
+static bool
+check_tracestate(char **newval, void **extra, GucSource source)
+{
+	const char *p = *newval ? *newval : "";
+	int			members = 0;
+
+	if (*p == '\0')
+		return true;
+	if (strlen(p) > TRACESTATE_MAX_BYTES)
+	{
+		GUC_check_errdetail("A tracestate has at most %d bytes.", TRACESTATE_MAX_BYTES);
+		return false;
+	}
+	for (;;)
+	{
+		const char *next = strchr(p, ',');
+		const char *end = next ? next : p + strlen(p);
+
+		while (p < end && (*p == ' ' || *p == '\t'))
+			p++;
+		while (end > p && (end[-1] == ' ' || end[-1] == '\t'))
+			end--;
+		/* Empty members are allowed and ignored. */
+		if (end > p && (!valid_tracestate_member(p, end) || ++members > TRACESTATE_MAX_MEMBERS))
+		{
+			GUC_check_errdetail("A tracestate is a comma-separated list of at most %d key=value members "
+								"(keys: lowercase letters, digits, '_', '-', '*', '/', '@'; values: printable ASCII except ',' and '=').",
+								TRACESTATE_MAX_MEMBERS);
+			return false;
+		}
+		if (next == NULL)
+			return true;
+		p = next + 1;
+	}
+}
+
 /* Settings of outbox_emit(); called from _PG_init(). */
 void
 outbox_define_emit_settings(void)
@@ -409,6 +519,23 @@ outbox_define_emit_settings(void)
 							   PGC_SUSET,
 							   GUC_LIST_INPUT,
 							   check_allowed_topics, NULL, NULL);
+	DefineCustomStringVariable("outbox.traceparent",
+							   "W3C traceparent that outbox_emit() adds to the headers of the events it writes.",
+							   "Set by the application or its tracing instrumentation, e.g. with SET LOCAL; "
+							   "a traceparent header given by the caller takes precedence.",
+							   &outbox_traceparent,
+							   "",
+							   PGC_USERSET,
+							   GUC_NOT_IN_SAMPLE,
+							   check_traceparent, NULL, NULL);
+	DefineCustomStringVariable("outbox.tracestate",
+							   "W3C tracestate that outbox_emit() adds to the headers of the events it writes, with outbox.traceparent.",
+							   NULL,
+							   &outbox_tracestate,
+							   "",
+							   PGC_USERSET,
+							   GUC_NOT_IN_SAMPLE,
+							   check_tracestate, NULL, NULL);
 }
 
 /* The default topic: outbox.default_topic with {aggregate_type} replaced. */
@@ -493,7 +620,7 @@ validate_headers(Jsonb *headers)
 				ereport(ERROR,
 						(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 						 errmsg("outbox_emit: header \"%s\" is reserved", display(key)),
-						 errdetail("The publisher sets event_id, event_type, aggregate_type, aggregate_id, aggregate_version and dead_letter_* itself; "
+						 errdetail("The publisher sets id, event_id, event_type, aggregate_type, aggregate_id, aggregate_version and dead_letter_* itself; "
 								   "names are compared case-insensitively, ignoring surrounding blanks."),
 						 errhidestmt(hide_statement)));
 			bytes += v.val.string.len + KAFKA_HEADER_OVERHEAD;
@@ -521,13 +648,13 @@ publisher_record_bytes(const char *aggregate_type, const char *aggregate_id,
 					   const char *topic)
 {
 	const char *const names[] = {
-		OUTBOX_HEADER_EVENT_ID, OUTBOX_HEADER_EVENT_TYPE,
+		OUTBOX_HEADER_ID, OUTBOX_HEADER_EVENT_ID, OUTBOX_HEADER_EVENT_TYPE,
 		OUTBOX_HEADER_AGGREGATE_TYPE, OUTBOX_HEADER_AGGREGATE_ID,
 		OUTBOX_HEADER_AGGREGATE_VERSION,
 		OUTBOX_HEADER_DEAD_LETTER_ORIGINAL_TOPIC,
 		OUTBOX_HEADER_DEAD_LETTER_ERROR, OUTBOX_HEADER_DEAD_LETTER_ATTEMPTS
 	};
-	const size_t values = strlen(event_id) + strlen(event_type) +
+	const size_t values = 2 * strlen(event_id) + strlen(event_type) +
 		strlen(aggregate_type) + strlen(aggregate_id) +
 		20 /* version */ + strlen(topic) +
 		OUTBOX_DEAD_LETTER_ERROR_MAX_BYTES + 10 /* attempts */ ;
@@ -543,8 +670,8 @@ prepare_plans(Oid nspid)
 {
 	const char *nsp = quote_identifier(get_namespace_name(nspid));
 	Oid			one_text[1] = {TEXTOID};
-	Oid			insert_types[8] = {TEXTOID, TEXTOID, TEXTOID, INT8OID,
-	TEXTOID, TEXTOID, JSONBOID, JSONBOID};
+	Oid			insert_types[9] = {TEXTOID, TEXTOID, TEXTOID, INT8OID,
+	TEXTOID, TEXTOID, JSONBOID, JSONBOID, BYTEAOID};
 	SPIPlanPtr	plan;
 
 	if (last_version_plan)
@@ -590,8 +717,8 @@ prepare_plans(Oid nspid)
 	 * inlined into each of its uses.)
 	 */
 	plan = SPI_prepare(psprintf("INSERT INTO %s.outbox (event_id, aggregate_id, aggregate_type, "
-								"aggregate_version, event_type, topic, headers, payload) "
-								"SELECT $1, $2, $3, COALESCE($4, l.v OPERATOR(pg_catalog.+) 1), $5, $6, $7, $8 "
+								"aggregate_version, event_type, topic, headers, payload, payload_bytes) "
+								"SELECT $1, $2, $3, COALESCE($4, l.v OPERATOR(pg_catalog.+) 1), $5, $6, $7, $8, $9 "
 								"FROM (SELECT COALESCE(GREATEST("
 								"(SELECT pg_catalog.max(o.aggregate_version) FROM %s.outbox o "
 								"WHERE o.aggregate_id OPERATOR(pg_catalog.=) $2), "
@@ -600,7 +727,7 @@ prepare_plans(Oid nspid)
 								"WHERE $4 IS NOT NULL OR l.v OPERATOR(pg_catalog.<) " INT64_FORMAT " "
 								"RETURNING id, aggregate_version",
 								nsp, nsp, nsp, PG_INT64_MAX),
-					   8, insert_types);
+					   9, insert_types);
 	if (plan == NULL)
 		elog(ERROR, "SPI_prepare failed: %s", SPI_result_code_string(SPI_result));
 	SPI_keepplan(plan);
@@ -641,10 +768,6 @@ last_version(Datum aggregate_id, Snapshot snapshot)
 }
 
 /*
- * outbox_emit(aggregate_type, aggregate_id, event_type, payload,
- *			   topic, headers, event_id, aggregate_version)
- */
-/*
  * Whether any text or jsonb argument of this call (all but the last, the
  * version) is larger than an identifier may be.
  */
@@ -679,13 +802,101 @@ check_record_size(size_t payload_bytes, size_t header_bytes, size_t publisher_by
 				 errhidestmt(hide_statement)));
 }
 
-Datum
-outbox_emit(PG_FUNCTION_ARGS)
+/* Adds a text value to a JSONB object under construction. */
+static void
+push_string(JsonbParseState **state, JsonbIteratorToken tok, const char *str)
+{
+	JsonbValue	v;
+
+	v.type = jbvString;
+	v.val.string.val = (char *) str;
+	v.val.string.len = strlen(str);
+	(void) pushJsonbValue(state, tok, &v);
+}
+
+/*
+ * The headers with the session's trace context (outbox.traceparent and
+ * outbox.tracestate) added, unless there is none or the caller set a
+ * traceparent header: then the caller's trace context is kept whole.
+ */
+static Jsonb *
+add_trace_context(Jsonb *headers)
+{
+	JsonbParseState *state = NULL;
+	JsonbValue	key;
+	Jsonb	   *trace;
+
+	if (outbox_traceparent == NULL || outbox_traceparent[0] == '\0')
+		return headers;
+	if (headers != NULL)
+	{
+		/* A malformed headers argument is validate_headers()'s to refuse. */
+		if (!JB_ROOT_IS_OBJECT(headers) || JB_ROOT_IS_SCALAR(headers))
+			return headers;
+		key.type = jbvString;
+		key.val.string.val = OUTBOX_HEADER_TRACEPARENT;
+		key.val.string.len = strlen(OUTBOX_HEADER_TRACEPARENT);
+		if (findJsonbValueFromContainer(&headers->root, JB_FOBJECT, &key) != NULL)
+			return headers;
+	}
+	(void) pushJsonbValue(&state, WJB_BEGIN_OBJECT, NULL);
+	push_string(&state, WJB_KEY, OUTBOX_HEADER_TRACEPARENT);
+	push_string(&state, WJB_VALUE, outbox_traceparent);
+	if (outbox_tracestate != NULL && outbox_tracestate[0] != '\0')
+	{
+		push_string(&state, WJB_KEY, OUTBOX_HEADER_TRACESTATE);
+		push_string(&state, WJB_VALUE, outbox_tracestate);
+	}
+	trace = JsonbValueToJsonb(pushJsonbValue(&state, WJB_END_OBJECT, NULL));
+	if (headers == NULL)
+		return trace;
+	return DatumGetJsonbP(DirectFunctionCall2(jsonb_concat, JsonbPGetDatum(headers),
+											  JsonbPGetDatum(trace)));
+}
+
+/*
+ * The payload's size as the publisher sends it: a raw (text or bytea)
+ * payload's bytes, a JSON payload's text.  Refused over
+ * outbox.max_payload_bytes.
+ */
+static size_t
+payload_size(Datum payload, bool raw)
+{
+	size_t		bytes;
+
+	if (raw)
+		bytes = toast_raw_datum_size(payload) - VARHDRSZ;
+	else
+	{
+		Jsonb	   *jb = DatumGetJsonbP(payload);
+		char	   *json = JsonbToCString(NULL, &jb->root, VARSIZE(jb));
+
+		bytes = strlen(json);
+		pfree(json);
+	}
+	if (bytes > (size_t) outbox_max_payload_bytes)
+		ereport(ERROR,
+				(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
+				 errmsg("outbox_emit: payload is too large (%zu bytes)", bytes),
+				 errdetail("outbox.max_payload_bytes is %d bytes.",
+						   outbox_max_payload_bytes),
+				 errhint("Raise outbox.max_payload_bytes only together with the broker's and topic's message size limits."),
+				 errhidestmt(hide_statement)));
+	return bytes;
+}
+
+/*
+ * outbox_emit(aggregate_type, aggregate_id, event_type, payload,
+ *			   topic, headers, event_id, aggregate_version), with a jsonb
+ * payload, or a raw one (text or bytea, sent byte for byte) if raw.
+ */
+static Datum
+emit_event(FunctionCallInfo fcinfo, bool raw)
 {
 	char	   *aggregate_type;
 	char	   *aggregate_id;
 	char	   *event_type;
-	Jsonb	   *payload = PG_ARGISNULL(3) ? NULL : PG_GETARG_JSONB_P(3);
+	Datum		payload = PG_ARGISNULL(3) ? (Datum) 0 : PG_GETARG_DATUM(3);
 	Jsonb	   *headers = PG_ARGISNULL(5) ? NULL : PG_GETARG_JSONB_P(5);
 	size_t		payload_bytes = 0;
 	size_t		header_bytes = 0;
@@ -695,8 +906,8 @@ outbox_emit(PG_FUNCTION_ARGS)
 	int64		version = version_given ? PG_GETARG_INT64(7) : 0;
 	int64		last = 0;
 	Oid			nspid = get_func_namespace(fcinfo->flinfo->fn_oid);
-	Datum		values[8];
-	char		nulls[8];
+	Datum		values[9];
+	char		nulls[9];
 	LOCKTAG		tag;
 	TupleDesc	tupdesc;
 	Datum		result[4];
@@ -723,24 +934,12 @@ outbox_emit(PG_FUNCTION_ARGS)
 		validate_topic(topic, "the topic argument");
 	}
 
+	headers = add_trace_context(headers);
 	if (headers != NULL)
 		header_bytes = validate_headers(headers);
 
-	if (payload != NULL)
-	{
-		char	   *json = JsonbToCString(NULL, &payload->root, VARSIZE(payload));
-
-		payload_bytes = strlen(json);
-		if (payload_bytes > (size_t) outbox_max_payload_bytes)
-			ereport(ERROR,
-					(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
-					 errmsg("outbox_emit: payload is too large (%zu bytes)", payload_bytes),
-					 errdetail("outbox.max_payload_bytes is %d bytes.",
-							   outbox_max_payload_bytes),
-					 errhint("Raise outbox.max_payload_bytes only together with the broker's and topic's message size limits."),
-					 errhidestmt(hide_statement)));
-		pfree(json);
-	}
+	if (!PG_ARGISNULL(3))
+		payload_bytes = payload_size(payload, raw);
 
 	if (version_given && version <= 0)
 		ereport(ERROR,
@@ -838,14 +1037,18 @@ outbox_emit(PG_FUNCTION_ARGS)
 	values[4] = CStringGetTextDatum(event_type);
 	values[5] = CStringGetTextDatum(topic);
 	values[6] = headers ? JsonbPGetDatum(headers) : (Datum) 0;
-	values[7] = payload ? JsonbPGetDatum(payload) : (Datum) 0;
+	/* A JSON payload goes to payload, a raw one to payload_bytes. */
+	values[7] = raw ? (Datum) 0 : payload;
+	values[8] = raw ? payload : (Datum) 0;
 	memset(nulls, ' ', sizeof(nulls));
 	if (version == 0)
 		nulls[3] = 'n';
 	if (!headers)
 		nulls[6] = 'n';
-	if (!payload)
+	if (PG_ARGISNULL(3) || raw)
 		nulls[7] = 'n';
+	if (PG_ARGISNULL(3) || !raw)
+		nulls[8] = 'n';
 	/* values[1], the aggregate_id, was set above */
 
 	if (SPI_execute_plan(insert_plan, values, nulls, false, 1) != SPI_OK_INSERT_RETURNING)
@@ -866,4 +1069,103 @@ outbox_emit(PG_FUNCTION_ARGS)
 	result[3] = CStringGetTextDatum(topic);
 	tupdesc = BlessTupleDesc(tupdesc);
 	PG_RETURN_DATUM(HeapTupleGetDatum(heap_form_tuple(tupdesc, result, result_nulls)));
+}
+
+/* outbox_emit(): an event with a JSON payload (or none). */
+Datum
+outbox_emit(PG_FUNCTION_ARGS)
+{
+	return emit_event(fcinfo, false);
+}
+
+/*
+ * outbox_emit_raw(): an event whose payload (text or bytea, both a varlena
+ * of bytes) reaches Kafka exactly as given.
+ */
+Datum
+outbox_emit_raw(PG_FUNCTION_ARGS)
+{
+	return emit_event(fcinfo, true);
+}
+
+/* Error context of outbox_emit_many(): which event failed. */
+static void
+emit_many_error_context(void *arg)
+{
+	errcontext("outbox_emit_many, event %d", *(int *) arg);
+}
+
+/*
+ * outbox_emit_many(events outbox_event[]): each event, in array order, as
+ * outbox_emit() would emit it, in one call (no statement per event).
+ */
+Datum
+outbox_emit_many(PG_FUNCTION_ARGS)
+{
+	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+	ArrayType  *events;
+	Datum	   *elems;
+	bool	   *elem_nulls;
+	int			nelems;
+	int16		typlen;
+	bool		typbyval;
+	char		typalign;
+	TupleDesc	event_desc = NULL;
+	int			current = 0;
+	ErrorContextCallback errcallback;
+
+	LOCAL_FCINFO(call, 8);
+
+	InitMaterializedSRF(fcinfo, 0);
+	if (PG_ARGISNULL(0))
+		return (Datum) 0;
+	events = PG_GETARG_ARRAYTYPE_P(0);
+	get_typlenbyvalalign(ARR_ELEMTYPE(events), &typlen, &typbyval, &typalign);
+	deconstruct_array(events, ARR_ELEMTYPE(events), typlen, typbyval, typalign,
+					  &elems, &elem_nulls, &nelems);
+
+	/* Each event is one outbox_emit() call, with this function's result type. */
+	InitFunctionCallInfoData(*call, fcinfo->flinfo, 8, InvalidOid, NULL, NULL);
+	errcallback.callback = emit_many_error_context;
+	errcallback.arg = &current;
+	errcallback.previous = error_context_stack;
+	error_context_stack = &errcallback;
+	for (int i = 0; i < nelems; i++)
+	{
+		HeapTupleHeader event;
+		HeapTupleData tuple;
+		Datum		args[8];
+		bool		nulls[8];
+
+		current = i + 1;
+		if (elem_nulls[i])
+			ereport(ERROR,
+					(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+					 errmsg("outbox_emit_many: event %d is NULL", i + 1)));
+		event = DatumGetHeapTupleHeader(elems[i]);
+		if (event_desc == NULL)
+		{
+			event_desc = lookup_rowtype_tupdesc_copy(HeapTupleHeaderGetTypeId(event),
+													 HeapTupleHeaderGetTypMod(event));
+			if (event_desc->natts != 8)
+				elog(ERROR, "outbox_emit_many: outbox_event must have 8 fields");
+		}
+		tuple.t_len = HeapTupleHeaderGetDatumLength(event);
+		ItemPointerSetInvalid(&tuple.t_self);
+		tuple.t_tableOid = InvalidOid;
+		tuple.t_data = event;
+		heap_deform_tuple(&tuple, event_desc, args, nulls);
+		for (int a = 0; a < 8; a++)
+		{
+			call->args[a].value = args[a];
+			call->args[a].isnull = nulls[a];
+		}
+
+		event = DatumGetHeapTupleHeader(emit_event(call, false));
+		tuple.t_len = HeapTupleHeaderGetDatumLength(event);
+		tuple.t_data = event;
+		tuplestore_puttuple(rsinfo->setResult, &tuple);
+	}
+	error_context_stack = errcallback.previous;
+	return (Datum) 0;
 }

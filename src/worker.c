@@ -106,7 +106,8 @@ typedef struct BatchEvent
 	char	   *event_type;
 	char	   *topic;
 	Jsonb	   *headers;
-	char	   *payload;		/* JSON text, NULL for a null payload */
+	char	   *payload;		/* the value's bytes, NULL for a null payload */
+	size_t		payload_len;
 	TimestampTz created_at;
 	int			attempts;
 	char	   *last_error;
@@ -501,7 +502,7 @@ prepare_plans(Oid nspid, const char *schema)
 									   "SELECT o.id, o.event_id, o.aggregate_type, o.aggregate_id, "
 									   "o.aggregate_version, o.event_type, o.topic, o.headers, "
 									   "o.payload::text, o.created_at, o.attempts, o.last_error, "
-									   "o.dead_letter_requested, o.xmin "
+									   "o.dead_letter_requested, o.xmin, o.payload_bytes "
 									   "FROM %s.outbox o "
 									   "WHERE o.published_at IS NULL "
 									   "AND NOT coalesce((SELECT c.paused FROM %s.publisher_control c), false) "
@@ -606,6 +607,14 @@ prepare_plans(Oid nspid, const char *schema)
 	plans_nspid = nspid;
 }
 
+/* The Kafka timestamp of an event: its emit time, in Unix milliseconds. */
+static int64
+timestamptz_to_unix_ms(TimestampTz t)
+{
+	return t / 1000 +
+		(int64) (POSTGRES_EPOCH_JDATE - UNIX_EPOCH_JDATE) * SECS_PER_DAY * 1000;
+}
+
 /*
  * The record's headers: the caller's, then the publisher's own
  * (record_headers.h; outbox_emit() refuses those names), and on a
@@ -639,6 +648,8 @@ build_headers(BatchEvent *ev)
 		}
 	}
 	snprintf(version, sizeof(version), INT64_FORMAT, ev->version);
+	/* "id" too: where Debezium's outbox event router puts the event id. */
+	rd_kafka_header_add(hdrs, OUTBOX_HEADER_ID, -1, ev->event_id, -1);
 	rd_kafka_header_add(hdrs, OUTBOX_HEADER_EVENT_ID, -1, ev->event_id, -1);
 	rd_kafka_header_add(hdrs, OUTBOX_HEADER_EVENT_TYPE, -1, ev->event_type, -1);
 	rd_kafka_header_add(hdrs, OUTBOX_HEADER_AGGREGATE_TYPE, -1, ev->aggregate_type, -1);
@@ -675,8 +686,8 @@ produce_event(BatchEvent *ev, int index, TimestampTz deadline)
 		err = rd_kafka_producev(producer,
 								RD_KAFKA_V_TOPIC(topic),
 								RD_KAFKA_V_KEY(ev->aggregate_id, strlen(ev->aggregate_id)),
-								RD_KAFKA_V_VALUE(ev->payload,
-												 ev->payload ? strlen(ev->payload) : 0),
+								RD_KAFKA_V_VALUE(ev->payload, ev->payload_len),
+								RD_KAFKA_V_TIMESTAMP(timestamptz_to_unix_ms(ev->created_at)),
 								RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY),
 								RD_KAFKA_V_HEADERS(hdrs),
 								RD_KAFKA_V_OPAQUE(outbox_delivery_opaque(tracker.generation, index)),
@@ -690,6 +701,7 @@ produce_event(BatchEvent *ev, int index, TimestampTz deadline)
 			{
 				pfree(ev->payload);
 				ev->payload = NULL;
+				ev->payload_len = 0;
 			}
 			return err;
 		}
@@ -1060,7 +1072,24 @@ copy_row(BatchEvent *ev, HeapTuple tup, TupleDesc desc)
 	ev->topic = SPI_getvalue(tup, desc, 7);
 	d = SPI_getbinval(tup, desc, 8, &isnull);
 	ev->headers = isnull ? NULL : DatumGetJsonbPCopy(d);
-	ev->payload = SPI_getvalue(tup, desc, 9);
+	/* A raw payload's exact bytes, else the JSON payload's text. */
+	d = SPI_getbinval(tup, desc, 15, &isnull);
+	if (!isnull)
+	{
+		bytea	   *raw = DatumGetByteaPP(d);
+
+		/* A chunk of its own: produce_event() frees it once sent. */
+		ev->payload_len = VARSIZE_ANY_EXHDR(raw);
+		ev->payload = palloc(ev->payload_len + 1);
+		memcpy(ev->payload, VARDATA_ANY(raw), ev->payload_len);
+		if ((Pointer) raw != DatumGetPointer(d))
+			pfree(raw);
+	}
+	else
+	{
+		ev->payload = SPI_getvalue(tup, desc, 9);
+		ev->payload_len = ev->payload ? strlen(ev->payload) : 0;
+	}
 	ev->created_at = DatumGetTimestampTz(SPI_getbinval(tup, desc, 10, &isnull));
 	ev->attempts = DatumGetInt32(SPI_getbinval(tup, desc, 11, &isnull));
 	ev->last_error = SPI_getvalue(tup, desc, 12);
@@ -1080,7 +1109,7 @@ event_bytes(BatchEvent *ev)
 	return sizeof(BatchEvent) + strlen(ev->event_id) + strlen(ev->aggregate_type) +
 		strlen(ev->aggregate_id) + strlen(ev->event_type) + strlen(ev->topic) +
 		(ev->headers ? VARSIZE(ev->headers) : 0) +
-		(ev->payload ? strlen(ev->payload) : 0) +
+		ev->payload_len +
 		(ev->last_error ? strlen(ev->last_error) : 0);
 }
 

@@ -19,7 +19,7 @@ CREATE ROLE outbox_tap_reader NOLOGIN IN ROLE pg_read_all_settings;
 CREATE ROLE outbox_tap_monitor NOLOGIN IN ROLE pg_monitor;
 GRANT USAGE ON SCHEMA ob TO outbox_tap_monitor;
 
-SELECT plan(148);
+SELECT plan(153);
 
 -- Catalog: what PUBLIC and the roles were granted.
 
@@ -57,6 +57,12 @@ SELECT table_privs_are('ob', t, 'pg_monitor', ARRAY['SELECT'],
 SELECT function_privs_are('ob', 'outbox_emit',
                           ARRAY['text', 'text', 'text', 'jsonb', 'text', 'jsonb', 'text', 'bigint'],
                           'public', ARRAY[]::text[], 'PUBLIC cannot execute outbox_emit');
+SELECT function_privs_are('ob', 'outbox_emit_raw',
+                          ARRAY['text', 'text', 'text', t, 'text', 'jsonb', 'text', 'bigint'],
+                          'public', ARRAY[]::text[], format('PUBLIC cannot execute outbox_emit_raw(.., %s, ..)', t))
+  FROM unnest(ARRAY['text', 'bytea']) AS t;
+SELECT function_privs_are('ob', 'outbox_emit_many', ARRAY['ob.outbox_event[]'],
+                          'public', ARRAY[]::text[], 'PUBLIC cannot execute outbox_emit_many');
 SELECT function_privs_are('ob', 'inbox_claim', ARRAY['text', 'text'],
                           'public', ARRAY[]::text[], 'PUBLIC cannot execute inbox_claim');
 SELECT function_privs_are('ob', 'outbox_counters', ARRAY[]::text[],
@@ -124,6 +130,13 @@ SET ROLE outbox_tap_app;
 SELECT throws_ok($$SELECT ob.outbox_emit('order', 'o-1', 'Created', '{}')$$, '42501',
                  'permission denied for function outbox_emit',
                  'without a grant, outbox_emit is refused');
+SELECT throws_ok($$SELECT * FROM ob.outbox_emit_many(ARRAY[ROW('order', 'o-1', 'Created', '{}',
+                     NULL, NULL, NULL, NULL)::ob.outbox_event])$$, '42501',
+                 'permission denied for function outbox_emit_many',
+                 'without a grant, outbox_emit_many is refused');
+SELECT throws_ok($$SELECT ob.outbox_emit_raw('order', 'o-1', 'Created', 'x')$$, '42501',
+                 'permission denied for function outbox_emit_raw',
+                 'without a grant, outbox_emit_raw is refused');
 SELECT throws_ok($$SELECT * FROM ob.outbox_emit('order', 'o-1', 'Created', '{}', topic => 't',
                      headers => '{}', event_id => 'x', aggregate_version => 1)$$, '42501',
                  'permission denied for function outbox_emit',

@@ -5,7 +5,7 @@ BEGIN;
 CREATE SCHEMA ob;
 CREATE EXTENSION outbox SCHEMA ob;
 
-SELECT plan(156);
+SELECT plan(165);
 
 -- Extension
 
@@ -32,7 +32,7 @@ SELECT views_are('ob', ARRAY['outbox_status', 'outbox_aggregate_status', 'inbox_
 
 SELECT columns_are('ob', 'outbox', ARRAY[
 	'id', 'event_id', 'aggregate_type', 'aggregate_id', 'aggregate_version',
-	'event_type', 'topic', 'headers', 'payload', 'created_at', 'published_at',
+	'event_type', 'topic', 'headers', 'payload', 'payload_bytes', 'created_at', 'published_at',
 	'disposition', 'kafka_partition', 'kafka_offset', 'attempts', 'last_error',
 	'dead_letter_requested'],
 	'outbox has the expected columns');
@@ -60,6 +60,7 @@ SELECT col_type_is('ob', t, c, ty, format('%s.%s is %s', t, c, ty))
 	('outbox', 'topic', 'text'),
 	('outbox', 'headers', 'jsonb'),
 	('outbox', 'payload', 'jsonb'),
+	('outbox', 'payload_bytes', 'bytea'),
 	('outbox', 'created_at', 'timestamp with time zone'),
 	('outbox', 'published_at', 'timestamp with time zone'),
 	('outbox', 'disposition', 'ob.outbox_disposition'),
@@ -102,6 +103,7 @@ SELECT CASE WHEN nn THEN col_not_null('ob', t, c, format('%s.%s is NOT NULL', t,
 	('outbox', 'topic', true),
 	('outbox', 'headers', false),
 	('outbox', 'payload', false),
+	('outbox', 'payload_bytes', false),
 	('outbox', 'created_at', true),
 	('outbox', 'published_at', false),
 	('outbox', 'disposition', false),
@@ -246,7 +248,7 @@ SELECT is((SELECT string_agg(attname || ' ' || format_type(atttypid, atttypmod),
           'emitted_event is (id bigint, event_id text, aggregate_version bigint, topic text)');
 
 -- Functions.
-SELECT functions_are('ob', ARRAY['uuid_v7', 'outbox_emit', 'inbox_claim',
+SELECT functions_are('ob', ARRAY['uuid_v7', 'outbox_emit', 'outbox_emit_raw', 'outbox_emit_many', 'inbox_claim',
                      'outbox_counters', 'outbox_latency_histogram', 'outbox_test_fatal_error',
                      'outbox_lock_aggregate', 'outbox_wake_on_commit', 'outbox_workers',
                      'outbox_publisher', 'outbox_check_publisher',
@@ -275,6 +277,27 @@ SELECT volatility_is('ob', 'outbox_emit',
 SELECT isnt_strict('ob', 'outbox_emit',
                    ARRAY['text', 'text', 'text', 'jsonb', 'text', 'jsonb', 'text', 'bigint'],
                    'outbox_emit is not strict (a NULL payload is a tombstone)');
+
+-- outbox_emit_raw: the same arguments, a text or bytea payload.
+SELECT is(pg_get_function_arguments(format('ob.outbox_emit_raw(text, text, text, %s, text, jsonb, text, bigint)', t)::regprocedure),
+          format('aggregate_type text, aggregate_id text, event_type text, payload %s, '
+                 'topic text DEFAULT NULL::text, headers jsonb DEFAULT NULL::jsonb, '
+                 'event_id text DEFAULT NULL::text, aggregate_version bigint DEFAULT NULL::bigint', t),
+          format('outbox_emit_raw(.., payload %s, ..) has outbox_emit''s named arguments', t))
+  FROM unnest(ARRAY['text', 'bytea']) AS t;
+SELECT isnt_strict('ob', 'outbox_emit_raw', ARRAY['text', 'text', 'text', t, 'text', 'jsonb', 'text', 'bigint'],
+                   format('outbox_emit_raw(.., %s, ..) is not strict', t))
+  FROM unnest(ARRAY['text', 'bytea']) AS t;
+SELECT is(pg_get_function_arguments('ob.outbox_emit_many(ob.outbox_event[])'::regprocedure),
+          'events ob.outbox_event[]', 'outbox_emit_many takes an array of outbox_event');
+SELECT function_lang_is('ob', 'outbox_emit_many', ARRAY['ob.outbox_event[]'], 'c',
+                        'outbox_emit_many is written in C (a SQL body would be planned on every call)');
+SELECT is((SELECT string_agg(attname || ' ' || format_type(atttypid, atttypmod), ', ' ORDER BY attnum)
+             FROM pg_attribute
+            WHERE attrelid = 'ob.outbox_event'::regclass AND attnum > 0 AND NOT attisdropped),
+          'aggregate_type text, aggregate_id text, event_type text, payload jsonb, topic text, '
+          'headers jsonb, event_id text, aggregate_version bigint',
+          'outbox_event has outbox_emit''s arguments');
 
 SELECT has_function('ob', 'inbox_claim', ARRAY['text', 'text'], 'inbox_claim(text, text) exists');
 SELECT is(pg_get_function_arguments('ob.inbox_claim(text, text)'::regprocedure),
@@ -316,7 +339,7 @@ SELECT is((SELECT proconfig FROM pg_proc WHERE oid = 'ob.inbox_claim(text, text)
           'inbox_claim pins search_path to pg_catalog, pg_temp');
 SELECT is((SELECT string_agg(proname, ' ' ORDER BY proname) FROM pg_proc
             WHERE pronamespace = 'ob'::regnamespace AND prosecdef),
-          'inbox_claim inbox_retry inbox_skip outbox_dead_letter outbox_emit outbox_pause '
+          'inbox_claim inbox_retry inbox_skip outbox_dead_letter outbox_emit outbox_emit_many outbox_emit_raw outbox_emit_raw outbox_pause '
           'outbox_replay outbox_resume outbox_retry outbox_skip',
           'the SECURITY DEFINER functions are emit, claim and the operator functions');
 -- Every SECURITY DEFINER function of the extension pins search_path.
