@@ -622,11 +622,19 @@ condition_clear(void)
 	condition_since = 0;
 }
 
-/* A condition started; logged once, unless it is the one already known. */
+/*
+ * A condition started; logged once, unless it is the one already known.
+ * "All brokers down" follows every failed login (or TLS handshake, or name
+ * lookup): it must not replace the cause it is a symptom of, or the cause
+ * would be logged again at the next attempt.
+ */
 static void
 condition_set(rd_kafka_resp_err_t err, const char *what, const char *reason)
 {
 	if (err == condition_err)
+		return;
+	if (err == RD_KAFKA_RESP_ERR__ALL_BROKERS_DOWN &&
+		condition_err != RD_KAFKA_RESP_ERR_NO_ERROR)
 		return;
 	condition_err = err;
 	snprintf(condition_text, sizeof(condition_text), "%s", what);

@@ -41,6 +41,7 @@
 
 #include "access/xact.h"
 #include "access/xlog.h"
+#include "access/xlog_internal.h"
 #include "catalog/pg_type.h"
 #include "commands/extension.h"
 #include "common/hashfn.h"
@@ -1211,6 +1212,30 @@ wait_for_standbys(XLogRecPtr upto)
 }
 
 /*
+ * The end of the WAL inserted so far, as a position XLogFlush() accepts.
+ * GetXLogInsertRecPtr() gives where the next record will start: right after
+ * a page header when the last record ended on a page boundary, a position
+ * not yet written, so that flushing up to it fails ("flush request not
+ * satisfied") until someone else writes WAL.  The header has no record
+ * bytes, so the page start covers every commit before it.
+ */
+static XLogRecPtr
+wal_insert_end(void)
+{
+#if PG_VERSION_NUM >= 170000
+	return GetXLogInsertEndRecPtr();
+#else
+	XLogRecPtr	ptr = GetXLogInsertRecPtr();
+
+	if (XLogSegmentOffset(ptr, wal_segment_size) == SizeOfXLogLongPHD)
+		return ptr - SizeOfXLogLongPHD;
+	if (ptr % XLOG_BLCKSZ == SizeOfXLogShortPHD)
+		return ptr - SizeOfXLogShortPHD;
+	return ptr;
+#endif
+}
+
+/*
  * Publish only durable commits.  Everything the batch's snapshot sees was
  * committed before upto (a commit record is inserted before the transaction
  * becomes visible), but with synchronous_commit = off it may not be on disk
@@ -1375,7 +1400,7 @@ run_batch(void)
 		prepare_plans(nspid, schema);
 
 	/* Every commit this snapshot sees ends before this WAL position. */
-	visible_upto = GetXLogInsertRecPtr();
+	visible_upto = wal_insert_end();
 
 	bucket_share(&nshares, &share);
 	fetch_args[0] = Int32GetDatum(outbox_batch_events);
