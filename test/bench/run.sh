@@ -40,7 +40,7 @@
 # with tc netem would delay every other user of the shared loopback too.
 # It replaces the "On real Kafka" section at the end of docs/benchmarks.md
 # (quick: writes /tmp/outbox-bench-real-quick/benchmarks_real.md); full
-# mode keeps that section.  About 10 minutes, quick about 3.
+# mode keeps that section.  About 5 minutes (more under load), quick about 3.
 #
 # Environment: BENCH_OUT (output directory), BENCH_MOCK_NAGLE=1 (run a-e
 # against the mock as shipped too, i.e. without the TCP_NODELAY shim).
