@@ -583,19 +583,6 @@ inbox_worker_exit(int code, Datum arg)
 
 /* ---------- plans ---------- */
 
-/* Prepare and keep one plan; the query names only qualified objects. */
-static SPIPlanPtr
-keep_plan(const char *query, int nargs, Oid *argtypes)
-{
-	SPIPlanPtr	plan = SPI_prepare(query, nargs, argtypes);
-
-	if (plan == NULL)
-		elog(ERROR, "SPI_prepare failed for \"%s\": %s", query,
-			 SPI_result_code_string(SPI_result));
-	SPI_keepplan(plan);
-	return plan;
-}
-
 /*
  * Find the extension and prepare the plans (again if it moved); false if it
  * is not installed.  Called inside a transaction, connected to SPI.
@@ -639,23 +626,23 @@ prepare_plans(void)
 		MemoryContextSwitchTo(old);
 	}
 
-	subs_plan = keep_plan(psprintf(
+	subs_plan = outbox_keep_plan(psprintf(
 								   "SELECT s.consumer, s.topics, s.topics::text, s.handler::oid, s.owner::oid "
 								   "FROM %s.inbox_subscription s ORDER BY s.consumer", s), 0, NULL);
-	offset_lock_plan = keep_plan(psprintf(
+	offset_lock_plan = outbox_keep_plan(psprintf(
 										  "SELECT o.next_offset, o.attempts, o.last_error, o.next_attempt_at, "
 										  "o.blocked_at, o.blocked_reason, o.accept_gap, o.skip_requested "
 										  "FROM %s.inbox_offset o WHERE o.consumer = $1 AND o.topic = $2 "
 										  "AND o.\"partition\" = $3 FOR UPDATE", s), 3, t3);
-	offset_insert_plan = keep_plan(psprintf(
+	offset_insert_plan = outbox_keep_plan(psprintf(
 											"INSERT INTO %s.inbox_offset (consumer, topic, \"partition\") "
 											"VALUES ($1, $2, $3) ON CONFLICT DO NOTHING", s), 3, t3);
-	offset_read_plan = keep_plan(psprintf(
+	offset_read_plan = outbox_keep_plan(psprintf(
 										  "SELECT o.next_offset, o.blocked_at IS NULL AND "
 										  "(o.next_attempt_at IS NULL OR o.next_attempt_at <= pg_catalog.now()) "
 										  "FROM %s.inbox_offset o WHERE o.consumer = $1 AND o.topic = $2 "
 										  "AND o.\"partition\" = $3", s), 3, t3);
-	offset_update_plan = keep_plan(psprintf(
+	offset_update_plan = outbox_keep_plan(psprintf(
 											"UPDATE %s.inbox_offset o SET next_offset = $4, high_watermark = $5, "
 											"last_applied_offset = coalesce($6, o.last_applied_offset), "
 											"last_applied_at = CASE WHEN $6 IS NULL THEN o.last_applied_at ELSE pg_catalog.clock_timestamp() END, "
@@ -666,27 +653,27 @@ prepare_plans(void)
 											"accept_gap = $18, skip_requested = $19, updated_at = pg_catalog.clock_timestamp() "
 											"WHERE o.consumer = $1 AND o.topic = $2 AND o.\"partition\" = $3",
 											s), lengthof(tupd), tupd);
-	agg_read_plan = keep_plan(psprintf(
+	agg_read_plan = outbox_keep_plan(psprintf(
 									   "SELECT a.aggregate_id, a.last_version FROM %s.inbox_aggregate a "
 									   "WHERE a.consumer = $1 AND a.aggregate_id = ANY ($2)", s), 2, tarr);
-	claim_many_plan = keep_plan(psprintf(
+	claim_many_plan = outbox_keep_plan(psprintf(
 										 "INSERT INTO %s.inbox (consumer, event_id) "
 										 "SELECT $1, u.id FROM pg_catalog.unnest($2) AS u(id) "
 										 "ON CONFLICT DO NOTHING RETURNING event_id", s), 2, tarr);
-	agg_flush_plan = keep_plan(psprintf(
+	agg_flush_plan = outbox_keep_plan(psprintf(
 										"INSERT INTO %s.inbox_aggregate AS a (consumer, aggregate_id, last_version) "
 										"SELECT $1, u.id, u.v FROM ROWS FROM (pg_catalog.unnest($2), pg_catalog.unnest($3)) AS u(id, v) "
 										"ON CONFLICT (consumer, aggregate_id) DO UPDATE SET "
 										"last_version = GREATEST(a.last_version, excluded.last_version), "
 										"updated_at = pg_catalog.clock_timestamp()", s), 3, tflush);
-	claim_plan = keep_plan(psprintf(
+	claim_plan = outbox_keep_plan(psprintf(
 									"INSERT INTO %s.inbox (consumer, event_id) VALUES ($1, $2) "
 									"ON CONFLICT DO NOTHING", s), 2, t2);
 	tdl[0] = TEXTOID;
 	tdl[1] = message_typid;
 	tdl[2] = TEXTOID;
 	tdl[3] = INT4OID;
-	dead_letter_plan = keep_plan(psprintf(
+	dead_letter_plan = outbox_keep_plan(psprintf(
 										  "INSERT INTO %s.inbox_dead_letter (consumer, message, error, attempts) "
 										  "VALUES ($1, $2, $3, $4)", s), 4, tdl);
 	plans_nspid = nspid;

@@ -110,5 +110,7 @@ extern void outbox_define_emit_settings(void);
 
 /* worker.c */
 extern PGDLLEXPORT void outbox_worker_main(Datum main_arg);
+extern struct _SPI_plan *outbox_keep_plan(const char *query, int nargs,
+										  Oid *argtypes);
 
 #endif							/* OUTBOX_H */

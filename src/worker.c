@@ -460,8 +460,9 @@ extension_schema(Oid *nspid)
 	return SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2);
 }
 
-static SPIPlanPtr
-prepare_kept(const char *query, int nargs, Oid *argtypes)
+/* Prepare and keep one plan (the publisher's and the inbox workers'). */
+SPIPlanPtr
+outbox_keep_plan(const char *query, int nargs, Oid *argtypes)
 {
 	SPIPlanPtr	plan = SPI_prepare(query, nargs, argtypes);
 
@@ -499,7 +500,7 @@ prepare_plans(Oid nspid, const char *schema)
 	}
 	plans_nspid = InvalidOid;
 
-	fetch_plan = prepare_kept(psprintf(
+	fetch_plan = outbox_keep_plan(psprintf(
 									   "SELECT o.id, o.event_id, o.aggregate_type, o.aggregate_id, "
 									   "o.aggregate_version, o.event_type, o.topic, o.headers, "
 									   "o.payload::text, o.created_at, o.attempts, o.last_error, "
@@ -521,7 +522,7 @@ prepare_plans(Oid nspid, const char *schema)
 	 * rows changed since (an operator's replay, retry or skip while marking
 	 * was held) keeps all its rows pending, to be sent again in order.
 	 */
-	mark_plan = prepare_kept(psprintf(
+	mark_plan = outbox_keep_plan(psprintf(
 									  "WITH u AS (SELECT * FROM unnest($2, $3, $4, $5, $6) AS u(id, p, off, d, x)), "
 									  "changed AS (SELECT q.aggregate_id FROM u JOIN %s.outbox q ON q.id = u.id "
 									  "WHERE q.xmin <> u.x OR q.published_at IS NOT NULL) "
@@ -533,7 +534,7 @@ prepare_plans(Oid nspid, const char *schema)
 									  "AND o.aggregate_id NOT IN (SELECT c.aggregate_id FROM changed c)", s, s, s),
 							 6, mark_types);
 
-	progress_plan = prepare_kept(psprintf(
+	progress_plan = outbox_keep_plan(psprintf(
 										  "INSERT INTO %s.aggregate_publication AS a "
 										  "(aggregate_id, last_published_version, last_published_at, updated_at) "
 										  "SELECT u.id, u.v, $1, $1 FROM unnest($2, $3) AS u(id, v) "
@@ -546,7 +547,7 @@ prepare_plans(Oid nspid, const char *schema)
 										  "updated_at = excluded.updated_at", s, s),
 								 3, progress_types);
 
-	fail_event_plan = prepare_kept(psprintf(
+	fail_event_plan = outbox_keep_plan(psprintf(
 											"UPDATE %s.outbox SET attempts = attempts + $3, last_error = $2 "
 											"WHERE id = $1 RETURNING attempts", s),
 								   3, fail_event_types);
@@ -557,7 +558,7 @@ prepare_plans(Oid nspid, const char *schema)
 	 * that version until an operator acts; the others apply in the next
 	 * batch, at once (and back off again if even that fails).
 	 */
-	fail_aggregate_plan = prepare_kept(psprintf(
+	fail_aggregate_plan = outbox_keep_plan(psprintf(
 												"INSERT INTO %s.aggregate_publication AS a "
 												"(aggregate_id, attempts, last_error, next_attempt_at, "
 												"blocked_version, blocked_at, updated_at) "
@@ -573,7 +574,7 @@ prepare_plans(Oid nspid, const char *schema)
 												"blocked_at = excluded.blocked_at, updated_at = excluded.updated_at", s),
 									   6, fail_aggregate_types);
 
-	policy_plan = prepare_kept(psprintf(
+	policy_plan = outbox_keep_plan(psprintf(
 										"SELECT policy FROM %s.poison_policy "
 										"WHERE topic = $1 OR aggregate_type = $2 "
 										"ORDER BY topic IS NULL LIMIT 1", s),
@@ -587,7 +588,7 @@ prepare_plans(Oid nspid, const char *schema)
 	 * skips rows locked by others (outbox_replay() updates an aggregate's
 	 * rows in its own order): never waiting, it cannot deadlock with them.
 	 */
-	retention_plan = prepare_kept(psprintf(
+	retention_plan = outbox_keep_plan(psprintf(
 										   "DELETE FROM %s.outbox o USING ("
 										   "SELECT d.id FROM (SELECT id, aggregate_id, aggregate_version, published_at "
 										   "FROM %s.outbox WHERE published_at IS NOT NULL ORDER BY id LIMIT $2 "
@@ -598,7 +599,7 @@ prepare_plans(Oid nspid, const char *schema)
 										   "WHERE o.id = x.id", s, s, s),
 								  2, retention_types);
 
-	inbox_retention_plan = prepare_kept(psprintf(
+	inbox_retention_plan = outbox_keep_plan(psprintf(
 												 "DELETE FROM %s.inbox i USING ("
 												 "SELECT consumer, event_id FROM %s.inbox "
 												 "WHERE processed_at < pg_catalog.now() - pg_catalog.make_interval(secs => $1) "
