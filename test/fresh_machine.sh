@@ -139,6 +139,18 @@ deb $mirror bookworm-updates main
 deb http://deb.debian.org/debian-security bookworm-security main
 EOF
 cp /etc/resolv.conf "$root/etc/resolv.conf"
+# The network's own trust anchors, as every machine of this network has
+# them: here the registries are reached through a TLS-inspecting egress
+# proxy whose CA the host trusts (/usr/local/share/ca-certificates).
+# Without it Maven (Java's trust store) cannot fetch the Kafka jars; apt
+# itself uses http.  A certificate, not a package: the package list of the
+# chroot stays what .ci/install-deps makes it.  ca-certificates and
+# ca-certificates-java pick these up when .ci/install-deps installs them.
+if ls /usr/local/share/ca-certificates/*.crt >/dev/null 2>&1; then
+	mkdir -p "$root/usr/local/share/ca-certificates"
+	cp /usr/local/share/ca-certificates/*.crt "$root/usr/local/share/ca-certificates/"
+	say "copied the host's local CA certificates: $(cd /usr/local/share/ca-certificates && echo *.crt)"
+fi
 # No daemons started by package installs (the host may run its own
 # PostgreSQL on the same port): the usual policy for chroots.
 printf '#!/bin/sh\nexit 101\n' >"$root/usr/sbin/policy-rc.d"

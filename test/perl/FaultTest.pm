@@ -353,9 +353,13 @@ sub wait_publisher
 	my $t0 = time;
 	while (time - $t0 < $timeout)
 	{
-		my ($rc, $out) = $node->psql('postgres',
-			"SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'outbox publisher'$not");
-		return time - $t0 if $rc == 0 && $out >= $n;
+		# During a crash restart psql can exit before IPC::Run has written
+		# the query to it: the write's broken pipe dies; just look again.
+		my ($rc, $out) = eval {
+			$node->psql('postgres',
+				"SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'outbox publisher'$not");
+		};
+		return time - $t0 if defined $rc && $rc == 0 && $out >= $n;
 		sleep 0.05;
 	}
 	return undef;

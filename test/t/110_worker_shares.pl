@@ -2,7 +2,8 @@
 # may wait for a worker that is not running.
 #
 # outbox.workers = 16 with max_worker_processes = 8 (one goes to the
-# logical replication launcher): 7 publishers start.  The buckets are split
+# logical replication launcher; the inbox launcher is disabled so that it
+# takes none): 7 publishers start.  The buckets are split
 # among the workers alive, so every event is published.  Then one worker
 # is terminated; it comes back only after bgw_restart_time (5 s), and
 # meanwhile the others publish its share: every event emitted after its
@@ -22,7 +23,7 @@ my $dir = $PostgreSQL::Test::Utils::tmp_check;
 mkdir "$dir/mock";
 my $mk = MockKafka->start(dir => "$dir/mock", brokers => 1, max_seconds => 300);
 my $node = outbox_node('shares', $mk, workers => 16);
-$node->append_conf('postgresql.conf', "max_worker_processes = 8\n");
+$node->append_conf('postgresql.conf', "max_worker_processes = 8\noutbox.inbox_workers = 0\n");
 $node->restart;
 
 ok(defined wait_publisher($node, 7, 60), 'seven publishers started');
