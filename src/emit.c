@@ -788,7 +788,7 @@ has_huge_argument(FunctionCallInfo fcinfo)
 static void
 check_record_size(size_t payload_bytes, size_t header_bytes, size_t publisher_bytes)
 {
-	int			max_bytes = outbox_message_max_bytes();
+	int			max_bytes = outbox_kafka_message_max_bytes;
 	size_t		total = payload_bytes + header_bytes + publisher_bytes;
 
 	if (total > (size_t) max_bytes)

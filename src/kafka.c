@@ -845,17 +845,19 @@ note_message_max_bytes(const char *key, const char *value, void *arg)
 	return NULL;
 }
 
+/* librdkafka's default message.max.bytes, until the setting is assigned. */
+int			outbox_kafka_message_max_bytes = 1000000;
+
 /*
- * The producer's message.max.bytes: librdkafka refuses a record whose key,
- * value and headers exceed it, so outbox_emit() refuses it first.  The
- * value was validated when outbox.kafka_properties was set.
+ * The message.max.bytes a property string gives the producer: librdkafka
+ * refuses a record whose key, value and headers exceed it, so outbox_emit()
+ * refuses it first.  The string was validated by the caller.
  */
 int
-outbox_message_max_bytes(void)
+outbox_properties_message_max_bytes(const char *properties)
 {
 	int			max_bytes = 1000000;	/* librdkafka's default */
-	char	   *err = for_each_property(outbox_kafka_properties,
-										note_message_max_bytes, &max_bytes);
+	char	   *err = for_each_property(properties, note_message_max_bytes, &max_bytes);
 
 	if (err != NULL)
 		pfree(err);

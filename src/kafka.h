@@ -53,7 +53,8 @@ extern void outbox_producer_destroy(rd_kafka_t *rk);
 extern bool outbox_kafka_error_is_permanent(rd_kafka_resp_err_t err);
 extern bool outbox_producer_fatal_pending(void);
 extern void *outbox_delivery_opaque(uint32 generation, int index);
-extern int	outbox_message_max_bytes(void);
+extern int	outbox_kafka_message_max_bytes;
+extern int	outbox_properties_message_max_bytes(const char *properties);
 extern const char *outbox_kafka_condition(TimestampTz *since);
 extern void outbox_producer_probe(rd_kafka_t *rk);
 

@@ -203,12 +203,37 @@ kafka_check_failed(const char *name, char *err)
 	return false;
 }
 
+/*
+ * Also works out the producer's message.max.bytes once per value, for
+ * outbox_emit()'s record size check (the assign hook keeps it), rather
+ * than parsing the properties on every emit.
+ */
 static bool
 check_kafka_properties(char **newval, void **extra, GucSource source)
 {
 	char	   *err = outbox_kafka_config_check(*newval, outbox_kafka_credentials_file);
+	int		   *max_bytes;
 
-	return err == NULL || kafka_check_failed("outbox.kafka_properties", err);
+	if (err != NULL)
+		return kafka_check_failed("outbox.kafka_properties", err);
+	/* The GUC machinery free()s extra; guc_malloc() is exported from 16. */
+#if PG_VERSION_NUM >= 160000
+	max_bytes = guc_malloc(LOG, sizeof(int));
+#else
+	max_bytes = malloc(sizeof(int));
+#endif
+	if (max_bytes == NULL)
+		return false;
+	*max_bytes = outbox_properties_message_max_bytes(*newval);
+	*extra = max_bytes;
+	return true;
+}
+
+/* Keep the message.max.bytes the check hook found. */
+static void
+assign_kafka_properties(const char *newval, void *extra)
+{
+	outbox_kafka_message_max_bytes = *(int *) extra;
 }
 
 static bool
@@ -340,7 +365,7 @@ define_settings(void)
 							   "",
 							   PGC_SIGHUP,
 							   GUC_SUPERUSER_ONLY,
-							   check_kafka_properties, NULL, NULL);
+							   check_kafka_properties, assign_kafka_properties, NULL);
 
 	DefineCustomStringVariable("outbox.default_topic",
 							   "Topic of events emitted without one; {aggregate_type} is replaced.",
