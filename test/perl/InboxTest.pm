@@ -16,34 +16,22 @@ use PostgreSQL::Test::Utils;
 use Test::More;
 use Time::HiRes qw(time sleep);
 
+use OutboxTest qw(outbox_node);
+
 our @EXPORT = qw(inbox_node setup_consumer wait_applied consumer_verdict
   inbox_pids producer_expected);
 
-# A node with the publisher on "postgres" and the inbox on "consumer".
+# A node with the publisher on "postgres" and the inbox on "consumer"
+# (OutboxTest's node plus the inbox settings and the consumer database).
 # %conf entries are appended as outbox.<key> = '<value>'.
 sub inbox_node
 {
 	my ($name, $mk, %conf) = @_;
-	my $node = PostgreSQL::Test::Cluster->new($name);
+	my $node = outbox_node($name, $mk,
+		inbox_database => 'consumer',
+		inbox_kafka_properties => 'session.timeout.ms=6000;heartbeat.interval.ms=500',
+		%conf);
 
-	$node->init;
-	$node->append_conf('postgresql.conf', qq{
-shared_preload_libraries = 'outbox'
-outbox.database = 'postgres'
-outbox.inbox_database = 'consumer'
-outbox.brokers = '@{[ $mk->bootstrap ]}'
-outbox.poll_interval = '500ms'
-outbox.delivery_timeout = '5s'
-outbox.inbox_kafka_properties = 'session.timeout.ms=6000;heartbeat.interval.ms=500'
-max_connections = 60
-log_min_messages = info
-});
-	while (my ($k, $v) = each %conf)
-	{
-		$node->append_conf('postgresql.conf', "outbox.$k = '$v'\n");
-	}
-	$node->start;
-	$node->safe_psql('postgres', 'CREATE EXTENSION outbox');
 	$node->safe_psql('postgres', 'CREATE DATABASE consumer');
 	$node->safe_psql('consumer', 'CREATE EXTENSION outbox');
 	return $node;
