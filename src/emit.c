@@ -34,6 +34,7 @@
 
 #include "compat.h"
 #include "kafka.h"
+#include "emit.h"
 #include "outbox.h"
 #include "record_headers.h"
 
@@ -72,8 +73,12 @@ static const char *const reserved_headers[] = {
 /* Values longer than this are cut in error messages. */
 #define OUTBOX_DISPLAY_BYTES 64
 
+char	   *outbox_default_topic = NULL;
+int			outbox_max_payload_bytes = 1024 * 1024;
+char	   *outbox_dead_letter_topic = NULL;
+
 /* outbox.allowed_topics: comma-separated patterns, '*' matches anything. */
-char	   *outbox_allowed_topics = NULL;
+static char *outbox_allowed_topics = NULL;
 
 /* W3C trace context of the session, captured into each event's headers. */
 static char *outbox_traceparent = NULL;
@@ -506,10 +511,64 @@ check_tracestate(char **newval, void **extra, GucSource source)
 	}
 }
 
+/* The default topic must not be empty. */
+static bool
+check_default_topic(char **newval, void **extra, GucSource source)
+{
+	if (*newval == NULL || (*newval)[0] == '\0')
+	{
+		GUC_check_errdetail("The default topic must not be empty.");
+		return false;
+	}
+	return true;
+}
+
+/* The dead-letter topic must be a topic outbox_emit() could name. */
+static bool
+check_dead_letter_topic(char **newval, void **extra, GucSource source)
+{
+	const char *err = outbox_topic_error(*newval);
+
+	if (err != NULL)
+	{
+		GUC_check_errdetail("%s", err);
+		return false;
+	}
+	return true;
+}
+
 /* Settings of outbox_emit(); called from _PG_init(). */
 void
 outbox_define_emit_settings(void)
 {
+	DefineCustomStringVariable("outbox.default_topic",
+							   "Topic of events emitted without one; {aggregate_type} is replaced.",
+							   "The default routes like Debezium's outbox event router.",
+							   &outbox_default_topic,
+							   "outbox.event.{aggregate_type}",
+							   PGC_SUSET,
+							   0,
+							   check_default_topic, NULL, NULL);
+
+	DefineCustomIntVariable("outbox.max_payload_bytes",
+							"Largest payload outbox_emit() accepts, as JSON text.",
+							NULL,
+							&outbox_max_payload_bytes,
+							1024 * 1024, 1, MaxAllocSize / 2,
+							PGC_SUSET,
+							GUC_UNIT_BYTE,
+							NULL, NULL, NULL);
+
+	/* Read by the publisher too; outbox_emit() refuses it as a topic. */
+	DefineCustomStringVariable("outbox.dead_letter_topic",
+							   "Topic poison events are sent to under the dead_letter policy.",
+							   NULL,
+							   &outbox_dead_letter_topic,
+							   "outbox.dead_letter",
+							   PGC_SIGHUP,
+							   0,
+							   check_dead_letter_topic, NULL, NULL);
+
 	DefineCustomStringVariable("outbox.allowed_topics",
 							   "Topics outbox_emit() may write to: comma-separated patterns in which * matches any characters.",
 							   "Kafka's internal topics (names beginning with __) and outbox.dead_letter_topic are refused "

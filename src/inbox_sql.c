@@ -25,6 +25,7 @@
 #include "utils/regproc.h"
 #include "utils/syscache.h"
 
+#include "emit.h"
 #include "outbox.h"
 #include "inbox_worker.h"
 

@@ -33,9 +33,11 @@
 #include "common/hashfn.h"
 #include "lib/stringinfo.h"
 #include "miscadmin.h"
+#include "utils/guc.h"
 #include "utils/memutils.h"
 #include "utils/timestamp.h"
 
+#include "compat.h"
 #include "outbox.h"
 #include "kafka.h"
 
@@ -869,4 +871,108 @@ char *
 outbox_for_each_property(const char *properties, outbox_property_fn fn, void *arg)
 {
 	return for_each_property(properties, fn, arg);
+}
+
+char	   *outbox_brokers = NULL;
+char	   *outbox_kafka_properties = NULL;
+char	   *outbox_kafka_credentials_file = NULL;
+
+/*
+ * The Kafka settings' check hooks.  GUC_check_errmsg replaces PostgreSQL's
+ * "invalid value for parameter: <value>", which would repeat the whole
+ * string in the error and the server log.
+ */
+static bool
+kafka_check_failed(const char *name, char *err)
+{
+	GUC_check_errmsg("invalid value for parameter \"%s\"", name);
+	GUC_check_errdetail("%s", err);
+	pfree(err);
+	return false;
+}
+
+/*
+ * Also works out the producer's message.max.bytes once per value, for
+ * outbox_emit()'s record size check (the assign hook keeps it), rather
+ * than parsing the properties on every emit.
+ */
+static bool
+check_kafka_properties(char **newval, void **extra, GucSource source)
+{
+	char	   *err = outbox_kafka_config_check(*newval, outbox_kafka_credentials_file);
+	int		   *max_bytes;
+
+	if (err != NULL)
+		return kafka_check_failed("outbox.kafka_properties", err);
+	/* The GUC machinery free()s extra; guc_malloc() is exported from 16. */
+#if PG_VERSION_NUM >= 160000
+	max_bytes = guc_malloc(LOG, sizeof(int));
+#else
+	max_bytes = malloc(sizeof(int));
+#endif
+	if (max_bytes == NULL)
+		return false;
+	*max_bytes = outbox_properties_message_max_bytes(*newval);
+	*extra = max_bytes;
+	return true;
+}
+
+/* Keep the message.max.bytes the check hook found. */
+static void
+assign_kafka_properties(const char *newval, void *extra)
+{
+	outbox_kafka_message_max_bytes = *(int *) extra;
+}
+
+/* The credentials file must be readable and hold only properties. */
+static bool
+check_kafka_credentials_file(char **newval, void **extra, GucSource source)
+{
+	char	   *err = outbox_kafka_config_check(outbox_kafka_properties, *newval);
+
+	return err == NULL || kafka_check_failed("outbox.kafka_credentials_file", err);
+}
+
+/* Brokers must be a list of host:port. */
+static bool
+check_brokers(char **newval, void **extra, GucSource source)
+{
+	char	   *err = outbox_brokers_check(*newval);
+
+	return err == NULL || kafka_check_failed("outbox.brokers", err);
+}
+
+/* Define the Kafka settings (from _PG_init). */
+void
+outbox_kafka_init(void)
+{
+	DefineCustomStringVariable("outbox.brokers",
+							   "Kafka bootstrap servers (host:port, comma-separated).",
+							   NULL,
+							   &outbox_brokers,
+							   "localhost:9092",
+							   PGC_SIGHUP,
+							   0,
+							   check_brokers, NULL, NULL);
+
+	/* Before kafka_properties: its check reads this one. */
+	DefineCustomStringVariable("outbox.kafka_credentials_file",
+							   "File of librdkafka properties holding secrets, one key=value per line.",
+							   "Like ssl_key_file: owned by the database user (mode 0600 or less) or root (0640 or less). "
+							   "Read when the producer is created; a relative path is relative to the data directory.",
+							   &outbox_kafka_credentials_file,
+							   "",
+							   PGC_SIGHUP,
+							   GUC_SUPERUSER_ONLY,
+							   check_kafka_credentials_file, NULL, NULL);
+
+	DefineCustomStringVariable("outbox.kafka_properties",
+							   "librdkafka producer properties, as key=value pairs separated by semicolons.",
+							   "For example security.protocol=SASL_SSL;sasl.mechanism=SCRAM-SHA-256. "
+							   "Secrets (sasl.password, ...) are refused here: use outbox.kafka_credentials_file.",
+							   &outbox_kafka_properties,
+							   "",
+							   PGC_SIGHUP,
+							   GUC_SUPERUSER_ONLY,
+							   check_kafka_properties, assign_kafka_properties, NULL);
 }

@@ -39,9 +39,15 @@ typedef struct DeliveryTracker
 	void		(*stale_report) (uint32 generation, int index);
 } DeliveryTracker;
 
+/* Settings (defined by outbox_kafka_init) */
+extern char *outbox_brokers;
+extern char *outbox_kafka_properties;
+extern char *outbox_kafka_credentials_file;
+
 /* Called per key=value; returns NULL or a palloc'd message without the value. */
 typedef char *(*outbox_property_fn) (const char *key, const char *value, void *arg);
 
+extern void outbox_kafka_init(void);
 extern char *outbox_for_each_property(const char *properties,
 									  outbox_property_fn fn, void *arg);
 extern char *outbox_kafka_config_check(const char *properties,

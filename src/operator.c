@@ -24,6 +24,7 @@ PG_FUNCTION_INFO_V1(outbox_wake_on_commit);
 PG_FUNCTION_INFO_V1(outbox_worker_status);
 PG_FUNCTION_INFO_V1(outbox_publisher);
 PG_FUNCTION_INFO_V1(outbox_check_publisher);
+PG_FUNCTION_INFO_V1(outbox_test_fatal_error);
 
 /* Why no publisher serves this database, as outbox_publisher() says it. */
 typedef enum PublisherAbsence
@@ -223,5 +224,28 @@ outbox_check_publisher(PG_FUNCTION_ARGS)
 		case PUBLISHER_PRESENT:
 			break;
 	}
+	PG_RETURN_VOID();
+}
+
+/*
+ * outbox_test_fatal_error(): make each publisher raise a fatal producer
+ * error (rd_kafka_test_fatal_error) in its next batch, after producing and
+ * before the acknowledgements are in.  Refused unless the server was
+ * started with outbox.enable_test_hooks = on.
+ */
+Datum
+outbox_test_fatal_error(PG_FUNCTION_ARGS)
+{
+	if (outbox_shared == NULL)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("outbox must be loaded via shared_preload_libraries")));
+	if (!outbox_enable_test_hooks)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("outbox test hooks are disabled"),
+				 errhint("Start the server with outbox.enable_test_hooks = on.")));
+	pg_atomic_write_u32(&outbox_shared->inject_fatal_error, 1);
+	outbox_wake_workers();
 	PG_RETURN_VOID();
 }

@@ -1,7 +1,8 @@
 /*-------------------------------------------------------------------------
  *
  * outbox.h
- *	  Declarations shared by the outbox extension's source files.
+ *	  Module load (outbox.c): shared memory, advisory lock tags, the
+ *	  settings read at server start, and a few helpers every part uses.
  *
  *-------------------------------------------------------------------------
  */
@@ -66,29 +67,13 @@ typedef struct OutboxShared
 
 extern OutboxShared *outbox_shared;
 
-/* GUCs */
+/* Settings read at server start (outbox.c) */
 extern char *outbox_database;
 extern char *outbox_role;
-extern char *outbox_brokers;
-extern char *outbox_kafka_properties;
-extern char *outbox_kafka_credentials_file;
-extern char *outbox_default_topic;
 extern int	outbox_workers;
-extern int	outbox_max_payload_bytes;
-extern int	outbox_batch_events;
-extern int	outbox_batch_aggregates;
-extern int	outbox_batch_bytes;
-extern int	outbox_standby_confirmations;
-extern int	outbox_poll_interval_ms;
-extern int	outbox_delivery_timeout_ms;
-extern int	outbox_max_attempts;
-extern int	outbox_poison_policy;
-extern char *outbox_dead_letter_topic;
-extern int	outbox_retention_s;
-extern int	outbox_inbox_retention_s;
-extern int	outbox_retention_batch;
 extern bool outbox_enable_test_hooks;
 
+/* What happens to an event that keeps failing (publisher and inbox). */
 typedef enum PoisonPolicy
 {
 	POISON_BLOCK,
@@ -102,14 +87,6 @@ extern void outbox_wake_workers(void);
 extern void outbox_aggregate_locktag(LOCKTAG *tag, const char *aggregate_id,
 									 int len, uint16 space);
 extern void outbox_publish_locktag(LOCKTAG *tag, const char *aggregate_id);
-
-/* emit.c */
-extern char *outbox_allowed_topics;
-extern const char *outbox_topic_error(const char *topic);
-extern void outbox_define_emit_settings(void);
-
-/* worker.c */
-extern PGDLLEXPORT void outbox_worker_main(Datum main_arg);
 extern struct _SPI_plan *outbox_keep_plan(const char *query, int nargs,
 										  Oid *argtypes);
 

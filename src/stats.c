@@ -15,12 +15,10 @@
 #include "utils/float.h"
 
 #include "compat.h"
-#include "outbox.h"
 #include "stats.h"
 
 PG_FUNCTION_INFO_V1(outbox_counters);
 PG_FUNCTION_INFO_V1(outbox_latency_histogram);
-PG_FUNCTION_INFO_V1(outbox_test_fatal_error);
 
 const char *const outbox_counter_names[OC_NUM_COUNTERS] = {
 	[OC_EVENTS_PUBLISHED] = "events_published",
@@ -49,9 +47,16 @@ const double outbox_latency_bounds_ms[OUTBOX_LATENCY_BUCKETS] = {
 	60000, 300000
 };
 
+/* The counters in shared memory; NULL unless loaded at server start. */
+static OutboxStats *shared_stats = NULL;
+
+/* Attach to the counters in shared memory, initializing them if new. */
 void
-outbox_stats_init(OutboxStats *stats)
+outbox_stats_init(OutboxStats *stats, bool found)
 {
+	shared_stats = stats;
+	if (found)
+		return;
 	for (int i = 0; i < OC_NUM_COUNTERS; i++)
 		pg_atomic_init_u64(&stats->counters[i], 0);
 	for (int i = 0; i <= OUTBOX_LATENCY_BUCKETS; i++)
@@ -62,8 +67,8 @@ outbox_stats_init(OutboxStats *stats)
 void
 outbox_count(OutboxCounter c, uint64 n)
 {
-	if (outbox_shared != NULL && n > 0)
-		pg_atomic_fetch_add_u64(&outbox_shared->stats.counters[c], n);
+	if (shared_stats != NULL && n > 0)
+		pg_atomic_fetch_add_u64(&shared_stats->counters[c], n);
 }
 
 void
@@ -71,21 +76,21 @@ outbox_observe_latency(int64 usec)
 {
 	int			i;
 
-	if (outbox_shared == NULL)
+	if (shared_stats == NULL)
 		return;
 	if (usec < 0)
 		usec = 0;
 	for (i = 0; i < OUTBOX_LATENCY_BUCKETS; i++)
 		if (usec <= outbox_latency_bounds_ms[i] * 1000.0)
 			break;
-	pg_atomic_fetch_add_u64(&outbox_shared->stats.latency[i], 1);
-	pg_atomic_fetch_add_u64(&outbox_shared->stats.latency_sum_us, (uint64) usec);
+	pg_atomic_fetch_add_u64(&shared_stats->latency[i], 1);
+	pg_atomic_fetch_add_u64(&shared_stats->latency_sum_us, (uint64) usec);
 }
 
 static void
 require_shared_memory(void)
 {
-	if (outbox_shared == NULL)
+	if (shared_stats == NULL)
 		ereport(ERROR,
 				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
 				 errmsg("outbox must be loaded via shared_preload_libraries")));
@@ -105,7 +110,7 @@ outbox_counters(PG_FUNCTION_ARGS)
 		bool		nulls[2] = {false, false};
 
 		values[0] = CStringGetTextDatum(outbox_counter_names[i]);
-		values[1] = Int64GetDatum((int64) pg_atomic_read_u64(&outbox_shared->stats.counters[i]));
+		values[1] = Int64GetDatum((int64) pg_atomic_read_u64(&shared_stats->counters[i]));
 		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
 	}
 	/* The histogram's sum, so that a mean can be derived as Prometheus does. */
@@ -114,7 +119,7 @@ outbox_counters(PG_FUNCTION_ARGS)
 		bool		nulls[2] = {false, false};
 
 		values[0] = CStringGetTextDatum("latency_sum_us");
-		values[1] = Int64GetDatum((int64) pg_atomic_read_u64(&outbox_shared->stats.latency_sum_us));
+		values[1] = Int64GetDatum((int64) pg_atomic_read_u64(&shared_stats->latency_sum_us));
 		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
 	}
 	return (Datum) 0;
@@ -138,7 +143,7 @@ outbox_latency_histogram(PG_FUNCTION_ARGS)
 		Datum		values[2];
 		bool		nulls[2] = {false, false};
 
-		cumulative += pg_atomic_read_u64(&outbox_shared->stats.latency[i]);
+		cumulative += pg_atomic_read_u64(&shared_stats->latency[i]);
 		values[0] = Float8GetDatum(i < OUTBOX_LATENCY_BUCKETS
 								   ? outbox_latency_bounds_ms[i]
 								   : get_float8_infinity());
@@ -146,24 +151,4 @@ outbox_latency_histogram(PG_FUNCTION_ARGS)
 		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
 	}
 	return (Datum) 0;
-}
-
-/*
- * outbox_test_fatal_error(): make each publisher raise a fatal producer
- * error (rd_kafka_test_fatal_error) in its next batch, after producing and
- * before the acknowledgements are in.  Refused unless the server was
- * started with outbox.enable_test_hooks = on.
- */
-Datum
-outbox_test_fatal_error(PG_FUNCTION_ARGS)
-{
-	require_shared_memory();
-	if (!outbox_enable_test_hooks)
-		ereport(ERROR,
-				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
-				 errmsg("outbox test hooks are disabled"),
-				 errhint("Start the server with outbox.enable_test_hooks = on.")));
-	pg_atomic_write_u32(&outbox_shared->inject_fatal_error, 1);
-	outbox_wake_workers();
-	PG_RETURN_VOID();
 }

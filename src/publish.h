@@ -1,0 +1,163 @@
+/*-------------------------------------------------------------------------
+ *
+ * publish.h
+ *	  The publisher's private declarations, shared by its modules:
+ *	  worker.c (the loop), publish_read.c, publish_durable.c,
+ *	  publish_produce.c, publish_poison.c, publish_settle.c and
+ *	  retention.c.  Nothing outside the publisher includes this.
+ *
+ *-------------------------------------------------------------------------
+ */
+#ifndef OUTBOX_PUBLISH_H
+#define OUTBOX_PUBLISH_H
+
+#include "access/xlogdefs.h"
+#include "executor/spi.h"
+#include "utils/hsearch.h"
+#include "utils/jsonb.h"
+
+#include "kafka.h"
+#include "outbox.h"
+
+/* What a batch does with an event. */
+typedef enum EventAction
+{
+	EV_PUBLISH,					/* to its topic */
+	EV_DEAD_LETTER,				/* to outbox.dead_letter_topic */
+	EV_SKIP						/* nowhere: recorded as skipped */
+} EventAction;
+
+#define EV_NUM_ACTIONS (EV_SKIP + 1)
+
+/* One pending event as read, and what became of it. */
+typedef struct BatchEvent
+{
+	int64		id;
+	char	   *event_id;
+	char	   *aggregate_type;
+	char	   *aggregate_id;
+	int64		version;
+	char	   *event_type;
+	char	   *topic;
+	Jsonb	   *headers;
+	char	   *payload;		/* the value's bytes, NULL for a null payload */
+	size_t		payload_len;
+	TimestampTz created_at;
+	int			attempts;
+	char	   *last_error;
+	bool		dead_letter_requested;
+	TransactionId xmin;			/* the row version read: marks apply to it only */
+	EventAction action;
+	bool		produced;
+	bool		solo;			/* produced with nothing else in flight */
+	bool		retry_alone;	/* refused for size, maybe for others: no attempt */
+	int			next;			/* next event of the same aggregate, or -1 */
+} BatchEvent;
+
+typedef enum AggregateState
+{
+	AGG_ACTIVE,					/* locked by us, events being produced */
+	AGG_SKIPPED,				/* another worker holds it, or over the limit */
+	AGG_STOPPED,				/* an event failed to enqueue: send no more */
+	AGG_DEFERRED				/* the rest waits for a later batch */
+} AggregateState;
+
+/* One aggregate of a batch: its events are a list through BatchEvent.next. */
+typedef struct BatchAggregate
+{
+	char	   *aggregate_id;	/* hash key: must be first */
+	AggregateState state;
+	const char *destination;	/* topic of its first produced event */
+	int			head;
+	int			tail;
+} BatchAggregate;
+
+/*
+ * What Kafka acknowledged but is not yet marked in the database: kept (in
+ * its own memory context) when marking fails, and only the marking is
+ * retried, so that an acknowledged event is never produced again by this
+ * worker.
+ */
+typedef struct PendingMarks
+{
+	Oid			extension;		/* the rows' ids mean nothing in another one */
+	int			nmarks;
+	int64	   *ids;
+	TransactionId *xmins;
+	int32	   *partitions;
+	int64	   *offsets;
+	char	  **dispositions;
+	int			nprogress;
+	char	  **progress_ids;
+	int64	   *progress_versions;
+	int64		nsettled[EV_NUM_ACTIONS];
+} PendingMarks;
+
+/* worker.c: the loop */
+extern int	outbox_poll_interval_ms;
+extern int	publish_worker_index;
+extern void publish_set_state(const char *state);
+extern void publish_process_reload(void);
+
+/* publish_read.c: plans, and reading pending events */
+extern int	outbox_batch_events;
+extern int	outbox_batch_bytes;
+extern void publish_read_init(void);
+extern bool publish_lookup_extension(void);
+extern int	publish_fetch(Datum *args, MemoryContext cxt, BatchEvent **events_out);
+
+/* publish_durable.c: publish only durable commits */
+extern int	outbox_standby_confirmations;
+extern void publish_durable_init(void);
+extern XLogRecPtr publish_wal_insert_end(void);
+extern void publish_make_durable(XLogRecPtr upto);
+
+/* publish_produce.c: the producer, and tracking what is in flight */
+extern int	outbox_delivery_timeout_ms;
+extern int	outbox_batch_aggregates;
+extern rd_kafka_t *publish_producer;
+extern DeliveryTracker publish_tracker;
+extern HTAB *publish_stalled_aggregates;
+extern void publish_produce_init(void);
+extern void publish_produce_start(void);
+extern HTAB *publish_aggregate_table(const char *name, Size entrysize, long nelem,
+									 MemoryContext cxt);
+extern void publish_check_producer_settings(void);
+extern void publish_ensure_producer(void);
+extern void publish_drop_producer(void);
+extern void publish_check_fatal(void);
+extern Datum publish_stalled_array(void);
+extern void publish_begin_tracking(BatchEvent *events, int nevents, MemoryContext cxt);
+extern void publish_end_tracking(void);
+extern bool publish_await_deliveries(TimestampTz deadline);
+extern void publish_stall_current(void);
+extern int	publish_produce_batch(BatchEvent *events, int nevents, HTAB *aggregates,
+								  int *naggregates, TimestampTz deadline);
+extern const char *publish_event_destination(BatchEvent *ev);
+extern bool publish_shared_request(BatchEvent *events, int nevents, int index);
+
+/* publish_poison.c: failures and the poison policy */
+extern int	outbox_max_attempts;
+extern int	outbox_poison_policy;
+extern void publish_poison_init(void);
+extern void publish_poison_prepare(const char *schema);
+extern PoisonPolicy publish_poison_policy(BatchEvent *ev);
+extern void publish_record_failure(BatchEvent *ev, const char *msg);
+extern void publish_note_size_error(BatchEvent *ev, const char *msg);
+extern bool publish_is_size_error(rd_kafka_resp_err_t err);
+extern bool publish_last_error_is_size(BatchEvent *ev);
+
+/* publish_settle.c: marking acknowledged events */
+extern PendingMarks *publish_pending_marks;
+extern void publish_settle_start(void);
+extern void publish_settle_prepare(const char *schema);
+extern int	publish_settle_batch(BatchEvent *events, int nevents, HTAB *aggregates,
+								 int naggregates, MemoryContext cxt);
+extern int	publish_retry_marks(void);
+
+/* retention.c: deleting what is past outbox.retention */
+extern void publish_retention_init(void);
+extern void publish_retention_prepare(const char *schema);
+extern void publish_retention_maybe(void);
+
+#endif							/* OUTBOX_PUBLISH_H */

@@ -1,0 +1,413 @@
+/*-------------------------------------------------------------------------
+ *
+ * publish_settle.c
+ *	  Settling a batch: each aggregate's acknowledged prefix is marked
+ *	  published (dead-lettered, skipped) and its progress advanced, and its
+ *	  first failure recorded.  What Kafka acknowledged is never produced
+ *	  again by this worker: if marking fails, the marks are held and only
+ *	  the marking is retried.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "access/xact.h"
+#include "catalog/pg_type.h"
+#include "commands/extension.h"
+#include "executor/spi.h"
+#include "utils/array.h"
+#include "utils/builtins.h"
+#include "utils/memutils.h"
+#include "utils/snapmgr.h"
+#include "utils/timestamp.h"
+
+#include "outbox.h"
+#include "publish.h"
+
+static const char *const action_disposition[] = {
+	[EV_PUBLISH] = "published",
+	[EV_DEAD_LETTER] = "dead_lettered",
+	[EV_SKIP] = "skipped",
+};
+
+static SPIPlanPtr mark_plan = NULL;
+static SPIPlanPtr progress_plan = NULL;
+
+/* Held marks (see PendingMarks), in marks_context. */
+static MemoryContext marks_context = NULL;
+PendingMarks *publish_pending_marks = NULL;
+
+/* Set up this module's memory (in the worker, once). */
+void
+publish_settle_start(void)
+{
+	marks_context = AllocSetContextCreate(TopMemoryContext, "outbox pending marks",
+										  ALLOCSET_DEFAULT_SIZES);
+}
+
+/* Prepare this module's plans for the extension in schema s (quoted). */
+void
+publish_settle_prepare(const char *s)
+{
+	Oid			mark_types[6] = {TIMESTAMPTZOID, INT8ARRAYOID, INT4ARRAYOID, INT8ARRAYOID,
+	TEXTARRAYOID, XIDARRAYOID};
+	Oid			progress_types[3] = {TIMESTAMPTZOID, TEXTARRAYOID, INT8ARRAYOID};
+
+	if (mark_plan)
+	{
+		SPI_freeplan(mark_plan);
+		SPI_freeplan(progress_plan);
+	}
+
+	/*
+	 * Rows are marked only as read (same xmin): an aggregate any of whose
+	 * rows changed since (an operator's replay, retry or skip while marking
+	 * was held) keeps all its rows pending, to be sent again in order.
+	 */
+	mark_plan = outbox_keep_plan(psprintf(
+									  "WITH u AS (SELECT * FROM unnest($2, $3, $4, $5, $6) AS u(id, p, off, d, x)), "
+									  "changed AS (SELECT q.aggregate_id FROM u JOIN %s.outbox q ON q.id = u.id "
+									  "WHERE q.xmin <> u.x OR q.published_at IS NOT NULL) "
+									  "UPDATE %s.outbox o SET published_at = $1, disposition = u.d::%s.outbox_disposition, "
+									  "attempts = o.attempts + CASE WHEN u.d = 'skipped' THEN 0 ELSE 1 END, "
+									  "last_error = CASE WHEN u.d = 'published' THEN NULL ELSE o.last_error END, "
+									  "kafka_partition = NULLIF(u.p, -1), kafka_offset = NULLIF(u.off, -1) "
+									  "FROM u WHERE o.id = u.id AND o.published_at IS NULL AND o.xmin = u.x "
+									  "AND o.aggregate_id NOT IN (SELECT c.aggregate_id FROM changed c)", s, s, s),
+							 6, mark_types);
+
+	progress_plan = outbox_keep_plan(psprintf(
+										  "INSERT INTO %s.aggregate_publication AS a "
+										  "(aggregate_id, last_published_version, last_published_at, updated_at) "
+										  "SELECT u.id, u.v, $1, $1 FROM unnest($2, $3) AS u(id, v) "
+										  "WHERE NOT EXISTS (SELECT 1 FROM %s.outbox o WHERE o.aggregate_id = u.id "
+										  "AND o.aggregate_version <= u.v AND o.published_at IS NULL) "
+										  "ON CONFLICT (aggregate_id) DO UPDATE SET "
+										  "last_published_version = GREATEST(a.last_published_version, excluded.last_published_version), "
+										  "last_published_at = excluded.last_published_at, "
+										  "attempts = 0, last_error = NULL, next_attempt_at = NULL, "
+										  "updated_at = excluded.updated_at", s, s),
+								 3, progress_types);
+}
+
+/* A bigint[] for a plan argument. */
+static Datum
+int8_array(int64 *v, int n)
+{
+	Datum	   *d = palloc(sizeof(Datum) * Max(n, 1));
+
+	for (int i = 0; i < n; i++)
+		d[i] = Int64GetDatum(v[i]);
+	return PointerGetDatum(construct_array(d, n, INT8OID, 8, FLOAT8PASSBYVAL,
+										   TYPALIGN_DOUBLE));
+}
+
+/* An integer[] for a plan argument. */
+static Datum
+int4_array(int32 *v, int n)
+{
+	Datum	   *d = palloc(sizeof(Datum) * Max(n, 1));
+
+	for (int i = 0; i < n; i++)
+		d[i] = Int32GetDatum(v[i]);
+	return PointerGetDatum(construct_array(d, n, INT4OID, 4, true, TYPALIGN_INT));
+}
+
+/* An xid[] of row versions, for the marking to compare with xmin. */
+static Datum
+xid_array(TransactionId *v, int n)
+{
+	Datum	   *d = palloc(sizeof(Datum) * Max(n, 1));
+
+	for (int i = 0; i < n; i++)
+		d[i] = TransactionIdGetDatum(v[i]);
+	return PointerGetDatum(construct_array(d, n, XIDOID, sizeof(TransactionId), true,
+										   TYPALIGN_INT));
+}
+
+/* A text[] for a plan argument. */
+static Datum
+text_array(char **v, int n)
+{
+	Datum	   *d = palloc(sizeof(Datum) * Max(n, 1));
+
+	for (int i = 0; i < n; i++)
+		d[i] = CStringGetTextDatum(v[i]);
+	return PointerGetDatum(construct_array(d, n, TEXTOID, -1, false, TYPALIGN_INT));
+}
+
+/*
+ * Mark acknowledged events settled and advance their aggregates' progress.
+ * Only rows still as read are marked: an aggregate with a row an operator
+ * changed meanwhile (held marks: outbox_replay(), outbox_retry(),
+ * outbox_skip()) is left pending and sent again, and progress covers only
+ * versions with nothing pending up to them.
+ * Returns the number of rows marked.
+ */
+static uint64
+apply_marks(PendingMarks *pm, TimestampTz now)
+{
+	Datum		args[6];
+	uint64		marked;
+
+	if (pm->nmarks == 0)
+		return 0;
+	args[0] = TimestampTzGetDatum(now);
+	args[1] = int8_array(pm->ids, pm->nmarks);
+	args[2] = int4_array(pm->partitions, pm->nmarks);
+	args[3] = int8_array(pm->offsets, pm->nmarks);
+	args[4] = text_array(pm->dispositions, pm->nmarks);
+	args[5] = xid_array(pm->xmins, pm->nmarks);
+	if (SPI_execute_plan(mark_plan, args, NULL, false, 0) != SPI_OK_UPDATE)
+		elog(ERROR, "could not mark events published");
+	marked = SPI_processed;
+
+	args[1] = text_array(pm->progress_ids, pm->nprogress);
+	args[2] = int8_array(pm->progress_versions, pm->nprogress);
+	if (SPI_execute_plan(progress_plan, args, NULL, false, 0) != SPI_OK_INSERT)
+		elog(ERROR, "could not record aggregate progress");
+	return marked;
+}
+
+/* Count what a committed marking settled. */
+static void
+count_settled(PendingMarks *pm, TimestampTz now)
+{
+	outbox_count(OC_EVENTS_PUBLISHED, pm->nsettled[EV_PUBLISH]);
+	outbox_count(OC_EVENTS_DEAD_LETTERED, pm->nsettled[EV_DEAD_LETTER]);
+	outbox_count(OC_EVENTS_SKIPPED, pm->nsettled[EV_SKIP]);
+	outbox_shared->workers[publish_worker_index].last_batch_at = now;
+}
+
+/*
+ * Retry marking what Kafka acknowledged after a marking failed, without
+ * producing anything.  Returns the number of events marked.
+ */
+int
+publish_retry_marks(void)
+{
+	TimestampTz now = GetCurrentTimestamp();
+	int			n = publish_pending_marks->nmarks;
+	uint64		marked = 0;
+	bool		same;
+
+	publish_set_state("marking published (retry)");
+	SetCurrentStatementStartTimestamp();
+	StartTransactionCommand();
+	if (SPI_connect() != SPI_OK_CONNECT)
+		elog(ERROR, "SPI_connect failed");
+	PushActiveSnapshot(GetTransactionSnapshot());
+	/* A dropped (or dropped and recreated) extension took the events with it. */
+	same = publish_lookup_extension() &&
+		get_extension_oid("outbox", true) == publish_pending_marks->extension;
+	if (same)
+		marked = apply_marks(publish_pending_marks, now);
+	PopActiveSnapshot();
+	SPI_finish();
+	CommitTransactionCommand();
+
+	if (same)
+	{
+		count_settled(publish_pending_marks, now);
+		ereport(LOG,
+				(errmsg("outbox: marked " UINT64_FORMAT " acknowledged events published after marking had failed", marked),
+				 marked < (uint64) n
+				 ? errdetail("%d events changed meanwhile (an operator replayed, retried or settled them) were left to be sent again.",
+							 n - (int) marked) : 0));
+	}
+	else
+	{
+		ereport(LOG,
+				(errmsg("outbox: dropped %d acknowledged events awaiting marking: the extension was dropped", n)));
+		n = 0;
+	}
+	MemoryContextReset(marks_context);
+	publish_pending_marks = NULL;
+	return n;
+}
+
+
+/* Empty marks for up to nevents events of naggregates, in marks_context. */
+static PendingMarks *
+new_marks(int nevents, int naggregates)
+{
+	MemoryContext oldcxt = MemoryContextSwitchTo(marks_context);
+	PendingMarks *pm = palloc0(sizeof(PendingMarks));
+
+	pm->extension = get_extension_oid("outbox", true);
+	pm->ids = palloc(sizeof(int64) * nevents);
+	pm->xmins = palloc(sizeof(TransactionId) * nevents);
+	pm->partitions = palloc(sizeof(int32) * nevents);
+	pm->offsets = palloc(sizeof(int64) * nevents);
+	pm->dispositions = palloc(sizeof(char *) * nevents);
+	pm->progress_ids = palloc(sizeof(char *) * (naggregates + 1));
+	pm->progress_versions = palloc(sizeof(int64) * (naggregates + 1));
+	MemoryContextSwitchTo(oldcxt);
+	return pm;
+}
+
+/* Add one acknowledged (or skipped) event to the marks. */
+static void
+add_mark(PendingMarks *pm, BatchEvent *ev, DeliveryResult *r)
+{
+	pm->ids[pm->nmarks] = ev->id;
+	pm->xmins[pm->nmarks] = ev->xmin;
+	pm->partitions[pm->nmarks] = r->partition;
+	pm->offsets[pm->nmarks] = r->offset;
+	pm->dispositions[pm->nmarks] = (char *) action_disposition[ev->action];
+	pm->nmarks++;
+	pm->nsettled[ev->action]++;
+	if (ev->action == EV_PUBLISH)
+		outbox_observe_latency(r->acked_at - ev->created_at);
+}
+
+/*
+ * After an aggregate's first failed event: warn if anything later was
+ * acknowledged (it overtook the failure), and classify the failure.
+ * Returns true if it is to be recorded (permanent, or a size refusal to
+ * retry alone).
+ */
+static bool
+classify_failure(BatchEvent *events, int nevents, BatchEvent *failed,
+				 const char *aggregate_id)
+{
+	DeliveryResult *results = publish_tracker.results;
+	DeliveryResult *r = &results[failed - events];
+	bool		record = false;
+
+	for (int j = failed->next; j >= 0; j = events[j].next)
+		if (results[j].done && results[j].err == RD_KAFKA_RESP_ERR_NO_ERROR)
+		{
+			outbox_count(OC_ORDER_VIOLATIONS, 1);
+			ereport(WARNING,
+					(errmsg("outbox: version " INT64_FORMAT " of aggregate \"%s\" was acknowledged although version " INT64_FORMAT " failed",
+							events[j].version, aggregate_id, failed->version),
+					 errhint("The broker accepted an out-of-sequence batch; with a real cluster and enable.idempotence this cannot happen.")));
+			break;
+		}
+
+	if (!r->done)
+		return false;			/* still in flight: timed out, retried later */
+	if (publish_is_size_error(r->err) && failed->produced &&
+		publish_shared_request(events, nevents, failed - events))
+	{
+		/* Maybe refused for others in its request: retried alone. */
+		outbox_count(OC_DELIVERY_ERRORS_RETRIABLE, 1);
+		failed->retry_alone = true;
+		record = true;
+	}
+	else if (outbox_kafka_error_is_permanent(r->err))
+	{
+		outbox_count(OC_DELIVERY_ERRORS_PERMANENT, 1);
+		record = true;
+	}
+	else
+		outbox_count(OC_DELIVERY_ERRORS_RETRIABLE, 1);
+	if (failed->next >= 0 || r->err != RD_KAFKA_RESP_ERR_NO_ERROR)
+		outbox_count(OC_ORDER_GUARD_STOPS, 1);
+	return record;
+}
+
+/*
+ * An aggregate's acknowledged prefix goes into the marks, with its
+ * progress.  Returns its first failed event to record, or NULL.
+ */
+static BatchEvent *
+collect_aggregate(PendingMarks *pm, BatchEvent *events, int nevents,
+				  BatchAggregate *agg)
+{
+	int64		last_acked = 0;
+	BatchEvent *failed = NULL;
+
+	for (int i = agg->head; i >= 0; i = events[i].next)
+	{
+		DeliveryResult *r = &publish_tracker.results[i];
+
+		if (!events[i].produced && !r->done)
+			break;				/* never sent: the aggregate stopped earlier */
+		if (!r->done || r->err != RD_KAFKA_RESP_ERR_NO_ERROR)
+		{
+			failed = &events[i];
+			break;
+		}
+		add_mark(pm, &events[i], r);
+		last_acked = events[i].version;
+	}
+	if (last_acked > 0)
+	{
+		pm->progress_ids[pm->nprogress] = MemoryContextStrdup(marks_context,
+															  agg->aggregate_id);
+		pm->progress_versions[pm->nprogress] = last_acked;
+		pm->nprogress++;
+	}
+	if (failed != NULL && classify_failure(events, nevents, failed, agg->aggregate_id))
+		return failed;
+	return NULL;
+}
+
+/*
+ * Settle a produced batch in its transaction and commit: mark each
+ * aggregate's acknowledged prefix, record first failures.  From building
+ * the marks until the commit, a failure keeps them for
+ * publish_retry_marks().  Returns the number of events settled or failed.
+ */
+int
+publish_settle_batch(BatchEvent *events, int nevents, HTAB *aggregates,
+					 int naggregates, MemoryContext cxt)
+{
+	TimestampTz now = GetCurrentTimestamp();
+	PendingMarks *pm;
+	BatchEvent **failures;
+	int			nfailures = 0;
+	int			nmarks;
+	HASH_SEQ_STATUS seq;
+	BatchAggregate *agg;
+
+	elog(DEBUG1, "outbox: acknowledged at %ld ms",
+		 TimestampDifferenceMilliseconds(GetCurrentStatementStartTimestamp(), now));
+
+	/* Each aggregate's acknowledged prefix, and its first failure. */
+	publish_set_state("marking published");
+	PushActiveSnapshot(GetTransactionSnapshot());
+	pm = new_marks(nevents, naggregates);
+	failures = MemoryContextAlloc(cxt, sizeof(BatchEvent *) * (naggregates + 1));
+	hash_seq_init(&seq, aggregates);
+	while ((agg = hash_seq_search(&seq)) != NULL)
+	{
+		BatchEvent *failed;
+
+		if (agg->state == AGG_SKIPPED)
+			continue;
+		failed = collect_aggregate(pm, events, nevents, agg);
+		if (failed != NULL)
+			failures[nfailures++] = failed;
+	}
+
+	if (pm->nmarks > 0)
+		publish_pending_marks = pm;
+	apply_marks(pm, now);
+	for (int f = 0; f < nfailures; f++)
+	{
+		DeliveryResult *r = &publish_tracker.results[failures[f] - events];
+		char	   *msg = psprintf("%s: %s", rd_kafka_err2name(r->err),
+								   rd_kafka_err2str(r->err));
+
+		if (failures[f]->retry_alone)
+			publish_note_size_error(failures[f], msg);
+		else
+			publish_record_failure(failures[f], msg);
+	}
+
+	PopActiveSnapshot();
+	SPI_finish();
+	CommitTransactionCommand();
+	nmarks = pm->nmarks;
+	elog(DEBUG1, "outbox: committed %d marks at %ld ms", nmarks,
+		 TimestampDifferenceMilliseconds(GetCurrentStatementStartTimestamp(), GetCurrentTimestamp()));
+
+	outbox_count(OC_BATCHES, 1);
+	count_settled(pm, now);
+	MemoryContextReset(marks_context);
+	publish_pending_marks = NULL;
+	return nmarks + nfailures;
+}
