@@ -49,6 +49,10 @@ SQL
 # Milliseconds a psql script takes, from psql's own \timing of each statement.
 ms() { P -c '\timing on' -f - | awk '/^Time:/ { s += $2 } END { printf "%.0f", s }'; }
 
+# The rows committed since the horizon's snapshot: PgQ's batch.
+DELTA="CREATE TEMP TABLE b ON COMMIT DROP AS SELECT id, aggregate_id, aggregate_version, payload, headers FROM ob
+  WHERE txid >= pg_snapshot_xmin((SELECT snap FROM horizon)) AND txid < pg_snapshot_xmax(pg_current_snapshot())
+    AND pg_visible_in_snapshot(txid, pg_current_snapshot()) AND NOT pg_visible_in_snapshot(txid, (SELECT snap FROM horizon));"
 A=(); B=(); C=(); D=()
 for r in $(seq "$ROUNDS"); do
 	setup
@@ -61,17 +65,13 @@ UPDATE ap SET last_published_version = m.v, updated_at = now()
 COMMIT;"; done | ms)")
 	setup
 	B+=("$(echo "BEGIN;
-CREATE TEMP TABLE b ON COMMIT DROP AS SELECT id, aggregate_id, aggregate_version, payload, headers FROM ob
-  WHERE txid >= pg_snapshot_xmin((SELECT snap FROM horizon)) AND txid < pg_snapshot_xmax(pg_current_snapshot())
-    AND pg_visible_in_snapshot(txid, pg_current_snapshot()) AND NOT pg_visible_in_snapshot(txid, (SELECT snap FROM horizon));
+$DELTA
 UPDATE ap SET last_published_version = m.v, updated_at = now()
   FROM (SELECT aggregate_id, max(aggregate_version) v FROM b GROUP BY 1) m WHERE ap.aggregate_id = m.aggregate_id;
 COMMIT;" | ms)")
 	setup
 	C+=("$(echo "BEGIN;
-CREATE TEMP TABLE b ON COMMIT DROP AS SELECT id, aggregate_id, aggregate_version, payload, headers FROM ob
-  WHERE txid >= pg_snapshot_xmin((SELECT snap FROM horizon)) AND txid < pg_snapshot_xmax(pg_current_snapshot())
-    AND pg_visible_in_snapshot(txid, pg_current_snapshot()) AND NOT pg_visible_in_snapshot(txid, (SELECT snap FROM horizon));
+$DELTA
 UPDATE horizon SET snap = pg_current_snapshot();
 COMMIT;" | ms)")
 	D+=("$(echo "DELETE FROM ob WHERE id <= 100000;" | ms)")
