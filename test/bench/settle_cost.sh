@@ -53,6 +53,9 @@ ms() { P -c '\timing on' -f - | awk '/^Time:/ { s += $2 } END { printf "%.0f", s
 DELTA="CREATE TEMP TABLE b ON COMMIT DROP AS SELECT id, aggregate_id, aggregate_version, payload, headers FROM ob
   WHERE txid >= pg_snapshot_xmin((SELECT snap FROM horizon)) AND txid < pg_snapshot_xmax(pg_current_snapshot())
     AND pg_visible_in_snapshot(txid, pg_current_snapshot()) AND NOT pg_visible_in_snapshot(txid, (SELECT snap FROM horizon));"
+# Each aggregate's last published version, from the rows just read.
+PER_AGGREGATE="UPDATE ap SET last_published_version = m.v, updated_at = now()
+  FROM (SELECT aggregate_id, max(aggregate_version) v FROM b GROUP BY 1) m WHERE ap.aggregate_id = m.aggregate_id;"
 A=(); B=(); C=(); D=()
 for r in $(seq "$ROUNDS"); do
 	setup
@@ -60,14 +63,12 @@ for r in $(seq "$ROUNDS"); do
 CREATE TEMP TABLE b ON COMMIT DROP AS SELECT id, aggregate_id, aggregate_version, payload, headers FROM ob
   WHERE published_at IS NULL ORDER BY id LIMIT 10000;
 UPDATE ob SET published_at = now(), kafka_partition = 1, kafka_offset = ob.id FROM b WHERE ob.id = b.id;
-UPDATE ap SET last_published_version = m.v, updated_at = now()
-  FROM (SELECT aggregate_id, max(aggregate_version) v FROM b GROUP BY 1) m WHERE ap.aggregate_id = m.aggregate_id;
+$PER_AGGREGATE
 COMMIT;"; done | ms)")
 	setup
 	B+=("$(echo "BEGIN;
 $DELTA
-UPDATE ap SET last_published_version = m.v, updated_at = now()
-  FROM (SELECT aggregate_id, max(aggregate_version) v FROM b GROUP BY 1) m WHERE ap.aggregate_id = m.aggregate_id;
+$PER_AGGREGATE
 COMMIT;" | ms)")
 	setup
 	C+=("$(echo "BEGIN;
