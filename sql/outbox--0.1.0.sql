@@ -394,13 +394,13 @@ COMMENT ON FUNCTION @extschema@.outbox_wake_on_commit() IS
 
 CREATE FUNCTION @extschema@.outbox_workers(OUT worker integer, OUT pid integer,
 	OUT state text, OUT last_batch_at timestamptz,
-	OUT problem text, OUT problem_since timestamptz)
+	OUT problem text, OUT problem_since timestamptz, OUT database name)
 RETURNS SETOF record
 AS 'MODULE_PATHNAME', 'outbox_worker_status'
 LANGUAGE C VOLATILE STRICT;
 
 COMMENT ON FUNCTION @extschema@.outbox_workers() IS
-'state of each publisher worker, and what hinders it (cannot connect, producer refused, brokers down, ...)';
+'state of each publisher worker of every served database, and what hinders it (cannot connect, producer refused, brokers down, ...)';
 
 CREATE FUNCTION @extschema@.outbox_publisher(OUT state text, OUT detail text)
 RETURNS record
@@ -788,7 +788,8 @@ SELECT (SELECT pg_catalog.count(*) FROM @extschema@.outbox WHERE published_at IS
 	   (SELECT pg_catalog.count(*) FROM @extschema@.outbox WHERE disposition OPERATOR(pg_catalog.=) 'dead_lettered') AS dead_lettered_events,
 	   (SELECT pg_catalog.count(*) FROM @extschema@.outbox WHERE disposition OPERATOR(pg_catalog.=) 'skipped') AS skipped_events,
 	   (SELECT paused FROM @extschema@.publisher_control) AS publisher_paused,
-	   (SELECT pg_catalog.jsonb_agg(pg_catalog.to_jsonb(w) ORDER BY w.worker) FROM @extschema@.outbox_workers() w) AS workers,
+	   (SELECT pg_catalog.jsonb_agg(pg_catalog.to_jsonb(w) ORDER BY w.worker) FROM @extschema@.outbox_workers() w
+		 WHERE w.database OPERATOR(pg_catalog.=) pg_catalog.current_database()) AS workers,
 	   p.state AS publisher,
 	   p.detail AS publisher_detail
   FROM @extschema@.outbox_publisher() p;

@@ -26,6 +26,7 @@
 #include "utils/syscache.h"
 
 #include "emit.h"
+#include "launcher.h"
 #include "outbox.h"
 #include "inbox_worker.h"
 
@@ -267,6 +268,8 @@ inbox_subscribe(PG_FUNCTION_ARGS)
 	ereport(LOG,
 			(errmsg("outbox: role \"%s\" subscribed consumer \"%s\" with handler %s",
 					GetUserNameFromId(role, false), consumer, format_procedure_qualified(handler))));
+	/* Where nothing was subscribed, inbox workers start again at commit. */
+	outbox_launcher_probe_at_commit();
 	PG_RETURN_VOID();
 }
 

@@ -5,7 +5,9 @@
  *	  PostgreSQL through a handler function, exactly once, in order.
  *
  * A launcher, connected to no database, starts outbox.inbox_workers
- * dynamic workers once their database exists, and again when one exits.
+ * dynamic workers once their database exists, and again when one exits;
+ * with no single inbox database set, in every database the publishers
+ * serve where something is subscribed.
  * Each subscription (table inbox_subscription) is a Kafka consumer group;
  * every worker runs one librdkafka consumer per subscription, so Kafka
  * spreads the partitions over the workers.  The position of record is the
@@ -67,6 +69,7 @@
 
 #include "compat.h"
 #include "kafka.h"
+#include "launcher.h"
 #include "outbox.h"
 #include "inbox_worker.h"
 
@@ -322,7 +325,7 @@ inbox_worker_init(void)
 							&inbox_workers, 1, 0, INBOX_MAX_WORKERS,
 							PGC_POSTMASTER, 0, NULL, NULL, NULL);
 	DefineCustomStringVariable("outbox.inbox_database",
-							   "Database whose inbox subscriptions the inbox workers serve (empty: outbox.database).",
+							   "Database whose inbox subscriptions the inbox workers serve (empty: outbox.database, else every served database with subscriptions).",
 							   NULL, &inbox_database, "",
 							   PGC_POSTMASTER, 0, NULL, NULL, NULL);
 
@@ -340,6 +343,100 @@ inbox_worker_init(void)
 }
 
 /* ---------- the launcher ---------- */
+
+/*
+ * The inbox workers' one database: outbox.inbox_database, else
+ * outbox.database; NULL when neither is set: then they run in every
+ * database the publishers serve (see inbox_launch_everywhere).
+ */
+static const char *
+inbox_target_database(void)
+{
+	if (inbox_database[0] != '\0')
+		return inbox_database;
+	return outbox_database[0] != '\0' ? outbox_database : NULL;
+}
+
+/* How long a database where nothing is subscribed is left without inbox workers. */
+#define INBOX_RECHECK_MS (60 * 1000)
+
+/* Start inbox worker i of publisher database entry e (main_arg: e + 1, i). */
+static bool
+start_database_inbox_worker(int e, int i, BackgroundWorkerHandle **handle)
+{
+	BackgroundWorker worker;
+
+	memset(&worker, 0, sizeof(worker));
+	worker.bgw_flags = BGWORKER_SHMEM_ACCESS | BGWORKER_BACKEND_DATABASE_CONNECTION;
+	worker.bgw_start_time = BgWorkerStart_RecoveryFinished;
+	worker.bgw_restart_time = BGW_NEVER_RESTART;
+	snprintf(worker.bgw_library_name, BGW_MAXLEN, "outbox");
+	snprintf(worker.bgw_function_name, BGW_MAXLEN, "inbox_worker_main");
+	snprintf(worker.bgw_type, BGW_MAXLEN, "outbox inbox worker");
+	snprintf(worker.bgw_name, BGW_MAXLEN, "outbox inbox worker %d of %s", i,
+			 NameStr(outbox_shared->databases[e].name));
+	worker.bgw_main_arg = UInt32GetDatum(((uint32) (e + 1) << 16) | (uint32) i);
+	worker.bgw_notify_pid = MyProcPid;
+	return RegisterDynamicBackgroundWorker(&worker, handle);
+}
+
+/*
+ * With no single inbox database set: run outbox.inbox_workers in every
+ * database the publishers serve (has the extension, is not held by a
+ * DROP/ALTER DATABASE).  A worker that finds nothing subscribed there
+ * exits and marks the database idle for INBOX_RECHECK_MS.
+ */
+static void
+inbox_launch_everywhere(void)
+{
+	static BackgroundWorkerHandle *handles[OUTBOX_MAX_DATABASES][INBOX_MAX_WORKERS];
+	static TimestampTz next_start[OUTBOX_MAX_DATABASES][INBOX_MAX_WORKERS];
+	static Oid	served[OUTBOX_MAX_DATABASES];
+	static uint32 generation = 0;
+	TimestampTz now = GetCurrentTimestamp();
+
+	/* An inbox_subscribe() (or CREATE EXTENSION) committed: look again everywhere. */
+	if (pg_atomic_read_u32(&outbox_shared->probe_generation) != generation)
+	{
+		generation = pg_atomic_read_u32(&outbox_shared->probe_generation);
+		for (int e = 0; e < OUTBOX_MAX_DATABASES; e++)
+			outbox_shared->databases[e].inbox_idle_until = 0;
+	}
+
+	for (int e = 0; e < OUTBOX_MAX_DATABASES; e++)
+	{
+		OutboxDatabase *db = &outbox_shared->databases[e];
+
+		/* The entry went to another database: forget the old one's workers. */
+		if (served[e] != db->dboid)
+		{
+			memset(next_start[e], 0, sizeof(next_start[e]));
+			served[e] = db->dboid;
+		}
+		if (!OidIsValid(db->dboid) || db->state != ODB_SERVED ||
+			db->held_until > now || db->inbox_idle_until > now)
+			continue;
+		for (int i = 0; i < inbox_workers; i++)
+		{
+			pid_t		pid;
+
+			if (handles[e][i] != NULL &&
+				GetBackgroundWorkerPid(handles[e][i], &pid) != BGWH_STOPPED)
+				continue;
+			if (now < next_start[e][i])
+				continue;
+			next_start[e][i] = TimestampTzPlusMilliseconds(now, 5000);
+			if (!start_database_inbox_worker(e, i, &handles[e][i]))
+			{
+				ereport(LOG,
+						(errmsg("outbox inbox launcher: no background worker slot for inbox worker %d of database \"%s\"",
+								i, NameStr(db->name)),
+						 errhint("Raise max_worker_processes.")));
+				return;
+			}
+		}
+	}
+}
 
 /*
  * Does the database exist?  Connected to no database, only shared catalogs
@@ -395,8 +492,9 @@ start_inbox_worker(int i, BackgroundWorkerHandle **handle)
 void
 inbox_launcher_main(Datum main_arg)
 {
-	const char *db = inbox_database[0] ? inbox_database : outbox_database;
+	const char *db = inbox_target_database();
 	BackgroundWorkerHandle *handles[INBOX_MAX_WORKERS] = {0};
+
 	TimestampTz next_start[INBOX_MAX_WORKERS] = {0};
 	bool		logged_missing = false;
 
@@ -415,6 +513,14 @@ inbox_launcher_main(Datum main_arg)
 		{
 			ConfigReloadPending = false;
 			ProcessConfigFile(PGC_SIGHUP);
+		}
+		if (db == NULL)
+		{
+			inbox_launch_everywhere();
+			(void) WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
+							 1000, PG_WAIT_EXTENSION);
+			ResetLatch(MyLatch);
+			continue;
 		}
 		exists = database_exists(db);
 		if (!exists && !logged_missing)
@@ -1931,6 +2037,46 @@ check_consumer_settings(void)
 	consumer_properties = MemoryContextStrdup(TopMemoryContext, inbox_kafka_properties);
 }
 
+/* The publisher database entry this worker runs in, if started per database. */
+static OutboxDatabase *inbox_entry = NULL;
+
+/* on_shmem_exit: no longer in the entry's list of inbox workers. */
+static void
+inbox_leave_database(int code, Datum arg)
+{
+	inbox_entry->inbox_pids[worker_index] = 0;
+}
+
+/*
+ * Connect to the worker's database: one of the publishers' databases
+ * (main_arg: entry + 1, index), listed there so that a DROP DATABASE can
+ * stop it; or the one inbox database.  Returns its name.
+ */
+static const char *
+inbox_connect(Datum main_arg)
+{
+	uint32		entry = DatumGetUInt32(main_arg) >> 16;
+	const char *db;
+
+	worker_index = DatumGetUInt32(main_arg) & 0xffff;
+	if (entry == 0)
+	{
+		db = inbox_target_database();
+		BackgroundWorkerInitializeConnection(db, NULL, 0);
+		return db;
+	}
+	inbox_entry = &outbox_shared->databases[entry - 1];
+	inbox_entry->inbox_pids[worker_index] = MyProcPid;
+	on_shmem_exit(inbox_leave_database, (Datum) 0);
+	db = pstrdup(NameStr(inbox_entry->name));
+	BackgroundWorkerInitializeConnection(db, NULL, 0);
+	/* The entry went to another database, or a DROP DATABASE holds it. */
+	if (MyDatabaseId != inbox_entry->dboid ||
+		inbox_entry->held_until > GetCurrentTimestamp())
+		proc_exit(0);
+	return db;
+}
+
 /* An inbox worker: apply every subscription of its database, forever. */
 void
 inbox_worker_main(Datum main_arg)
@@ -1939,13 +2085,11 @@ inbox_worker_main(Datum main_arg)
 	int			backoff_ms = INBOX_ERROR_BACKOFF_MS;
 	bool		logged_missing = false;
 
-	worker_index = DatumGetInt32(main_arg);
 	pqsignal(SIGHUP, SignalHandlerForConfigReload);
 	pqsignal(SIGTERM, die);
 	BackgroundWorkerUnblockSignals();
 
-	db = inbox_database[0] ? inbox_database : outbox_database;
-	BackgroundWorkerInitializeConnection(db, NULL, 0);
+	db = inbox_connect(main_arg);
 	/* Our own statements name everything qualified. */
 	SetConfigOption("search_path", "pg_catalog, pg_temp", PGC_SUSET, PGC_S_OVERRIDE);
 
@@ -2001,6 +2145,13 @@ inbox_worker_main(Datum main_arg)
 		{
 			backoff_ms = INBOX_ERROR_BACKOFF_MS;
 			last_logged_error[0] = '\0';
+			/* One of many databases, nothing subscribed (or no extension): free the slot a while. */
+			if (inbox_entry != NULL && subs == NIL && n <= 0)
+			{
+				inbox_entry->inbox_idle_until =
+					TimestampTzPlusMilliseconds(GetCurrentTimestamp(), INBOX_RECHECK_MS);
+				proc_exit(0);
+			}
 			if (n < 0 && !logged_missing)
 				ereport(LOG,
 						(errmsg("outbox inbox worker %d: extension \"outbox\" is not installed in database \"%s\"; waiting",

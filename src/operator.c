@@ -9,14 +9,17 @@
 #include "postgres.h"
 
 #include "access/htup_details.h"
+#include "catalog/pg_database.h"
 #include "commands/dbcommands.h"
 #include "fmgr.h"
 #include "funcapi.h"
 #include "miscadmin.h"
 #include "utils/builtins.h"
+#include "utils/syscache.h"
 #include "utils/timestamp.h"
 
 #include "compat.h"
+#include "launcher.h"
 #include "outbox.h"
 
 PG_FUNCTION_INFO_V1(outbox_lock_aggregate);
@@ -59,9 +62,44 @@ outbox_wake_on_commit(PG_FUNCTION_ARGS)
 	PG_RETURN_VOID();
 }
 
+/* One row of outbox_workers(): worker i of database entry db. */
+static void
+put_worker_row(ReturnSetInfo *rsinfo, OutboxDatabase *db, int i)
+{
+	OutboxWorkerSlot *slot = &db->workers[i];
+	Datum		values[7];
+	bool		nulls[7] = {false, false, false, false, false, false, false};
+	char		state[sizeof(slot->state)];
+	char		problem[sizeof(slot->problem)];
+	Name		name = palloc(sizeof(NameData));
+
+	/* Unlocked reads: a torn string is at worst momentarily odd. */
+	memcpy(state, slot->state, sizeof(state));
+	state[sizeof(state) - 1] = '\0';
+	memcpy(problem, slot->problem, sizeof(problem));
+	problem[sizeof(problem) - 1] = '\0';
+	memcpy(name, &db->name, sizeof(NameData));
+	NameStr(*name)[NAMEDATALEN - 1] = '\0';
+
+	values[0] = Int32GetDatum(i);
+	values[1] = Int32GetDatum(slot->pid);
+	nulls[1] = slot->pid == 0;
+	values[2] = CStringGetTextDatum(slot->pid == 0 ? "not running" : state);
+	values[3] = TimestampTzGetDatum(slot->last_batch_at);
+	nulls[3] = slot->last_batch_at == 0;
+	values[4] = CStringGetTextDatum(problem);
+	nulls[4] = problem[0] == '\0';
+	values[5] = TimestampTzGetDatum(slot->problem_since);
+	nulls[5] = problem[0] == '\0' || slot->problem_since == 0;
+	values[6] = NameGetDatum(name);
+	tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
+}
+
 /*
  * outbox_workers() RETURNS TABLE (worker int, pid int, state text,
- * last_batch_at timestamptz, problem text, problem_since timestamptz)
+ * last_batch_at timestamptz, problem text, problem_since timestamptz,
+ * database name): the outbox.workers workers of every database that has
+ * the extension and is served, cluster-wide.
  */
 Datum
 outbox_worker_status(PG_FUNCTION_ARGS)
@@ -74,79 +112,59 @@ outbox_worker_status(PG_FUNCTION_ARGS)
 	if (outbox_shared == NULL)
 		return (Datum) 0;
 
-	for (int i = 0; i < outbox_workers; i++)
+	for (int e = 0; e < OUTBOX_MAX_DATABASES; e++)
 	{
-		OutboxWorkerSlot *slot = &outbox_shared->workers[i];
-		Datum		values[6];
-		bool		nulls[6] = {false, false, false, false, false, false};
-		char		state[sizeof(slot->state)];
-		char		problem[sizeof(slot->problem)];
+		OutboxDatabase *db = &outbox_shared->databases[e];
 
-		/* Unlocked reads: a torn string is at worst momentarily odd. */
-		memcpy(state, slot->state, sizeof(state));
-		state[sizeof(state) - 1] = '\0';
-		memcpy(problem, slot->problem, sizeof(problem));
-		problem[sizeof(problem) - 1] = '\0';
-
-		values[0] = Int32GetDatum(i);
-		values[1] = Int32GetDatum(slot->pid);
-		nulls[1] = slot->pid == 0;
-		values[2] = CStringGetTextDatum(slot->pid == 0 ? "not running" : state);
-		values[3] = TimestampTzGetDatum(slot->last_batch_at);
-		nulls[3] = slot->last_batch_at == 0;
-		values[4] = CStringGetTextDatum(problem);
-		nulls[4] = problem[0] == '\0';
-		values[5] = TimestampTzGetDatum(slot->problem_since);
-		nulls[5] = problem[0] == '\0' || slot->problem_since == 0;
-		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
+		/*
+		 * Where the extension is absent there is at most a probe now and
+		 * then: not listed.  Where it is not known yet, the probe (worker
+		 * 0) is, with what keeps it from connecting, if anything.
+		 */
+		if (!OidIsValid(db->dboid) || db->state == ODB_ABSENT)
+			continue;
+		for (int i = 0; i < (db->state == ODB_SERVED ? outbox_workers : 1); i++)
+			put_worker_row(rsinfo, db, i);
 	}
 	return (Datum) 0;
 }
 
-/* Whether this server's configuration gives this database a publisher. */
+/*
+ * Whether this server's configuration gives this database a publisher;
+ * for PUBLISHER_OTHER_DATABASE, *why says which setting leaves it out.
+ */
 static PublisherAbsence
-publisher_absence(void)
+publisher_absence(const char **why)
 {
+	HeapTuple	tup;
+	Form_pg_database f;
+	bool		wanted;
+
+	*why = NULL;
 	if (outbox_shared == NULL)
 		return PUBLISHER_NOT_PRELOADED;
 	if (outbox_workers == 0)
 		return PUBLISHER_DISABLED;
-	if (strcmp(get_database_name(MyDatabaseId), outbox_database) != 0)
-		return PUBLISHER_OTHER_DATABASE;
-	return PUBLISHER_PRESENT;
+	tup = SearchSysCache1(DATABASEOID, ObjectIdGetDatum(MyDatabaseId));
+	if (!HeapTupleIsValid(tup))
+		elog(ERROR, "cache lookup failed for database %u", MyDatabaseId);
+	f = (Form_pg_database) GETSTRUCT(tup);
+	wanted = outbox_database_wanted(NameStr(f->datname), f->datistemplate,
+									f->datallowconn, why);
+	ReleaseSysCache(tup);
+	return wanted ? PUBLISHER_PRESENT : PUBLISHER_OTHER_DATABASE;
 }
 
-/*
- * The publisher's state for this database, in a word, and why (NULL when
- * all is well): the configuration first, then the workers' own reports.
- */
+/* This database's workers, as publisher_state describes them. */
 static const char *
-publisher_state(char **detail)
+workers_state(OutboxDatabase *db, char **detail)
 {
 	int			running = 0;
 	const char *problem = NULL;
 
-	*detail = NULL;
-	switch (publisher_absence())
-	{
-		case PUBLISHER_NOT_PRELOADED:
-			*detail = "outbox is not in shared_preload_libraries, so no publisher was started; "
-				"events wait in the outbox until it is added and the server restarted.";
-			return "not running";
-		case PUBLISHER_DISABLED:
-			*detail = "outbox.workers is 0: publishing is disabled; events wait in the outbox.";
-			return "not running";
-		case PUBLISHER_OTHER_DATABASE:
-			*detail = psprintf("The publisher serves database \"%s\" (outbox.database), not this one; "
-							   "events emitted here are not published.", outbox_database);
-			return "not serving this database";
-		case PUBLISHER_PRESENT:
-			break;
-	}
-
 	for (int i = 0; i < outbox_workers; i++)
 	{
-		OutboxWorkerSlot *slot = &outbox_shared->workers[i];
+		OutboxWorkerSlot *slot = &db->workers[i];
 
 		if (slot->pid != 0)
 			running++;
@@ -165,10 +183,65 @@ publisher_state(char **detail)
 		*detail = (char *) problem;
 		return "failing";
 	}
-	if (running < outbox_workers)
+	if (pg_atomic_read_u32(&outbox_shared->databases_waiting) > 0)
+		*detail = psprintf("Databases take turns (outbox.max_workers = %d): this one's turn began at %s; "
+						   "it lasts outbox.worker_time_slice while others wait.",
+						   outbox_max_workers, timestamptz_to_str(db->turn_started));
+	else if (running < outbox_workers)
 		*detail = psprintf("%d of %d publisher workers are running; the others' events wait.",
 						   running, outbox_workers);
 	return "running";
+}
+
+/*
+ * The publisher's state for this database, in a word, and why (NULL when
+ * all is well): the configuration first, then the launcher's view, then
+ * the workers' own reports.
+ */
+static const char *
+publisher_state(char **detail)
+{
+	const char *why;
+	OutboxDatabase *db;
+
+	*detail = NULL;
+	switch (publisher_absence(&why))
+	{
+		case PUBLISHER_NOT_PRELOADED:
+			*detail = "outbox is not in shared_preload_libraries, so no publisher was started; "
+				"events wait in the outbox until it is added and the server restarted.";
+			return "not running";
+		case PUBLISHER_DISABLED:
+			*detail = "outbox.workers is 0: publishing is disabled; events wait in the outbox.";
+			return "not running";
+		case PUBLISHER_OTHER_DATABASE:
+			*detail = psprintf("No publisher serves this database: %s; events emitted here are not published.",
+							   why);
+			return "not serving this database";
+		case PUBLISHER_PRESENT:
+			break;
+	}
+
+	db = outbox_database_entry(MyDatabaseId);
+	if (db == NULL || db->state == ODB_ABSENT)
+	{
+		*detail = "The publisher launcher has not taken this database up yet (it looks every second); "
+			"see the server log if this lasts.";
+		return "not running";
+	}
+	if (db->held_until > GetCurrentTimestamp())
+	{
+		*detail = "Paused while a DROP DATABASE, ALTER DATABASE or CREATE DATABASE ... TEMPLATE needs this database to itself.";
+		return "not running";
+	}
+	if (db->waiting_since != 0)
+	{
+		*detail = psprintf("outbox.max_workers (%d) is lower than the workers all databases ask for: "
+						   "databases take turns of outbox.worker_time_slice, and this one waits for its turn since %s.",
+						   outbox_max_workers, timestamptz_to_str(db->waiting_since));
+		return "waiting for its turn";
+	}
+	return workers_state(db, detail);
 }
 
 /* outbox_publisher(OUT state text, OUT detail text) */
@@ -197,7 +270,11 @@ outbox_publisher(PG_FUNCTION_ARGS)
 Datum
 outbox_check_publisher(PG_FUNCTION_ARGS)
 {
-	switch (publisher_absence())
+	const char *why;
+
+	/* The launcher looks here again as soon as this commits. */
+	outbox_launcher_probe_at_commit();
+	switch (publisher_absence(&why))
 	{
 		case PUBLISHER_NOT_PRELOADED:
 			ereport(WARNING,
@@ -217,9 +294,8 @@ outbox_check_publisher(PG_FUNCTION_ARGS)
 					(errcode(ERRCODE_WARNING),
 					 errmsg("no publisher serves database \"%s\"",
 							get_database_name(MyDatabaseId)),
-					 errdetail("The publisher serves database \"%s\" (outbox.database); events emitted here wait.",
-							   outbox_database),
-					 errhint("Set outbox.database to this database and restart the server.")));
+					 errdetail("Not served because %s; events emitted here wait.", why),
+					 errhint("Add this database to outbox.databases (or clear outbox.database) and reload.")));
 			break;
 		case PUBLISHER_PRESENT:
 			break;

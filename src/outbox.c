@@ -26,6 +26,7 @@
 #include "kafka.h"
 #include "emit.h"
 #include "inbox_worker.h"
+#include "launcher.h"
 #include "worker.h"
 
 PG_MODULE_MAGIC;
@@ -78,8 +79,11 @@ outbox_shmem_startup(void)
 		memset(outbox_shared, 0, outbox_shmem_size());
 		pg_atomic_init_u64(&outbox_shared->commits_emitted, 0);
 		pg_atomic_init_u32(&outbox_shared->inject_fatal_error, 0);
+		pg_atomic_init_u32(&outbox_shared->probe_generation, 0);
+		pg_atomic_init_u32(&outbox_shared->databases_waiting, 0);
 	}
-	outbox_stats_init(&outbox_shared->stats, found);
+	for (int i = 0; i < OUTBOX_MAX_DATABASES; i++)
+		outbox_stats_init(&outbox_shared->databases[i].stats, found);
 	LWLockRelease(AddinShmemInitLock);
 }
 
@@ -113,12 +117,17 @@ outbox_xact_callback(XactEvent event, void *arg)
 	}
 }
 
+/* Wake the publishers of this database. */
 void
 outbox_wake_workers(void)
 {
+	OutboxDatabase *db = outbox_database_entry(MyDatabaseId);
+
+	if (db == NULL)
+		return;
 	for (int i = 0; i < OUTBOX_MAX_WORKERS; i++)
 	{
-		Latch	   *latch = outbox_shared->workers[i].latch;
+		Latch	   *latch = db->workers[i].latch;
 
 		if (latch != NULL)
 			SetLatch(latch);
@@ -182,7 +191,8 @@ outbox_keep_plan(const char *query, int nargs, Oid *argtypes)
 }
 
 /*
- * Settings read only at server start.  PostgreSQL allows defining them only
+ * Settings of the preloaded publisher, most read only at server start.
+ * PostgreSQL allows defining PGC_POSTMASTER ones only
  * while shared_preload_libraries is processed (FATAL otherwise), and only
  * then do they mean anything: without the preload there is no publisher.
  */
@@ -190,11 +200,11 @@ static void
 define_postmaster_settings(void)
 {
 	DefineCustomStringVariable("outbox.database",
-							   "Database whose outbox the publisher serves.",
-							   NULL,
+							   "Serve only this database (empty: outbox.databases decides).",
+							   "Kept for compatibility: a name here acts as outbox.databases = that name.",
 							   &outbox_database,
-							   "postgres",
-							   PGC_POSTMASTER,
+							   "",
+							   PGC_SIGHUP,
 							   0,
 							   NULL, NULL, NULL);
 
@@ -208,7 +218,7 @@ define_postmaster_settings(void)
 							   NULL, NULL, NULL);
 
 	DefineCustomIntVariable("outbox.workers",
-							"Number of publisher workers.",
+							"Number of publisher workers per database.",
 							"0 disables publishing.",
 							&outbox_workers,
 							1, 0, OUTBOX_MAX_WORKERS,
@@ -229,8 +239,6 @@ define_postmaster_settings(void)
 void
 _PG_init(void)
 {
-	BackgroundWorker worker;
-
 	inbox_worker_init();
 
 	/*
@@ -245,6 +253,7 @@ _PG_init(void)
 	if (!process_shared_preload_libraries_in_progress)
 		return;
 	define_postmaster_settings();
+	outbox_launcher_init();
 	MarkGUCPrefixReserved("outbox");
 
 #if PG_VERSION_NUM >= 150000
@@ -255,21 +264,4 @@ _PG_init(void)
 #endif
 	prev_shmem_startup_hook = shmem_startup_hook;
 	shmem_startup_hook = outbox_shmem_startup;
-
-	memset(&worker, 0, sizeof(worker));
-	worker.bgw_flags = BGWORKER_SHMEM_ACCESS |
-		BGWORKER_BACKEND_DATABASE_CONNECTION;
-	worker.bgw_start_time = BgWorkerStart_RecoveryFinished;
-	/* After an unexpected exit, wait a little: never crash-loop. */
-	worker.bgw_restart_time = 5;
-	snprintf(worker.bgw_library_name, BGW_MAXLEN, "outbox");
-	snprintf(worker.bgw_function_name, BGW_MAXLEN, "outbox_worker_main");
-	snprintf(worker.bgw_type, BGW_MAXLEN, "outbox publisher");
-
-	for (int i = 0; i < outbox_workers; i++)
-	{
-		snprintf(worker.bgw_name, BGW_MAXLEN, "outbox publisher %d", i);
-		worker.bgw_main_arg = Int32GetDatum(i);
-		RegisterBackgroundWorker(&worker);
-	}
 }

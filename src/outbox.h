@@ -19,6 +19,12 @@
 
 #define OUTBOX_MAX_WORKERS 16
 
+/* Databases the launcher can keep track of at once (served or probed). */
+#define OUTBOX_MAX_DATABASES 64
+
+/* Inbox workers per database (INBOX_MAX_WORKERS, inbox_worker.h). */
+#define OUTBOX_MAX_INBOX_WORKERS 16
+
 /*
  * Advisory lock key spaces of our own: the fourth field of an advisory
  * LOCKTAG, which the SQL-level advisory lock functions set to 1 or 2 only,
@@ -53,7 +59,41 @@ typedef struct OutboxWorkerSlot
 	TimestampTz problem_since;
 	/* Failed connection attempts in a row (wrong database or role). */
 	int			connect_failures;
+	/* Set by the launcher or a DROP/ALTER DATABASE: exit between batches. */
+	volatile bool yield;
 } OutboxWorkerSlot;
+
+/* What the launcher knows of a database's extension. */
+typedef enum OutboxDatabaseState
+{
+	ODB_UNKNOWN,				/* not yet probed */
+	ODB_ABSENT,					/* a worker found no extension */
+	ODB_SERVED					/* a worker found the extension */
+} OutboxDatabaseState;
+
+/*
+ * Per-database state: its workers' slots and its counters.  The launcher
+ * assigns entries (dboid != InvalidOid) to the databases it serves or
+ * probes and frees them when a database leaves; backends only look them up.
+ */
+typedef struct OutboxDatabase
+{
+	Oid			dboid;
+	NameData	name;			/* what the workers connect to */
+	volatile OutboxDatabaseState state;
+	/* A DROP/ALTER DATABASE wants no worker here until this time. */
+	volatile TimestampTz held_until;
+	/* Waiting for a turn under outbox.max_workers since (0: not waiting). */
+	volatile TimestampTz waiting_since;
+	/* When its current or last turn started, while databases take turns. */
+	volatile TimestampTz turn_started;
+	/* Inbox workers running here (for DROP DATABASE), and until when none
+	 * need to, since nothing was subscribed. */
+	volatile pid_t inbox_pids[OUTBOX_MAX_INBOX_WORKERS];
+	volatile TimestampTz inbox_idle_until;
+	OutboxStats stats;
+	OutboxWorkerSlot workers[OUTBOX_MAX_WORKERS];
+} OutboxDatabase;
 
 typedef struct OutboxShared
 {
@@ -61,13 +101,17 @@ typedef struct OutboxShared
 	pg_atomic_uint64 commits_emitted;
 	/* Test hook: raise a fatal producer error in the next batch. */
 	pg_atomic_uint32 inject_fatal_error;
-	OutboxStats stats;
-	OutboxWorkerSlot workers[OUTBOX_MAX_WORKERS];
+	/* Bumped by CREATE EXTENSION outbox and inbox_subscribe(): look again. */
+	pg_atomic_uint32 probe_generation;
+	/* Databases waiting for a turn: idle workers make way for them. */
+	pg_atomic_uint32 databases_waiting;
+	Latch	   *launcher_latch;
+	OutboxDatabase databases[OUTBOX_MAX_DATABASES];
 } OutboxShared;
 
 extern OutboxShared *outbox_shared;
 
-/* Settings read at server start (outbox.c) */
+/* Settings of the preloaded publisher (outbox.c) */
 extern char *outbox_database;
 extern char *outbox_role;
 extern int	outbox_workers;

@@ -96,6 +96,7 @@ typedef struct PendingMarks
 /* worker.c: the loop */
 extern int	outbox_poll_interval_ms;
 extern int	publish_worker_index;
+extern OutboxWorkerSlot *publish_slot;
 extern void publish_set_state(const char *state);
 extern void publish_process_reload(void);
 

@@ -176,7 +176,7 @@ count_settled(PendingMarks *pm, TimestampTz now)
 	outbox_count(OC_EVENTS_PUBLISHED, pm->nsettled[EV_PUBLISH]);
 	outbox_count(OC_EVENTS_DEAD_LETTERED, pm->nsettled[EV_DEAD_LETTER]);
 	outbox_count(OC_EVENTS_SKIPPED, pm->nsettled[EV_SKIP]);
-	outbox_shared->workers[publish_worker_index].last_batch_at = now;
+	publish_slot->last_batch_at = now;
 }
 
 /*

@@ -15,6 +15,7 @@
 #include "utils/float.h"
 
 #include "compat.h"
+#include "launcher.h"
 #include "stats.h"
 
 PG_FUNCTION_INFO_V1(outbox_counters);
@@ -47,14 +48,17 @@ const double outbox_latency_bounds_ms[OUTBOX_LATENCY_BUCKETS] = {
 	60000, 300000
 };
 
-/* The counters in shared memory; NULL unless loaded at server start. */
-static OutboxStats *shared_stats = NULL;
+/* Whether the counters are in shared memory: loaded at server start. */
+static bool shared_stats = false;
 
-/* Attach to the counters in shared memory, initializing them if new. */
+/*
+ * Attach to one database's counters in shared memory, initializing them if
+ * new (or reset: a database taken up by the launcher starts from zero).
+ */
 void
 outbox_stats_init(OutboxStats *stats, bool found)
 {
-	shared_stats = stats;
+	shared_stats = true;
 	if (found)
 		return;
 	for (int i = 0; i < OC_NUM_COUNTERS; i++)
@@ -64,45 +68,64 @@ outbox_stats_init(OutboxStats *stats, bool found)
 	pg_atomic_init_u64(&stats->latency_sum_us, 0);
 }
 
+/* The counters of this database, or NULL if no publisher serves it. */
+static OutboxStats *
+my_stats(void)
+{
+	return outbox_database_stats(MyDatabaseId);
+}
+
 void
 outbox_count(OutboxCounter c, uint64 n)
 {
-	if (shared_stats != NULL && n > 0)
-		pg_atomic_fetch_add_u64(&shared_stats->counters[c], n);
+	OutboxStats *stats = my_stats();
+
+	if (stats != NULL && n > 0)
+		pg_atomic_fetch_add_u64(&stats->counters[c], n);
 }
 
 void
 outbox_observe_latency(int64 usec)
 {
+	OutboxStats *stats = my_stats();
 	int			i;
 
-	if (shared_stats == NULL)
+	if (stats == NULL)
 		return;
 	if (usec < 0)
 		usec = 0;
 	for (i = 0; i < OUTBOX_LATENCY_BUCKETS; i++)
 		if (usec <= outbox_latency_bounds_ms[i] * 1000.0)
 			break;
-	pg_atomic_fetch_add_u64(&shared_stats->latency[i], 1);
-	pg_atomic_fetch_add_u64(&shared_stats->latency_sum_us, (uint64) usec);
+	pg_atomic_fetch_add_u64(&stats->latency[i], 1);
+	pg_atomic_fetch_add_u64(&stats->latency_sum_us, (uint64) usec);
 }
 
 static void
 require_shared_memory(void)
 {
-	if (shared_stats == NULL)
+	if (!shared_stats)
 		ereport(ERROR,
 				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
 				 errmsg("outbox must be loaded via shared_preload_libraries")));
 }
 
-/* outbox_counters() RETURNS TABLE (name text, value bigint) */
+/* An atomic counter's value, zero if there is no counter. */
+#define READ_COUNTER(stats, field) \
+	((stats) ? (int64) pg_atomic_read_u64(&(stats)->field) : 0)
+
+/*
+ * outbox_counters() RETURNS TABLE (name text, value bigint): this
+ * database's publishers' counters, since the launcher took it up.
+ */
 Datum
 outbox_counters(PG_FUNCTION_ARGS)
 {
 	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+	OutboxStats *stats;
 
 	require_shared_memory();
+	stats = my_stats();
 	InitMaterializedSRF(fcinfo, 0);
 	for (int i = 0; i < OC_NUM_COUNTERS; i++)
 	{
@@ -110,7 +133,7 @@ outbox_counters(PG_FUNCTION_ARGS)
 		bool		nulls[2] = {false, false};
 
 		values[0] = CStringGetTextDatum(outbox_counter_names[i]);
-		values[1] = Int64GetDatum((int64) pg_atomic_read_u64(&shared_stats->counters[i]));
+		values[1] = Int64GetDatum(READ_COUNTER(stats, counters[i]));
 		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
 	}
 	/* The histogram's sum, so that a mean can be derived as Prometheus does. */
@@ -119,7 +142,7 @@ outbox_counters(PG_FUNCTION_ARGS)
 		bool		nulls[2] = {false, false};
 
 		values[0] = CStringGetTextDatum("latency_sum_us");
-		values[1] = Int64GetDatum((int64) pg_atomic_read_u64(&shared_stats->latency_sum_us));
+		values[1] = Int64GetDatum(READ_COUNTER(stats, latency_sum_us));
 		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
 	}
 	return (Datum) 0;
@@ -135,15 +158,17 @@ outbox_latency_histogram(PG_FUNCTION_ARGS)
 {
 	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
 	uint64		cumulative = 0;
+	OutboxStats *stats;
 
 	require_shared_memory();
+	stats = my_stats();
 	InitMaterializedSRF(fcinfo, 0);
 	for (int i = 0; i <= OUTBOX_LATENCY_BUCKETS; i++)
 	{
 		Datum		values[2];
 		bool		nulls[2] = {false, false};
 
-		cumulative += pg_atomic_read_u64(&shared_stats->latency[i]);
+		cumulative += READ_COUNTER(stats, latency[i]);
 		values[0] = Float8GetDatum(i < OUTBOX_LATENCY_BUCKETS
 								   ? outbox_latency_bounds_ms[i]
 								   : get_float8_infinity());

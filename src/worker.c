@@ -40,6 +40,7 @@
 #include "postgres.h"
 
 #include "access/xact.h"
+#include "commands/extension.h"
 #include "executor/spi.h"
 #include "miscadmin.h"
 #include "pgstat.h"
@@ -66,7 +67,11 @@
 #define STALLED_POLL_MS 10
 
 int			outbox_poll_interval_ms = 1000;
-int			publish_worker_index;
+int			publish_worker_index;	/* among its database's workers */
+OutboxWorkerSlot *publish_slot;
+
+/* This worker's database entry, from the launcher. */
+static OutboxDatabase *my_database;
 
 static MemoryContext batch_context = NULL;
 
@@ -113,7 +118,7 @@ publish_process_reload(void)
 void
 publish_set_state(const char *state)
 {
-	OutboxWorkerSlot *slot = &outbox_shared->workers[publish_worker_index];
+	OutboxWorkerSlot *slot = publish_slot;
 
 	strlcpy(slot->state, state, sizeof(slot->state));
 	pgstat_report_activity(STATE_RUNNING, state);
@@ -127,7 +132,7 @@ publish_set_state(const char *state)
 static void
 set_problem(const char *error)
 {
-	OutboxWorkerSlot *slot = &outbox_shared->workers[publish_worker_index];
+	OutboxWorkerSlot *slot = publish_slot;
 	TimestampTz since = 0;
 	const char *problem = error ? error : outbox_kafka_condition(&since);
 
@@ -148,7 +153,7 @@ set_problem(const char *error)
 static void
 worker_exit(int code, Datum arg)
 {
-	OutboxWorkerSlot *slot = &outbox_shared->workers[publish_worker_index];
+	OutboxWorkerSlot *slot = publish_slot;
 
 	slot->latch = NULL;
 	slot->pid = 0;
@@ -173,7 +178,7 @@ bucket_share(int *nshares, int *share)
 	*share = 0;
 	for (int i = 0; i < outbox_workers; i++)
 	{
-		pid_t		pid = outbox_shared->workers[i].pid;
+		pid_t		pid = my_database->workers[i].pid;
 
 		if (i == publish_worker_index)
 			*share = n++;
@@ -367,14 +372,14 @@ log_worker_error(void)
 }
 
 /*
- * Connecting fails with FATAL for a wrong outbox.database or outbox.role:
- * say which settings to look at.
+ * Connecting fails with FATAL for a wrong outbox.role: say which setting
+ * to look at.
  */
 static void
 connect_error_context(void *arg)
 {
-	errcontext("outbox publisher connecting to database \"%s\" (outbox.database) as %s (outbox.role)",
-			   outbox_database,
+	errcontext("outbox publisher connecting to database \"%s\" as %s (outbox.role)",
+			   NameStr(my_database->name),
 			   outbox_role[0] ? psprintf("role \"%s\"", outbox_role) : "the bootstrap superuser");
 }
 
@@ -387,13 +392,13 @@ static emit_log_hook_type prev_emit_log_hook = NULL;
 static void
 connect_log_hook(ErrorData *edata)
 {
-	OutboxWorkerSlot *slot = &outbox_shared->workers[publish_worker_index];
+	OutboxWorkerSlot *slot = publish_slot;
 
 	if (edata->elevel >= ERROR && edata->message != NULL)
 	{
 		char		problem[OUTBOX_PROBLEM_LEN];
 
-		snprintf(problem, sizeof(problem), "cannot connect (outbox.database, outbox.role): %s",
+		snprintf(problem, sizeof(problem), "cannot connect (outbox.role): %s",
 				 edata->message);
 		if (strcmp(slot->problem, problem) == 0)
 		{
@@ -411,15 +416,15 @@ connect_log_hook(ErrorData *edata)
 }
 
 /*
- * Connect to outbox.database as outbox.role.  After failures in a row
- * (PostgreSQL restarts us every 5 s), wait longer first, up to 5 minutes:
- * a wrong setting costs a FATAL line once and a retry now and then, not a
- * fast loop.
+ * Connect to the launcher's database as outbox.role.  After failures in a
+ * row (the launcher starts us again 5 s after an exit), wait longer first,
+ * up to 5 minutes: a wrong setting costs a FATAL line once and a retry now
+ * and then, not a fast loop.
  */
 static void
 connect_to_database(void)
 {
-	OutboxWorkerSlot *slot = &outbox_shared->workers[publish_worker_index];
+	OutboxWorkerSlot *slot = publish_slot;
 	ErrorContextCallback errcb;
 
 	if (slot->connect_failures > 0)
@@ -444,8 +449,9 @@ connect_to_database(void)
 	prev_emit_log_hook = emit_log_hook;
 	emit_log_hook = connect_log_hook;
 
-	BackgroundWorkerInitializeConnection(outbox_database,
-										 outbox_role[0] ? outbox_role : NULL, 0);
+	BackgroundWorkerInitializeConnection(NameStr(my_database->name),
+										 outbox_role[0] ? outbox_role : NULL,
+										 BGWORKER_BYPASS_ALLOWCONN);
 
 	emit_log_hook = prev_emit_log_hook;
 	error_context_stack = errcb.previous;
@@ -454,21 +460,100 @@ connect_to_database(void)
 	slot->problem_since = 0;
 }
 
-/* Entry point of a publisher: connect, then loop over batches until told to stop. */
+/* Is the extension installed in this database? */
+static bool
+extension_installed(void)
+{
+	bool		found;
+
+	StartTransactionCommand();
+	found = OidIsValid(get_extension_oid("outbox", true));
+	CommitTransactionCommand();
+	return found;
+}
+
+/*
+ * Exit (status 0: the launcher probes again later) because the extension
+ * is not, or no longer, installed here.
+ */
+static void
+exit_extension_absent(void)
+{
+	if (my_database->state == ODB_SERVED)
+		ereport(LOG,
+				(errmsg("outbox publisher %d: extension \"outbox\" is no longer installed in database \"%s\"; stopping",
+						publish_worker_index, NameStr(my_database->name))));
+	my_database->state = ODB_ABSENT;
+	proc_exit(0);
+}
+
+/*
+ * Whether to exit between two batches: when asked (the turn is over, the
+ * database is dropped or left the settings), or when idle while another
+ * database waits for a turn.  Never with acknowledged events unmarked or
+ * messages in flight, which would be sent again.
+ */
+static bool
+should_yield(bool idle)
+{
+	if (publish_pending_marks != NULL ||
+		hash_get_num_entries(publish_stalled_aggregates) > 0)
+		return false;
+	if (publish_slot->yield)
+		return true;
+	return idle && pg_atomic_read_u32(&outbox_shared->databases_waiting) > 0 &&
+		TimestampDifferenceExceeds(my_database->turn_started, GetCurrentTimestamp(), 1000);
+}
+
+/*
+ * Take the slot the launcher gave us (database entry and index in
+ * main_arg), connect, and check that the database is still ours to serve
+ * and has the extension; else exit with status 0.  The first worker of a
+ * database is thereby the launcher's probe of it.
+ */
+static void
+join_database(Datum main_arg)
+{
+	my_database = &outbox_shared->databases[DatumGetUInt32(main_arg) >> 16];
+	publish_worker_index = DatumGetUInt32(main_arg) & 0xffff;
+	publish_slot = &my_database->workers[publish_worker_index];
+
+	/* In the slot from the start, so that a DROP DATABASE finds us. */
+	publish_slot->pid = MyProcPid;
+	on_shmem_exit(worker_exit, (Datum) 0);
+	strlcpy(publish_slot->state, "connecting", sizeof(publish_slot->state));
+	connect_to_database();
+
+	/*
+	 * The entry was given to another database meanwhile, we are not wanted,
+	 * or a DROP/ALTER DATABASE holds the database.
+	 */
+	if (MyDatabaseId != my_database->dboid || publish_slot->yield ||
+		my_database->held_until > GetCurrentTimestamp())
+		proc_exit(0);
+	if (!extension_installed())
+		exit_extension_absent();
+	if (my_database->state != ODB_SERVED)
+	{
+		/* The launcher starts the database's other workers now. */
+		my_database->state = ODB_SERVED;
+		if (outbox_shared->launcher_latch != NULL)
+			SetLatch(outbox_shared->launcher_latch);
+	}
+}
+
+/* A publisher worker, started by the launcher for one database. */
 void
 outbox_worker_main(Datum main_arg)
 {
 	OutboxWorkerSlot *slot;
 	int			error_backoff_ms = WORKER_ERROR_BACKOFF_MS;
-	bool		logged_missing = false;
-
-	publish_worker_index = DatumGetInt32(main_arg);
 
 	pqsignal(SIGHUP, SignalHandlerForConfigReload);
 	pqsignal(SIGTERM, die);
 	BackgroundWorkerUnblockSignals();
+	join_database(main_arg);
 
-	connect_to_database();
 	/* Every name in our queries resolves in pg_catalog or is qualified. */
 	SetConfigOption("search_path", "pg_catalog, pg_temp", PGC_SUSET, PGC_S_OVERRIDE);
 
@@ -490,16 +575,14 @@ outbox_worker_main(Datum main_arg)
 										  ALLOCSET_DEFAULT_SIZES);
 	publish_settle_start();
 	publish_produce_start();
-	slot = &outbox_shared->workers[publish_worker_index];
-	slot->pid = MyProcPid;
+	slot = publish_slot;
 	slot->latch = MyLatch;
-	on_shmem_exit(worker_exit, (Datum) 0);
 	/* The others shrink their shares of the buckets. */
 	outbox_wake_workers();
 
 	ereport(LOG,
 			(errmsg("outbox publisher %d started for database \"%s\"",
-					publish_worker_index, outbox_database)));
+					publish_worker_index, NameStr(my_database->name))));
 
 	for (;;)
 	{
@@ -548,6 +631,14 @@ outbox_worker_main(Datum main_arg)
 		 */
 		(void) pgstat_report_stat(false);
 
+		if (!failed && n < 0)
+			exit_extension_absent();
+		if (should_yield(failed || n == 0))
+		{
+			elog(DEBUG1, "outbox publisher %d makes way", publish_worker_index);
+			proc_exit(0);
+		}
+
 		if (failed)
 		{
 			wait_ms = error_backoff_ms;
@@ -557,15 +648,6 @@ outbox_worker_main(Datum main_arg)
 		{
 			error_backoff_ms = WORKER_ERROR_BACKOFF_MS;
 			last_logged_error[0] = '\0';
-			if (n < 0 && !logged_missing)
-			{
-				ereport(LOG,
-						(errmsg("outbox: extension \"outbox\" is not installed in database \"%s\"; waiting",
-								outbox_database)));
-				logged_missing = true;
-			}
-			else if (n >= 0)
-				logged_missing = false;
 			set_problem(NULL);
 			/* After progress, look again at once: more is probably waiting. */
 			if (n > 0)

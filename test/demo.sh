@@ -3,7 +3,9 @@
 # The embedded default: a throwaway PostgreSQL with the publisher, a mock
 # Kafka cluster on 127.0.0.1, a few business transactions that emit events
 # for two aggregates, and the events read back from Kafka in order with
-# their headers.  As root on a fresh Debian 12 machine it first installs the
+# their headers; then (a separate part) a second database, served by the
+# same publishers' launcher as soon as it has the extension.  As root on a
+# fresh Debian 12 machine it first installs the
 # packages, builds and installs the extension.  Everything stops by itself.
 #
 # Usage: test/demo.sh [--real-kafka]
@@ -70,7 +72,6 @@ listen_addresses = ''
 unix_socket_directories = '$work'
 port = $PGPORT
 shared_preload_libraries = 'outbox'
-outbox.database = 'postgres'
 outbox.brokers = '$brokers'
 EOF
 pg_ctl -D "$work/data" -l "$work/postgres.log" -w start >/dev/null
@@ -129,3 +130,24 @@ echo "== read back from Kafka (topic outbox.event.order)"
 psql -X -Atc "SELECT aggregate_id || E'\t' || max(aggregate_version) FROM outbox GROUP BY aggregate_id" >"$work/expect"
 "$tools/order_check" --brokers "$brokers" --topic outbox.event.order \
 	--expect "$work/expect" --print
+
+# ---- many databases (optional part): one cluster, two services' databases
+echo "== a second database, billing: the launcher serves every database with the extension"
+if [ -n "$real" ]; then "$tools/kafka_cluster" topic "$work/kafka" outbox.event.invoice 3; fi
+psql -q -X -v ON_ERROR_STOP=1 -c "CREATE DATABASE billing"
+psql -q -X -v ON_ERROR_STOP=1 -d billing -o /dev/null <<'EOF'
+CREATE EXTENSION outbox;
+SELECT outbox_emit('invoice', 'invoice-1', 'InvoiceIssued', '{"order": "order-1", "amount": 10}');
+SELECT outbox_emit('invoice', 'invoice-1', 'InvoicePaid', '{"amount": 10}');
+EOF
+for _ in $(seq 100); do
+	[ "$(psql -X -d billing -Atc 'SELECT count(*) FROM outbox WHERE published_at IS NULL')" = 0 ] && break
+	sleep 0.1
+done
+echo "== the cluster's publishers, by database (outbox_workers())"
+psql -X -P pager=off -c "SELECT database, worker, pid IS NOT NULL AS running, state FROM outbox_workers() ORDER BY 1, 2"
+psql -X -P pager=off -d billing -c "SELECT publisher, pending_events FROM outbox_status"
+echo "== read back from Kafka (topic outbox.event.invoice)"
+printf 'invoice-1\t2\n' >"$work/expect_billing"
+"$tools/order_check" --brokers "$brokers" --topic outbox.event.invoice \
+	--expect "$work/expect_billing" --print

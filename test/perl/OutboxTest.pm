@@ -19,7 +19,8 @@ use MockKafka;
 
 our @EXPORT = qw(outbox_node wait_published expect_file events_file emit_load counter);
 
-# A started node serving database "postgres", with the extension created.
+# A started node with the extension created in database "postgres" (the
+# launcher serves every database that has it).
 # %conf entries are appended to postgresql.conf as outbox.<key> = '<value>'.
 sub outbox_node
 {
@@ -29,7 +30,6 @@ sub outbox_node
 	$node->init;
 	$node->append_conf('postgresql.conf', qq{
 shared_preload_libraries = 'outbox'
-outbox.database = 'postgres'
 outbox.brokers = '@{[ $mk->bootstrap ]}'
 outbox.poll_interval = '500ms'
 outbox.delivery_timeout = '5s'

@@ -80,12 +80,13 @@ ok(!$node->log_contains('FATAL'), 'no FATAL in the server log');
 ok(!$node->log_contains('removing it'), 'no start-up setting was removed as invalid');
 $node->stop;
 
-# A preloaded server whose publisher serves "postgres": a second database
-# with the extension is told, at CREATE EXTENSION and in outbox_status.
+# A preloaded server told to serve only "postgres" (outbox.database, kept
+# for compatibility): a second database with the extension is told, at
+# CREATE EXTENSION and in outbox_status.
 my $dir = $PostgreSQL::Test::Utils::tmp_check;
 mkdir "$dir/mock9";
 my $mk = MockKafka->start(dir => "$dir/mock9", brokers => 1, max_seconds => 300);
-my $pub = outbox_node('twodb', $mk);
+my $pub = outbox_node('twodb', $mk, database => 'postgres');
 $pub->safe_psql('postgres', 'CREATE DATABASE other');
 ($rc, $out, $err) = $pub->psql('other', q{CREATE EXTENSION outbox});
 is($rc, 0, 'CREATE EXTENSION in another database succeeds');
@@ -95,7 +96,7 @@ $pub->safe_psql('other', q{SELECT outbox_emit('order', 'x', 'E', '{}')});
 is($pub->safe_psql('other', 'SELECT publisher FROM outbox_status'), 'not serving this database',
 	'outbox_status in the other database: not served');
 like($pub->safe_psql('other', 'SELECT publisher_detail FROM outbox_status'),
-	qr/serves database "postgres"/, 'and names the database that is');
+	qr/outbox\.database is set to "postgres": only that database is served/, 'and names the database that is');
 ok($pub->poll_query_until('postgres', q{SELECT publisher = 'running' FROM outbox_status}),
 	'outbox_status in outbox.database: running');
 $pub->safe_psql('postgres', q{SELECT outbox_emit('order', 'y', 'E', '{}')});

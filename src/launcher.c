@@ -1,0 +1,887 @@
+/*-------------------------------------------------------------------------
+ *
+ * launcher.c
+ *	  The publisher launcher: one background worker, connected to no
+ *	  database, that runs the publishers of every database with the
+ *	  extension.
+ *
+ * Modelled on TimescaleDB's launcher.  Connected to no database, the
+ * launcher can read pg_database but not a database's pg_extension, so it
+ * learns whether a database has the extension from the database's first
+ * publisher worker: it is started as a probe, exits at once (status 0,
+ * never restarted) if the extension is absent, and otherwise keeps
+ * publishing, upon which the launcher starts the database's other
+ * workers.  An absent extension is probed again a minute later, or at once
+ * when CREATE EXTENSION outbox commits anywhere; a new database at once.
+ *
+ * Every LAUNCHER_NAP_MS (or when a worker exits or asks) the launcher
+ * scans pg_database, takes up the databases outbox.databases wants, and
+ * frees those that left.  outbox.max_workers caps the publishers of the
+ * whole cluster: when the databases ask for more, they take turns of
+ * outbox.worker_time_slice, oldest turn first; a worker whose turn is over
+ * exits between two batches, and an idle one makes way as soon as another
+ * database waits.
+ *
+ * DROP DATABASE, ALTER DATABASE RENAME / SET TABLESPACE and CREATE
+ * DATABASE ... TEMPLATE refuse to run while other sessions are connected
+ * to the database (PostgreSQL waits 5 s, then fails with "database is
+ * being accessed by other users"), and background workers count.  So a
+ * utility hook, in the session running such a command on a served
+ * database it owns, holds the database (the launcher starts no worker
+ * there), asks its workers to exit and, after a grace period, terminates
+ * them and the database's inbox workers; the hold ends with the command.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include <signal.h>
+
+#include "access/heapam.h"
+#include "access/htup_details.h"
+#include "access/tableam.h"
+#include "access/xact.h"
+#include "catalog/pg_database.h"
+#include "commands/dbcommands.h"
+#include "commands/defrem.h"
+#include "miscadmin.h"
+#include "nodes/parsenodes.h"
+#include "pgstat.h"
+#include "postmaster/bgworker.h"
+#include "postmaster/interrupt.h"
+#include "storage/ipc.h"
+#include "storage/latch.h"
+#include "tcop/utility.h"
+#include "utils/acl.h"
+#include "utils/builtins.h"
+#include "utils/guc.h"
+#include "utils/memutils.h"
+#include "utils/timestamp.h"
+#include "utils/varlena.h"
+
+#include "compat.h"
+#include "launcher.h"
+#include "outbox.h"
+
+/* How often the launcher looks at pg_database and its workers. */
+#define LAUNCHER_NAP_MS 1000
+/* A database without the extension is probed again after this long. */
+#define PROBE_INTERVAL_MS (60 * 1000)
+/* A worker that stopped is started again at most this often. */
+#define RESTART_INTERVAL_MS 5000
+/* DROP/ALTER DATABASE: how long workers get to exit between batches. */
+#define HOLD_GRACE_MS 2000
+/* ... and then, terminated, to be gone. */
+#define HOLD_TERMINATE_MS 5000
+/* A hold left behind by a session that died ends by itself. */
+#define HOLD_MAX_MS (10 * 60 * 1000)
+
+char	   *outbox_databases = NULL;
+int			outbox_max_workers = 0;
+int			outbox_time_slice_s = 10;
+
+/* The launcher's own bookkeeping of an entry of outbox_shared->databases. */
+typedef struct LauncherDatabase
+{
+	BackgroundWorkerHandle *handles[OUTBOX_MAX_WORKERS];
+	TimestampTz next_start[OUTBOX_MAX_WORKERS];
+	TimestampTz next_probe_at;
+	TimestampTz turn_ended;		/* 0: never had a turn */
+	uint32		probed_generation;	/* probe_generation when last started */
+	int			running;
+	bool		listed;			/* in pg_database and wanted, last scan */
+	bool		yielding;		/* asked to make way */
+} LauncherDatabase;
+
+static LauncherDatabase launcher_dbs[OUTBOX_MAX_DATABASES];
+static uint32 probe_generation;
+static bool logged_full = false;
+
+static ProcessUtility_hook_type prev_ProcessUtility = NULL;
+
+/* The database this session holds for a DROP/ALTER DATABASE, if any. */
+static OutboxDatabase *held_database = NULL;
+
+#if PG_VERSION_NUM >= 140000
+#define UTILITY_ARGS PlannedStmt *pstmt, const char *queryString, bool readOnlyTree, \
+	ProcessUtilityContext context, ParamListInfo params, QueryEnvironment *queryEnv, \
+	DestReceiver *dest, QueryCompletion *qc
+#define UTILITY_PASS pstmt, queryString, readOnlyTree, context, params, queryEnv, dest, qc
+#else
+#define UTILITY_ARGS PlannedStmt *pstmt, const char *queryString, \
+	ProcessUtilityContext context, ParamListInfo params, QueryEnvironment *queryEnv, \
+	DestReceiver *dest, QueryCompletion *qc
+#define UTILITY_PASS pstmt, queryString, context, params, queryEnv, dest, qc
+#endif
+
+static void outbox_process_utility(UTILITY_ARGS);
+static bool probe_at_commit = false;
+static bool probe_callback_registered = false;
+
+/* ---------- settings ---------- */
+
+/* outbox.databases: '*' or a list of database names. */
+static bool
+check_databases(char **newval, void **extra, GucSource source)
+{
+	char	   *copy;
+	List	   *names;
+	bool		ok;
+
+	if (strcmp(*newval, "*") == 0)
+		return true;
+	copy = pstrdup(*newval);
+	ok = SplitIdentifierString(copy, ',', &names);
+	if (ok && names == NIL)
+	{
+		GUC_check_errdetail("List the databases to serve, or '*' for all that have the extension.");
+		ok = false;
+	}
+	else if (!ok)
+		GUC_check_errdetail("List syntax is invalid.");
+	list_free(names);
+	pfree(copy);
+	return ok;
+}
+
+/* More publishers than background worker processes could never start. */
+static bool
+check_max_workers(int *newval, void **extra, GucSource source)
+{
+	if (*newval >= max_worker_processes)
+	{
+		GUC_check_errdetail("It must be lower than max_worker_processes (%d): the launcher needs one too.",
+							max_worker_processes);
+		return false;
+	}
+	return true;
+}
+
+/* Define the launcher's settings, register it, and hook utility commands. */
+void
+outbox_launcher_init(void)
+{
+	BackgroundWorker worker;
+
+	DefineCustomStringVariable("outbox.databases",
+							   "Databases the publishers serve: '*' (all with the extension) or a list of names.",
+							   "With '*', template databases and those that do not allow connections are left out; "
+							   "a list serves exactly the databases named.  outbox.database, if set, overrides this.",
+							   &outbox_databases,
+							   "*",
+							   PGC_SIGHUP,
+							   GUC_LIST_INPUT,
+							   check_databases, NULL, NULL);
+	DefineCustomIntVariable("outbox.max_workers",
+							"Most publisher workers of all databases together (0: no cap but max_worker_processes).",
+							"When the databases ask for more, they take turns of outbox.worker_time_slice.",
+							&outbox_max_workers,
+							0, 0, OUTBOX_MAX_DATABASES * OUTBOX_MAX_WORKERS,
+							PGC_SIGHUP,
+							0,
+							check_max_workers, NULL, NULL);
+	DefineCustomIntVariable("outbox.worker_time_slice",
+							"How long a database's publishers keep their turn while other databases wait for one.",
+							"Only matters when outbox.max_workers is lower than the workers the databases ask for.",
+							&outbox_time_slice_s,
+							10, 1, 3600,
+							PGC_SIGHUP,
+							GUC_UNIT_S,
+							NULL, NULL, NULL);
+
+	prev_ProcessUtility = ProcessUtility_hook;
+	ProcessUtility_hook = outbox_process_utility;
+
+	if (outbox_workers == 0)
+		return;
+	memset(&worker, 0, sizeof(worker));
+	worker.bgw_flags = BGWORKER_SHMEM_ACCESS | BGWORKER_BACKEND_DATABASE_CONNECTION;
+	worker.bgw_start_time = BgWorkerStart_RecoveryFinished;
+	worker.bgw_restart_time = 5;
+	snprintf(worker.bgw_library_name, BGW_MAXLEN, "outbox");
+	snprintf(worker.bgw_function_name, BGW_MAXLEN, "outbox_launcher_main");
+	snprintf(worker.bgw_type, BGW_MAXLEN, "outbox launcher");
+	snprintf(worker.bgw_name, BGW_MAXLEN, "outbox launcher");
+	RegisterBackgroundWorker(&worker);
+}
+
+/*
+ * Whether the settings want a database served; if not, *why says which
+ * setting leaves it out.
+ */
+bool
+outbox_database_wanted(const char *name, bool istemplate, bool allowconn,
+					   const char **why)
+{
+	char	   *copy;
+	List	   *names;
+	ListCell   *lc;
+	bool		found = false;
+
+	if (why)
+		*why = NULL;
+	if (outbox_database != NULL && outbox_database[0] != '\0')
+	{
+		if (strcmp(name, outbox_database) == 0)
+			return true;
+		if (why)
+			*why = psprintf("outbox.database is set to \"%s\": only that database is served", outbox_database);
+		return false;
+	}
+	if (strcmp(outbox_databases, "*") == 0)
+	{
+		if (why)
+			*why = istemplate ? "it is a template database, which outbox.databases = '*' leaves out"
+				: "it does not allow connections, which outbox.databases = '*' leaves out";
+		return !istemplate && allowconn;
+	}
+	copy = pstrdup(outbox_databases);
+	if (SplitIdentifierString(copy, ',', &names))
+	{
+		foreach(lc, names)
+		{
+			if (strcmp((char *) lfirst(lc), name) == 0)
+				found = true;
+		}
+	}
+	list_free(names);
+	pfree(copy);
+	if (!found && why)
+		*why = "outbox.databases does not list it";
+	return found;
+}
+
+/* ---------- shared state ---------- */
+
+/* The entry of a database, or NULL if the launcher has none for it. */
+OutboxDatabase *
+outbox_database_entry(Oid dboid)
+{
+	static OutboxDatabase *cached = NULL;
+
+	if (outbox_shared == NULL || !OidIsValid(dboid))
+		return NULL;
+	if (cached != NULL && cached->dboid == dboid)
+		return cached;
+	for (int i = 0; i < OUTBOX_MAX_DATABASES; i++)
+	{
+		if (outbox_shared->databases[i].dboid == dboid)
+		{
+			cached = &outbox_shared->databases[i];
+			return cached;
+		}
+	}
+	return NULL;
+}
+
+/* The counters of a database, or NULL if the launcher has no entry for it. */
+OutboxStats *
+outbox_database_stats(Oid dboid)
+{
+	OutboxDatabase *db = outbox_database_entry(dboid);
+
+	return db ? &db->stats : NULL;
+}
+
+/* Ask every worker of a database to exit between two batches. */
+static void
+request_yield(OutboxDatabase *db)
+{
+	for (int i = 0; i < OUTBOX_MAX_WORKERS; i++)
+	{
+		Latch	   *latch = db->workers[i].latch;
+
+		db->workers[i].yield = true;
+		if (latch != NULL)
+			SetLatch(latch);
+	}
+}
+
+/* Wake the launcher, if it runs. */
+static void
+wake_launcher(void)
+{
+	Latch	   *latch = outbox_shared->launcher_latch;
+
+	if (latch != NULL)
+		SetLatch(latch);
+}
+
+/* CREATE EXTENSION committed: the launcher probes every database again. */
+static void
+probe_xact_callback(XactEvent event, void *arg)
+{
+	if (event == XACT_EVENT_COMMIT && probe_at_commit && outbox_shared != NULL)
+	{
+		pg_atomic_fetch_add_u32(&outbox_shared->probe_generation, 1);
+		wake_launcher();
+	}
+	if (event == XACT_EVENT_COMMIT || event == XACT_EVENT_ABORT ||
+		event == XACT_EVENT_PREPARE)
+		probe_at_commit = false;
+}
+
+/* Called by CREATE EXTENSION: have this database probed once it commits. */
+void
+outbox_launcher_probe_at_commit(void)
+{
+	if (outbox_shared == NULL)
+		return;
+	if (!probe_callback_registered)
+	{
+		RegisterXactCallback(probe_xact_callback, NULL);
+		probe_callback_registered = true;
+	}
+	probe_at_commit = true;
+}
+
+/* ---------- DROP / ALTER DATABASE ---------- */
+
+/* Is any worker of the database, publisher or inbox, alive? */
+static bool
+workers_alive(OutboxDatabase *db)
+{
+	for (int i = 0; i < OUTBOX_MAX_WORKERS; i++)
+	{
+		pid_t		pid = db->workers[i].pid;
+
+		if (pid != 0 && (kill(pid, 0) == 0 || errno != ESRCH))
+			return true;
+	}
+	for (int i = 0; i < OUTBOX_MAX_INBOX_WORKERS; i++)
+	{
+		pid_t		pid = db->inbox_pids[i];
+
+		if (pid != 0 && (kill(pid, 0) == 0 || errno != ESRCH))
+			return true;
+	}
+	return false;
+}
+
+/* Wait up to ms for the database's workers to be gone. */
+static bool
+wait_workers_gone(OutboxDatabase *db, long ms)
+{
+	TimestampTz until = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), ms);
+
+	while (workers_alive(db))
+	{
+		if (GetCurrentTimestamp() >= until)
+			return false;
+		(void) WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
+						 10, PG_WAIT_EXTENSION);
+		ResetLatch(MyLatch);
+		CHECK_FOR_INTERRUPTS();
+	}
+	return true;
+}
+
+/*
+ * Hold a database and stop its workers, for a command that needs it to
+ * itself.  Only its owner (or a superuser) may: anyone else's command fails
+ * on permissions anyway, and must not pause the publishers on the way.
+ * The hold is in held_database as soon as it is taken, so that an error
+ * while waiting still ends it.
+ */
+static void
+hold_database(const char *name)
+{
+	Oid			dboid = get_database_oid(name, true);
+	OutboxDatabase *db = outbox_database_entry(dboid);
+
+	if (db == NULL)
+		return;
+#if PG_VERSION_NUM >= 160000
+	if (!object_ownercheck(DatabaseRelationId, dboid, GetUserId()))
+#else
+	if (!pg_database_ownercheck(dboid, GetUserId()))
+#endif
+		return;
+	db->held_until = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), HOLD_MAX_MS);
+	held_database = db;
+	request_yield(db);
+	if (!wait_workers_gone(db, HOLD_GRACE_MS))
+	{
+		/* Inbox workers too: their stored offsets make any stop safe. */
+		for (int i = 0; i < OUTBOX_MAX_WORKERS; i++)
+		{
+			pid_t		pid = db->workers[i].pid;
+
+			if (pid != 0)
+				(void) kill(pid, SIGTERM);
+		}
+		for (int i = 0; i < OUTBOX_MAX_INBOX_WORKERS; i++)
+		{
+			pid_t		pid = db->inbox_pids[i];
+
+			if (pid != 0)
+				(void) kill(pid, SIGTERM);
+		}
+		(void) wait_workers_gone(db, HOLD_TERMINATE_MS);
+	}
+}
+
+/* The value of a command's option, or NULL. */
+static const char *
+option_string(List *options, const char *option)
+{
+	ListCell   *lc;
+
+	foreach(lc, options)
+	{
+		DefElem    *def = lfirst_node(DefElem, lc);
+
+		if (strcmp(def->defname, option) == 0 && def->arg != NULL)
+			return defGetString(def);
+	}
+	return NULL;
+}
+
+/* The database a utility command needs to itself, or NULL. */
+static const char *
+database_needed_alone(Node *stmt)
+{
+	switch (nodeTag(stmt))
+	{
+		case T_DropdbStmt:
+			return ((DropdbStmt *) stmt)->dbname;
+		case T_RenameStmt:
+			if (((RenameStmt *) stmt)->renameType == OBJECT_DATABASE)
+				return ((RenameStmt *) stmt)->subname;
+			return NULL;
+		case T_AlterDatabaseStmt:
+			if (option_string(((AlterDatabaseStmt *) stmt)->options, "tablespace") != NULL)
+				return ((AlterDatabaseStmt *) stmt)->dbname;
+			return NULL;
+		case T_CreatedbStmt:
+			return option_string(((CreatedbStmt *) stmt)->options, "template");
+		default:
+			return NULL;
+	}
+}
+
+/*
+ * Before DROP DATABASE and the like, stop the database's publishers; let
+ * the launcher start them again when the command is over (if the database
+ * is still there).
+ */
+static void
+outbox_process_utility(UTILITY_ARGS)
+{
+	const char *name = outbox_shared ? database_needed_alone(pstmt->utilityStmt) : NULL;
+
+	PG_TRY();
+	{
+		if (name != NULL)
+			hold_database(name);
+		if (prev_ProcessUtility)
+			prev_ProcessUtility(UTILITY_PASS);
+		else
+			standard_ProcessUtility(UTILITY_PASS);
+	}
+	PG_FINALLY();
+	{
+		/* Only the invocation that took the hold ends it. */
+		if (name != NULL && held_database != NULL)
+		{
+			held_database->held_until = 0;
+			held_database = NULL;
+			wake_launcher();
+		}
+	}
+	PG_END_TRY();
+}
+
+/* ---------- the launcher ---------- */
+
+/* Start worker i of database entry e; false if no slot is free. */
+static bool
+start_worker(int e, int i)
+{
+	OutboxDatabase *db = &outbox_shared->databases[e];
+	LauncherDatabase *ldb = &launcher_dbs[e];
+	BackgroundWorker worker;
+
+	memset(&worker, 0, sizeof(worker));
+	worker.bgw_flags = BGWORKER_SHMEM_ACCESS | BGWORKER_BACKEND_DATABASE_CONNECTION;
+	worker.bgw_start_time = BgWorkerStart_RecoveryFinished;
+	worker.bgw_restart_time = BGW_NEVER_RESTART;
+	snprintf(worker.bgw_library_name, BGW_MAXLEN, "outbox");
+	snprintf(worker.bgw_function_name, BGW_MAXLEN, "outbox_worker_main");
+	snprintf(worker.bgw_type, BGW_MAXLEN, "outbox publisher");
+	snprintf(worker.bgw_name, BGW_MAXLEN, "outbox publisher %d of %s", i, NameStr(db->name));
+	worker.bgw_main_arg = UInt32GetDatum(((uint32) e << 16) | (uint32) i);
+	worker.bgw_notify_pid = MyProcPid;
+	db->workers[i].yield = false;
+	ldb->probed_generation = probe_generation;
+	if (!RegisterDynamicBackgroundWorker(&worker, &ldb->handles[i]))
+	{
+		ldb->handles[i] = NULL;
+		return false;
+	}
+	return true;
+}
+
+/* Count each entry's live workers; note turns that ended and probes that failed. */
+static void
+collect_workers(TimestampTz now)
+{
+	for (int e = 0; e < OUTBOX_MAX_DATABASES; e++)
+	{
+		OutboxDatabase *db = &outbox_shared->databases[e];
+		LauncherDatabase *ldb = &launcher_dbs[e];
+		int			running = 0;
+
+		if (!OidIsValid(db->dboid))
+			continue;
+		for (int i = 0; i < OUTBOX_MAX_WORKERS; i++)
+		{
+			pid_t		pid;
+			bool		alive = false;
+
+			if (ldb->handles[i] != NULL)
+			{
+				alive = GetBackgroundWorkerPid(ldb->handles[i], &pid) != BGWH_STOPPED;
+				if (!alive)
+				{
+					/* After an exit, wait a little: never a crash loop. */
+					pfree(ldb->handles[i]);
+					ldb->handles[i] = NULL;
+					ldb->next_start[i] = TimestampTzPlusMilliseconds(now, RESTART_INTERVAL_MS);
+				}
+			}
+			/* One started by a launcher before a restart of ours. */
+			pid = db->workers[i].pid;
+			if (!alive && pid != 0 && (kill(pid, 0) == 0 || errno != ESRCH))
+				alive = true;
+			if (alive)
+				running++;
+		}
+		if (running == 0 && ldb->running > 0)
+		{
+			ldb->turn_ended = now;
+			ldb->yielding = false;
+			/*
+			 * A probe that found no extension: again in a while, or at once
+			 * if a CREATE EXTENSION committed since it started.
+			 */
+			if (db->state == ODB_ABSENT)
+			{
+				ldb->next_start[0] = 0;
+				ldb->next_probe_at = ldb->probed_generation != probe_generation ? 0 :
+					TimestampTzPlusMilliseconds(now, PROBE_INTERVAL_MS);
+			}
+		}
+		ldb->running = running;
+	}
+}
+
+/* Take up a database: an entry for it, or NULL if all are taken. */
+static OutboxDatabase *
+take_up_database(Oid dboid, const char *name)
+{
+	for (int e = 0; e < OUTBOX_MAX_DATABASES; e++)
+	{
+		OutboxDatabase *db = &outbox_shared->databases[e];
+
+		if (OidIsValid(db->dboid) || launcher_dbs[e].running > 0)
+			continue;
+		memset(db->workers, 0, sizeof(db->workers));
+		memset((void *) db->inbox_pids, 0, sizeof(db->inbox_pids));
+		db->inbox_idle_until = 0;
+		outbox_stats_init(&db->stats, false);
+		namestrcpy(&db->name, name);
+		db->state = ODB_UNKNOWN;
+		db->held_until = 0;
+		db->waiting_since = 0;
+		db->turn_started = 0;
+		memset(&launcher_dbs[e], 0, sizeof(LauncherDatabase));
+		pg_write_barrier();
+		db->dboid = dboid;
+		return db;
+	}
+	return NULL;
+}
+
+/*
+ * Scan pg_database: take up the databases the settings want, follow
+ * renames, and mark the rest.  Connected to no database, only a heap scan
+ * of a shared catalog works (see inbox_worker.c's database_exists).
+ */
+static void
+scan_databases(void)
+{
+	Relation	rel;
+	TableScanDesc scan;
+	HeapTuple	tup;
+	bool		full = false;
+
+	for (int e = 0; e < OUTBOX_MAX_DATABASES; e++)
+		launcher_dbs[e].listed = false;
+
+	StartTransactionCommand();
+	rel = table_open(DatabaseRelationId, AccessShareLock);
+	scan = table_beginscan_catalog(rel, 0, NULL);
+	while (HeapTupleIsValid(tup = heap_getnext(scan, ForwardScanDirection)))
+	{
+		Form_pg_database f = (Form_pg_database) GETSTRUCT(tup);
+		OutboxDatabase *db;
+
+		if (!outbox_database_wanted(NameStr(f->datname), f->datistemplate,
+									f->datallowconn, NULL))
+			continue;
+		db = outbox_database_entry(f->oid);
+		if (db == NULL)
+			db = take_up_database(f->oid, NameStr(f->datname));
+		if (db == NULL)
+		{
+			full = true;
+			continue;
+		}
+		if (strcmp(NameStr(db->name), NameStr(f->datname)) != 0)
+			namestrcpy(&db->name, NameStr(f->datname));
+		launcher_dbs[db - outbox_shared->databases].listed = true;
+	}
+	table_endscan(scan);
+	table_close(rel, AccessShareLock);
+	CommitTransactionCommand();
+
+	if (full && !logged_full)
+		ereport(LOG,
+				(errmsg("outbox launcher: more than %d databases to serve; some are not served",
+						OUTBOX_MAX_DATABASES),
+				 errhint("Restrict outbox.databases to the databases that have the extension.")));
+	logged_full = full;
+}
+
+/* Stop serving databases that left pg_database or the settings; free their entries. */
+static void
+release_databases(void)
+{
+	for (int e = 0; e < OUTBOX_MAX_DATABASES; e++)
+	{
+		OutboxDatabase *db = &outbox_shared->databases[e];
+		LauncherDatabase *ldb = &launcher_dbs[e];
+
+		if (!OidIsValid(db->dboid) || ldb->listed)
+			continue;
+		if (ldb->running > 0)
+		{
+			request_yield(db);
+			continue;
+		}
+		db->dboid = InvalidOid;
+		db->waiting_since = 0;
+	}
+}
+
+/* Is worker i of entry e alive (started by us, or by a launcher before us)? */
+static bool
+slot_alive(int e, int i)
+{
+	pid_t		pid;
+
+	if (launcher_dbs[e].handles[i] != NULL &&
+		GetBackgroundWorkerPid(launcher_dbs[e].handles[i], &pid) != BGWH_STOPPED)
+		return true;
+	pid = outbox_shared->databases[e].workers[i].pid;
+	return pid != 0 && (kill(pid, 0) == 0 || errno != ESRCH);
+}
+
+/*
+ * How many workers a database asks for: outbox.workers where the extension
+ * is, one probe where it is not known (or due to be probed again), none
+ * while a DROP/ALTER DATABASE holds it.
+ */
+static int
+workers_wanted(int e, TimestampTz now)
+{
+	OutboxDatabase *db = &outbox_shared->databases[e];
+	LauncherDatabase *ldb = &launcher_dbs[e];
+
+	if (!OidIsValid(db->dboid) || !ldb->listed || db->held_until > now)
+		return 0;
+	if (db->state == ODB_SERVED)
+		return outbox_workers;
+	return (ldb->running > 0 || now >= ldb->next_probe_at) ? 1 : 0;
+}
+
+/*
+ * Start what is missing of workers 0..want-1 of entry e while the cap
+ * allows; returns how many were started.  *total counts the cluster's.
+ */
+static int
+start_workers(int e, int want, int cap, int *total, TimestampTz now)
+{
+	static bool logged_no_slot = false;
+	int			started = 0;
+
+	for (int i = 0; i < want && *total < cap; i++)
+	{
+		if (slot_alive(e, i))
+			continue;
+		/* Lower numbers first: a free slot waits for one that is to restart. */
+		if (now < launcher_dbs[e].next_start[i])
+			break;
+		if (!start_worker(e, i))
+		{
+			if (!logged_no_slot)
+				ereport(LOG,
+						(errmsg("outbox launcher: no background worker slot for publisher %d of database \"%s\"",
+								i, NameStr(outbox_shared->databases[e].name)),
+						 errhint("Raise max_worker_processes, or lower outbox.max_workers or outbox.workers.")));
+			logged_no_slot = true;
+			break;
+		}
+		logged_no_slot = false;
+		started++;
+		(*total)++;
+	}
+	return started;
+}
+
+/* Waiting databases in the order of their turns: the longest without one first. */
+static int
+turn_order_cmp(const void *a, const void *b)
+{
+	TimestampTz ta = launcher_dbs[*(const int *) a].turn_ended;
+	TimestampTz tb = launcher_dbs[*(const int *) b].turn_ended;
+
+	return (ta > tb) - (ta < tb);
+}
+
+/*
+ * When a database waits for a turn and no worker can start, ask the one
+ * whose turn is the oldest, and over, to make way (one at a time).  Over
+ * the cap (outbox.max_workers was lowered), the oldest turn ends at once.
+ */
+static void
+rotate_turns(TimestampTz now, bool over_cap)
+{
+	int			oldest = -1;
+
+	for (int e = 0; e < OUTBOX_MAX_DATABASES; e++)
+	{
+		OutboxDatabase *db = &outbox_shared->databases[e];
+
+		if (!OidIsValid(db->dboid) || launcher_dbs[e].running == 0)
+			continue;
+		if (launcher_dbs[e].yielding)
+			return;
+		if ((over_cap ||
+			 TimestampDifferenceExceeds(db->turn_started, now, outbox_time_slice_s * 1000)) &&
+			(oldest < 0 || db->turn_started < outbox_shared->databases[oldest].turn_started))
+			oldest = e;
+	}
+	if (oldest >= 0)
+	{
+		launcher_dbs[oldest].yielding = true;
+		request_yield(&outbox_shared->databases[oldest]);
+	}
+}
+
+/*
+ * Give workers to the databases: first complete those whose turn goes on,
+ * then start the waiting ones, longest waiting first, within the cap.
+ */
+static void
+schedule(TimestampTz now)
+{
+	int			cap = outbox_max_workers > 0 ? outbox_max_workers : INT_MAX;
+	int			total = 0;
+	int			order[OUTBOX_MAX_DATABASES];
+	int			norder = 0;
+	int			waiting = 0;
+
+	for (int e = 0; e < OUTBOX_MAX_DATABASES; e++)
+		total += launcher_dbs[e].running;
+	for (int e = 0; e < OUTBOX_MAX_DATABASES; e++)
+	{
+		int			want = workers_wanted(e, now);
+
+		if (want == 0)
+			outbox_shared->databases[e].waiting_since = 0;
+		else if (launcher_dbs[e].running > 0)
+		{
+			if (!launcher_dbs[e].yielding)
+				(void) start_workers(e, want, cap, &total, now);
+		}
+		else
+			order[norder++] = e;
+	}
+	qsort(order, norder, sizeof(int), turn_order_cmp);
+	for (int k = 0; k < norder; k++)
+	{
+		int			e = order[k];
+		OutboxDatabase *db = &outbox_shared->databases[e];
+
+		if (total >= cap)
+		{
+			if (db->waiting_since == 0)
+				db->waiting_since = now;
+			waiting++;
+			continue;
+		}
+		if (start_workers(e, workers_wanted(e, now), cap, &total, now) > 0)
+		{
+			db->turn_started = now;
+			db->waiting_since = 0;
+		}
+	}
+	pg_atomic_write_u32(&outbox_shared->databases_waiting, waiting);
+	if (waiting > 0 || total > cap)
+		rotate_turns(now, total > cap);
+}
+
+/* The launcher is gone: nobody to wake. */
+static void
+launcher_exit(int code, Datum arg)
+{
+	outbox_shared->launcher_latch = NULL;
+}
+
+/* The launcher: serve every database the settings want, forever. */
+void
+outbox_launcher_main(Datum main_arg)
+{
+
+	pqsignal(SIGHUP, SignalHandlerForConfigReload);
+	pqsignal(SIGTERM, die);
+	BackgroundWorkerUnblockSignals();
+	BackgroundWorkerInitializeConnection(NULL, NULL, 0);
+
+	outbox_shared->launcher_latch = MyLatch;
+	on_shmem_exit(launcher_exit, (Datum) 0);
+	probe_generation = pg_atomic_read_u32(&outbox_shared->probe_generation);
+	ereport(LOG, (errmsg("outbox launcher started")));
+
+	for (;;)
+	{
+		TimestampTz now = GetCurrentTimestamp();
+		uint32		generation;
+
+		CHECK_FOR_INTERRUPTS();
+		if (ConfigReloadPending)
+		{
+			ConfigReloadPending = false;
+			ProcessConfigFile(PGC_SIGHUP);
+		}
+		/* CREATE EXTENSION somewhere: probe every database without it now. */
+		generation = pg_atomic_read_u32(&outbox_shared->probe_generation);
+		if (generation != probe_generation)
+		{
+			probe_generation = generation;
+			for (int e = 0; e < OUTBOX_MAX_DATABASES; e++)
+				launcher_dbs[e].next_probe_at = 0;
+		}
+		collect_workers(now);
+		scan_databases();
+		release_databases();
+		schedule(now);
+
+		pgstat_report_activity(STATE_IDLE, NULL);
+		(void) WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
+						 LAUNCHER_NAP_MS, PG_WAIT_EXTENSION);
+		ResetLatch(MyLatch);
+	}
+}
