@@ -425,6 +425,9 @@ inbox_launch_everywhere(void)
 				continue;
 			if (now < next_start[e][i])
 				continue;
+			if (handles[e][i] != NULL)
+				pfree(handles[e][i]);
+			handles[e][i] = NULL;
 			next_start[e][i] = TimestampTzPlusMilliseconds(now, 5000);
 			if (!start_database_inbox_worker(e, i, &handles[e][i]))
 			{

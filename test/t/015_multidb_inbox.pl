@@ -42,16 +42,22 @@ sub wait_until
 }
 
 # Two consumer databases, each subscribing its own consumer group to the
-# topic the producer database ("postgres") emits to.
+# topic the producer database ("postgres") emits to.  Handlers never run as
+# a superuser: role app subscribes.
+$node->safe_psql('postgres', 'CREATE ROLE app LOGIN');
 for my $db ('shop', 'billing')
 {
 	$node->safe_psql('postgres', "CREATE DATABASE $db");
 	$node->safe_psql($db, qq{
 CREATE EXTENSION outbox;
-CREATE TABLE applied (aggregate_id text, version bigint);
-CREATE FUNCTION apply(m inbox_message) RETURNS void LANGUAGE sql
-  AS \$\$ INSERT INTO public.applied VALUES (m.aggregate_id, m.aggregate_version) \$\$;
-SELECT inbox_subscribe('$db-consumer', ARRAY['$topic'], 'apply(inbox_message)'::regprocedure);
+CREATE SCHEMA app AUTHORIZATION app;
+GRANT EXECUTE ON FUNCTION inbox_subscribe(text, text[], regprocedure) TO app;
+SET ROLE app;
+CREATE TABLE app.applied (aggregate_id text, version bigint);
+CREATE FUNCTION app.apply(m inbox_message) RETURNS void LANGUAGE sql
+  AS \$\$ INSERT INTO app.applied VALUES (m.aggregate_id, m.aggregate_version) \$\$;
+SELECT inbox_subscribe('$db-consumer', ARRAY['$topic'], 'app.apply(inbox_message)'::regprocedure);
+RESET ROLE;
 });
 }
 
@@ -61,9 +67,9 @@ $node->safe_psql('postgres',
 	"SELECT outbox_emit('order', 'o-' || (g % 10), 'E', '{}', topic => '$topic') FROM generate_series(1, 200) g");
 for my $db ('shop', 'billing')
 {
-	ok(defined wait_until(sub { $node->safe_psql($db, 'SELECT count(*) FROM applied') == 200 }, 120),
+	ok(defined wait_until(sub { $node->safe_psql($db, 'SELECT count(*) FROM app.applied') == 200 }, 120),
 		"$db applied every event");
-	is($node->safe_psql($db, q{SELECT count(*) FROM (SELECT aggregate_id FROM applied GROUP BY 1
+	is($node->safe_psql($db, q{SELECT count(*) FROM (SELECT aggregate_id FROM app.applied GROUP BY 1
 		HAVING count(*) <> max(version) OR count(DISTINCT version) <> count(*)) s}), '0',
 		"$db: each version once");
 }
@@ -75,7 +81,7 @@ my ($rc, $out, $err) = $node->psql('postgres', 'DROP DATABASE billing');
 is($rc, 0, 'plain DROP DATABASE with an inbox worker connected succeeds') or diag $err;
 $node->safe_psql('postgres',
 	"SELECT outbox_emit('order', 'o-' || (g % 10), 'E', '{}', topic => '$topic') FROM generate_series(1, 50) g");
-ok(defined wait_until(sub { $node->safe_psql('shop', 'SELECT count(*) FROM applied') == 250 }, 120),
+ok(defined wait_until(sub { $node->safe_psql('shop', 'SELECT count(*) FROM app.applied') == 250 }, 120),
 	'the other database goes on applying');
 
 $node->stop;
