@@ -47,6 +47,7 @@ static shmem_request_hook_type prev_shmem_request_hook = NULL;
 #endif
 static shmem_startup_hook_type prev_shmem_startup_hook = NULL;
 
+/* Shared memory the extension needs. */
 static Size
 outbox_shmem_size(void)
 {
@@ -54,6 +55,7 @@ outbox_shmem_size(void)
 }
 
 #if PG_VERSION_NUM >= 150000
+/* Ask for our shared memory (PostgreSQL 15 and later). */
 static void
 outbox_shmem_request(void)
 {
@@ -63,6 +65,7 @@ outbox_shmem_request(void)
 }
 #endif
 
+/* Create or attach to our shared memory. */
 static void
 outbox_shmem_startup(void)
 {
@@ -113,6 +116,7 @@ outbox_xact_callback(XactEvent event, void *arg)
 	}
 }
 
+/* Set every publisher's latch. */
 void
 outbox_wake_workers(void)
 {
@@ -125,6 +129,7 @@ outbox_wake_workers(void)
 	}
 }
 
+/* This transaction emitted: wake the publishers when it commits. */
 void
 outbox_note_emit(void)
 {
@@ -226,6 +231,7 @@ define_postmaster_settings(void)
 							 NULL, NULL, NULL);
 }
 
+/* Module load: settings, and with the preload, shared memory and the workers. */
 void
 _PG_init(void)
 {

@@ -64,6 +64,7 @@ outbox_stats_init(OutboxStats *stats, bool found)
 	pg_atomic_init_u64(&stats->latency_sum_us, 0);
 }
 
+/* Add n to a counter. */
 void
 outbox_count(OutboxCounter c, uint64 n)
 {
@@ -71,6 +72,7 @@ outbox_count(OutboxCounter c, uint64 n)
 		pg_atomic_fetch_add_u64(&shared_stats->counters[c], n);
 }
 
+/* Count one emit-to-acknowledgement latency in the histogram. */
 void
 outbox_observe_latency(int64 usec)
 {
@@ -87,6 +89,7 @@ outbox_observe_latency(int64 usec)
 	pg_atomic_fetch_add_u64(&shared_stats->latency_sum_us, (uint64) usec);
 }
 
+/* The SQL functions need the counters: the library must be preloaded. */
 static void
 require_shared_memory(void)
 {

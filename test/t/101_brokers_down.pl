@@ -46,11 +46,11 @@ my $t_down = time;
 my $id_down = max_id($node);
 note sprintf "all_down at %.1f s, %d events emitted", $t_down - $t_start, $id_down;
 
-# The batch in flight at all_down waits outbox.delivery_timeout (5 s here)
-# and then commits what had been acknowledged before the brokers went
-# away.  Wait for that (however long it takes) instead of guessing: a
-# delivery timeout, and then the batch committed (the batches counter moved)
-# or the worker is past it (idle, or reading or producing the next batch).
+# The messages out at all_down stay out; after outbox.delivery_timeout (5 s
+# here) they count as timed out.  Wait for that (however long it takes)
+# instead of guessing: a delivery timeout, and then another batch read (the
+# batches counter moved) or the worker waiting (idle, or reading or
+# producing).
 $t0 = time;
 sleep 0.1 while counter($node, 'delivery_timeouts') == $timeouts0 && time - $t0 < 120;
 cmp_ok(counter($node, 'delivery_timeouts'), '>', $timeouts0,
