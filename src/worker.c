@@ -346,13 +346,15 @@ pipeline_step(void)
  * Sleep up to wait_ms or until woken: by the latch (a commit that emitted),
  * or by a delivery report that lets an aggregate settle, or when messages
  * pass outbox.delivery_timeout (to show them stalled), or when reading may
- * resume.  Returns the WaitLatch result (0 when the wait ended otherwise).
+ * resume (not after an error: that waits out its backoff).  Returns the
+ * WaitLatch result (0 when the wait ended otherwise).
  */
 static int
-idle_wait(long wait_ms)
+idle_wait(long wait_ms, bool failed)
 {
 	TimestampTz end = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), wait_ms);
-	bool		held = publish_hold_reading_ms() > 0;
+	bool		held = !failed && publish_hold_reading_ms() > 0;
+	bool		settle = !failed && publish_pending_marks == NULL;
 
 	for (;;)
 	{
@@ -366,7 +368,7 @@ idle_wait(long wait_ms)
 			remaining = Min(remaining, STALLED_POLL_MS);
 		if (held)
 			remaining = Min(remaining, Max(publish_hold_reading_ms(), 1));
-		if (!publish_settle_due(&due_ms) && publish_any_ready())
+		if (settle && !publish_settle_due(&due_ms) && publish_any_ready())
 			remaining = Min(remaining, Max(due_ms, 1));
 		rc = WaitLatchOrSocket(MyLatch,
 							   WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH |
@@ -376,7 +378,8 @@ idle_wait(long wait_ms)
 		publish_serve_reports();
 		if (rc & WL_LATCH_SET)
 			return rc;
-		if (publish_settle_due(NULL) || publish_check_timeouts() > 0 ||
+		if (publish_check_timeouts() > 0 ||
+			(settle && publish_settle_due(NULL)) ||
 			(held && publish_hold_reading_ms() == 0))
 			return 0;
 		if (GetCurrentTimestamp() >= end)
@@ -676,7 +679,7 @@ outbox_worker_main(Datum main_arg)
 		}
 
 		show_waiting_state(failed);
-		rc = idle_wait(wait_ms);
+		rc = idle_wait(wait_ms, failed);
 		if (rc & WL_LATCH_SET)
 			outbox_count(OC_WAKEUPS, 1);
 		else if (rc & WL_TIMEOUT)
