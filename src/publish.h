@@ -164,7 +164,7 @@ extern int	publish_check_timeouts(void);
 extern long publish_stalled_count(void);
 extern int	publish_reports_fd(void);
 extern bool publish_any_ready(void);
-extern bool publish_any_outstanding(void);
+extern int	publish_outstanding(void);
 extern const char *publish_event_destination(BatchEvent *ev);
 extern bool publish_shared_request(Flight *f, int index);
 

@@ -33,9 +33,12 @@
  * a batch read while the last one is still out re-reads its rows (pending
  * until settled) only to skip them, so the healthy case waits the few
  * milliseconds acknowledgements take, and a partition that does not
- * acknowledge holds up reading only this long.
+ * acknowledge holds up reading only this long: 10 ms, and 1 ms more per
+ * 100 events of the flight (a large one takes longer to acknowledge), up
+ * to 200 ms.
  */
 #define HOLD_READING_MS 10
+#define HOLD_READING_MAX_MS 200
 
 int			outbox_delivery_timeout_ms = 10000;
 int			outbox_batch_aggregates = 10000;
@@ -454,12 +457,14 @@ long
 publish_hold_reading_ms(void)
 {
 	Flight	   *f = publish_flights;
+	long		limit;
 	long		age;
 
 	if (f == NULL || f->outstanding == 0)
 		return 0;
+	limit = Min(HOLD_READING_MS + f->nevents / 100, HOLD_READING_MAX_MS);
 	age = TimestampDifferenceMilliseconds(f->produced_at, GetCurrentTimestamp());
-	return age < HOLD_READING_MS ? HOLD_READING_MS - age : 0;
+	return age < limit ? limit - age : 0;
 }
 
 /* Serve the delivery reports that arrived (and drain the wake-up pipe). */
@@ -613,14 +618,15 @@ await_flight(Flight *f, TimestampTz deadline)
 	return true;
 }
 
-/* Has any flight messages out? */
-bool
-publish_any_outstanding(void)
+/* Messages out, of all flights. */
+int
+publish_outstanding(void)
 {
+	int			n = 0;
+
 	for (Flight *f = publish_flights; f != NULL; f = f->next)
-		if (f->outstanding > 0)
-			return true;
-	return false;
+		n += f->outstanding;
+	return n;
 }
 
 /* Do other flights than f have messages out? */

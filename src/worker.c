@@ -301,7 +301,7 @@ kafka_unreachable(void)
 {
 	TimestampTz since;
 
-	return publish_any_outstanding() && outbox_kafka_condition(&since) != NULL;
+	return publish_outstanding() > 0 && outbox_kafka_condition(&since) != NULL;
 }
 
 /*
