@@ -647,6 +647,7 @@ condition_set(rd_kafka_resp_err_t err, const char *what, const char *reason)
 			 errhint("The publisher keeps retrying; events wait in the outbox.")));
 }
 
+/* A message's delivery report: fill in its slot, if it is still tracked. */
 static void
 delivery_report(rd_kafka_t *rk, const rd_kafka_message_t *msg, void *opaque)
 {
@@ -660,17 +661,12 @@ delivery_report(rd_kafka_t *rk, const rd_kafka_message_t *msg, void *opaque)
 		condition_clear();
 	if (tracker == NULL)
 		return;
-	if (generation != tracker->generation)
+	r = tracker->result_slot(generation, index);
+	if (r == NULL)
 	{
 		tracker->stale_reports++;
-		if (tracker->stale_report)
-			tracker->stale_report(generation, index);
 		return;
 	}
-	/* No batch is being tracked (results == NULL) between batches. */
-	if (tracker->results == NULL || index < 0 || index >= tracker->nresults)
-		return;
-	r = &tracker->results[index];
 	if (r->done)
 		return;
 	r->done = true;
@@ -679,7 +675,7 @@ delivery_report(rd_kafka_t *rk, const rd_kafka_message_t *msg, void *opaque)
 	r->partition = msg->partition;
 	r->offset = msg->offset;
 	r->acked_at = GetCurrentTimestamp();
-	tracker->outstanding--;
+	tracker->delivered(generation, index);
 }
 
 /*

@@ -24,19 +24,17 @@ typedef struct DeliveryResult
 } DeliveryResult;
 
 /*
- * Delivery reports are matched to the current batch by a generation number
- * carried in the message opaque, so that reports of an abandoned batch
- * (delivered after the worker stopped waiting for them) are only counted.
+ * Where delivery reports go: the message opaque carries a generation (one
+ * per batch produced) and an index in it; the worker looks the pair up.
+ * Both callbacks run inside rd_kafka_poll() and must not ereport.
  */
 typedef struct DeliveryTracker
 {
-	uint32		generation;
-	DeliveryResult *results;
-	int			nresults;
-	int			outstanding;	/* of the current batch */
-	int64		stale_reports;
-	/* Called for a report of an earlier batch; must not ereport. */
-	void		(*stale_report) (uint32 generation, int index);
+	/* The result slot of message (generation, index), or NULL if unknown. */
+	DeliveryResult *(*result_slot) (uint32 generation, int index);
+	/* Called once that slot was filled in. */
+	void		(*delivered) (uint32 generation, int index);
+	int64		stale_reports;	/* reports of messages no longer tracked */
 } DeliveryTracker;
 
 /* Settings (defined by outbox_kafka_init) */

@@ -48,6 +48,7 @@ static shmem_request_hook_type prev_shmem_request_hook = NULL;
 #endif
 static shmem_startup_hook_type prev_shmem_startup_hook = NULL;
 
+/* Shared memory the extension needs. */
 static Size
 outbox_shmem_size(void)
 {
@@ -55,6 +56,7 @@ outbox_shmem_size(void)
 }
 
 #if PG_VERSION_NUM >= 150000
+/* Ask for our shared memory (PostgreSQL 15 and later). */
 static void
 outbox_shmem_request(void)
 {
@@ -64,6 +66,7 @@ outbox_shmem_request(void)
 }
 #endif
 
+/* Create or attach to our shared memory. */
 static void
 outbox_shmem_startup(void)
 {
@@ -134,6 +137,7 @@ outbox_wake_workers(void)
 	}
 }
 
+/* This transaction emitted: wake the publishers when it commits. */
 void
 outbox_note_emit(void)
 {
@@ -236,6 +240,7 @@ define_postmaster_settings(void)
 							 NULL, NULL, NULL);
 }
 
+/* Module load: settings, and with the preload, shared memory and the workers. */
 void
 _PG_init(void)
 {

@@ -70,7 +70,35 @@ typedef struct BatchAggregate
 	const char *destination;	/* topic of its first produced event */
 	int			head;
 	int			tail;
+	int			nevents;		/* its events in the batch */
+	int			unreported;		/* produced messages not yet reported */
+	bool		collected;		/* its outcome is in a settling transaction */
+	bool		settled;		/* ... which committed (or nothing to settle) */
 } BatchAggregate;
+
+/*
+ * A flight: one batch read and produced in one transaction, whose messages
+ * are in flight until Kafka reports them and whose aggregates stay "busy"
+ * (not read again) until their outcome is committed.  It lives in its own
+ * memory context until every aggregate is settled.
+ */
+typedef struct Flight
+{
+	uint32		generation;		/* carried in its messages' opaque */
+	MemoryContext cxt;
+	BatchEvent *events;
+	int			nevents;
+	int64		bytes;			/* what outbox.batch_bytes counts */
+	DeliveryResult *results;	/* per event */
+	HTAB	   *aggregates;		/* BatchAggregate by aggregate id */
+	int			outstanding;	/* produced, not yet reported */
+	int			unsettled;		/* locked aggregates not yet settled */
+	int			live_events;	/* events of those: what is in flight */
+	TimestampTz produced_at;
+	bool		timed_out;		/* unreported past outbox.delivery_timeout */
+	bool		after_others;	/* other flights had messages out meanwhile */
+	struct Flight *next;
+} Flight;
 
 /*
  * What Kafka acknowledged but is not yet marked in the database: kept (in
@@ -105,7 +133,7 @@ extern int	outbox_batch_events;
 extern int	outbox_batch_bytes;
 extern void publish_read_init(void);
 extern bool publish_lookup_extension(void);
-extern int	publish_fetch(Datum *args, MemoryContext cxt, BatchEvent **events_out);
+extern int	publish_fetch(Datum *args, Flight *f, int max_events, int64 max_bytes);
 
 /* publish_durable.c: publish only durable commits */
 extern int	outbox_standby_confirmations;
@@ -117,25 +145,29 @@ extern void publish_make_durable(XLogRecPtr upto);
 extern int	outbox_delivery_timeout_ms;
 extern int	outbox_batch_aggregates;
 extern rd_kafka_t *publish_producer;
-extern DeliveryTracker publish_tracker;
-extern HTAB *publish_stalled_aggregates;
+extern Flight *publish_flights;
 extern void publish_produce_init(void);
 extern void publish_produce_start(void);
-extern HTAB *publish_aggregate_table(const char *name, Size entrysize, long nelem,
-									 MemoryContext cxt);
 extern void publish_check_producer_settings(void);
 extern void publish_ensure_producer(void);
 extern void publish_drop_producer(void);
 extern void publish_check_fatal(void);
-extern Datum publish_stalled_array(void);
-extern void publish_begin_tracking(BatchEvent *events, int nevents, MemoryContext cxt);
-extern void publish_end_tracking(void);
-extern bool publish_await_deliveries(TimestampTz deadline);
-extern void publish_stall_current(void);
-extern int	publish_produce_batch(BatchEvent *events, int nevents, HTAB *aggregates,
-								  int *naggregates, TimestampTz deadline);
+extern Flight *publish_flight_begin(void);
+extern int	publish_produce_flight(Flight *f, TimestampTz deadline);
+extern void publish_flight_end(Flight *f);
+extern bool publish_aggregate_busy(const char *aggregate_id);
+extern void publish_aggregate_settled(Flight *f, BatchAggregate *agg);
+extern void publish_free_settled_flights(void);
+extern void publish_in_flight(int *events, int64 *bytes);
+extern long publish_hold_reading_ms(void);
+extern void publish_serve_reports(void);
+extern int	publish_check_timeouts(void);
+extern long publish_stalled_count(void);
+extern int	publish_reports_fd(void);
+extern bool publish_any_ready(void);
+extern int	publish_outstanding(void);
 extern const char *publish_event_destination(BatchEvent *ev);
-extern bool publish_shared_request(BatchEvent *events, int nevents, int index);
+extern bool publish_shared_request(Flight *f, int index);
 
 /* publish_poison.c: failures and the poison policy */
 extern int	outbox_max_attempts;
@@ -152,8 +184,9 @@ extern bool publish_last_error_is_size(BatchEvent *ev);
 extern PendingMarks *publish_pending_marks;
 extern void publish_settle_start(void);
 extern void publish_settle_prepare(const char *schema);
-extern int	publish_settle_batch(BatchEvent *events, int nevents, HTAB *aggregates,
-								 int naggregates, MemoryContext cxt);
+extern int	publish_settle_ready(void);
+extern bool publish_settle_due(long *wait_ms);
+extern void publish_settle_abort(void);
 extern int	publish_retry_marks(void);
 
 /* retention.c: deleting what is past outbox.retention */

@@ -1,14 +1,17 @@
 /*-------------------------------------------------------------------------
  *
  * publish_produce.c
- *	  Producing: the Kafka producer, a record's headers, producing each
- *	  locked aggregate's events in version order to one destination, and
- *	  tracking delivery reports, including those of abandoned batches
- *	  (their aggregates are "stalled" until the reports come in).
+ *	  Producing and tracking what is in flight: the Kafka producer, a
+ *	  record's headers, producing each locked aggregate's events in version
+ *	  order to one destination, and the flights (batches produced whose
+ *	  aggregates are not settled yet) that delivery reports fill in.
  *
  *-------------------------------------------------------------------------
  */
 #include "postgres.h"
+
+#include <fcntl.h>
+#include <unistd.h>
 
 #include "common/hashfn.h"
 #include "miscadmin.h"
@@ -25,55 +28,49 @@
 #include "publish.h"
 #include "record_headers.h"
 
+/*
+ * How long reading the next batch waits for the newest flight's reports:
+ * a batch read while the last one is still out re-reads its rows (pending
+ * until settled) only to skip them, so the healthy case waits the few
+ * milliseconds acknowledgements take, and a partition that does not
+ * acknowledge holds up reading only this long: 10 ms, and 1 ms more per
+ * 100 events of the flight (a large one takes longer to acknowledge), up
+ * to 200 ms.
+ */
+#define HOLD_READING_MS 10
+#define HOLD_READING_MAX_MS 200
+
 int			outbox_delivery_timeout_ms = 10000;
 int			outbox_batch_aggregates = 10000;
 
 rd_kafka_t *publish_producer = NULL;
-DeliveryTracker publish_tracker;
+static DeliveryTracker tracker;
 static uint32 producer_fingerprint = 0;
 
-/*
- * Stalled aggregates: those with messages of an abandoned batch still in the
- * producer, with a count of them; and per abandoned batch, which aggregate
- * each outstanding message belongs to.  All in stall_context, reset when the
- * producer is destroyed (its messages go with it).
- */
-typedef struct StalledAggregate
-{
-	char	   *aggregate_id;	/* hash key: must be first */
-	int			outstanding;
-} StalledAggregate;
-
-typedef struct StalledBatch
-{
-	uint32		generation;
-	int			nmessages;
-	int			outstanding;
-	StalledAggregate **aggregate;	/* per message index; NULL once settled */
-	struct StalledBatch *next;
-} StalledBatch;
-
-static MemoryContext stall_context = NULL;
-HTAB	   *publish_stalled_aggregates = NULL;
-static StalledBatch *stalled_batches = NULL;
+/* Flights, newest first, each in its own context under flights_context. */
+Flight	   *publish_flights = NULL;
+static MemoryContext flights_context = NULL;
+static uint32 next_generation = 1;
 
 /*
- * The batch being produced, so that an error can hand its messages still in
- * flight to the stall bookkeeping (see publish_end_tracking).
+ * Busy aggregates: locked by a flight and not settled yet, so not read
+ * again.  Keys point into the flights' events, which outlive the entries.
  */
-static BatchEvent *batch_events = NULL;
-static int	batch_nevents = 0;
-static bool batch_stalled = false;
+static HTAB *busy_aggregates = NULL;
 
-/* Messages of earlier batches were in flight when this one began producing. */
-static bool batch_after_stall = false;
+/*
+ * The producer's main queue writes a byte to this pipe when it gets an
+ * event (a delivery report), so that waiting on the latch also wakes for
+ * reports: [0] is read, [1] written by librdkafka.
+ */
+static int	reports_pipe[2] = {-1, -1};
 
 /* Define this module's settings (from _PG_init). */
 void
 publish_produce_init(void)
 {
 	DefineCustomIntVariable("outbox.batch_aggregates",
-							"Most aggregates one publisher transaction takes.",
+							"Most aggregates one publisher batch takes.",
 							NULL,
 							&outbox_batch_aggregates,
 							10000, 1, 100000,
@@ -82,9 +79,10 @@ publish_produce_init(void)
 							NULL, NULL, NULL);
 
 	DefineCustomIntVariable("outbox.delivery_timeout",
-							"How long a publisher transaction waits for Kafka's acknowledgements.",
-							"Unacknowledged events stay pending and are sent again later; "
-							"librdkafka itself never gives up on a message.",
+							"How long messages may await Kafka's acknowledgement before their aggregates count as stalled.",
+							"Stalled aggregates are shown in outbox_workers() and counted in delivery_timeouts; "
+							"their messages stay with librdkafka, which never gives up on one, and a late "
+							"acknowledgement is still recorded.  Also bounds waiting for room in a full producer queue.",
 							&outbox_delivery_timeout_ms,
 							10000, 100, 3600 * 1000,
 							PGC_SIGHUP,
@@ -109,8 +107,8 @@ aggregate_match(const void *key1, const void *key2, Size keysize)
 }
 
 /* A hash table keyed by aggregate id (a char * as the entry's first field). */
-HTAB *
-publish_aggregate_table(const char *name, Size entrysize, long nelem, MemoryContext cxt)
+static HTAB *
+aggregate_table(const char *name, Size entrysize, long nelem, MemoryContext cxt)
 {
 	HASHCTL		hctl;
 
@@ -124,122 +122,118 @@ publish_aggregate_table(const char *name, Size entrysize, long nelem, MemoryCont
 					   HASH_ELEM | HASH_FUNCTION | HASH_COMPARE | HASH_CONTEXT);
 }
 
-/* Forget every stalled aggregate (the producer and its messages are gone). */
-static void
-reset_stalled(void)
+/* The flight of a generation, or NULL. */
+static Flight *
+find_flight(uint32 generation)
 {
-	MemoryContextReset(stall_context);
-	stalled_batches = NULL;
-	publish_stalled_aggregates = publish_aggregate_table("outbox stalled aggregates",
-										 sizeof(StalledAggregate), 64, stall_context);
+	for (Flight *f = publish_flights; f != NULL; f = f->next)
+		if (f->generation == generation)
+			return f;
+	return NULL;
 }
 
-/* A report of an abandoned batch arrived: its aggregate may be free again. */
-static void
-stale_report(uint32 generation, int index)
+/* Delivery report callback: the result slot of a tracked message. */
+static DeliveryResult *
+result_slot(uint32 generation, int index)
 {
-	StalledBatch **link = &stalled_batches;
-	StalledBatch *sb;
-	StalledAggregate *agg;
+	Flight	   *f = find_flight(generation);
 
-	while ((sb = *link) != NULL && sb->generation != generation)
-		link = &sb->next;
-	if (sb == NULL || index < 0 || index >= sb->nmessages ||
-		(agg = sb->aggregate[index]) == NULL)
+	if (f == NULL || index < 0 || index >= f->nevents || !f->events[index].produced)
+		return NULL;
+	return &f->results[index];
+}
+
+/* Delivery report callback: one message less in flight. */
+static void
+delivered(uint32 generation, int index)
+{
+	Flight	   *f = find_flight(generation);
+	BatchAggregate *agg;
+
+	f->outstanding--;
+	agg = hash_search(f->aggregates, &f->events[index].aggregate_id, HASH_FIND, NULL);
+	if (agg != NULL)
+		agg->unreported--;
+}
+
+/* Set up this module's memory and the tracker (in the worker, once). */
+void
+publish_produce_start(void)
+{
+	HASHCTL		hctl;
+
+	flights_context = AllocSetContextCreate(TopMemoryContext, "outbox flights",
+											ALLOCSET_DEFAULT_SIZES);
+	memset(&hctl, 0, sizeof(hctl));
+	hctl.keysize = sizeof(char *);
+	hctl.entrysize = sizeof(char *);
+	hctl.hash = aggregate_hash;
+	hctl.match = aggregate_match;
+	hctl.hcxt = flights_context;
+	busy_aggregates = hash_create("outbox busy aggregates", 1024, &hctl,
+								  HASH_ELEM | HASH_FUNCTION | HASH_COMPARE | HASH_CONTEXT);
+	tracker.result_slot = result_slot;
+	tracker.delivered = delivered;
+}
+
+/* Wake the latch wait on delivery reports (see reports_pipe). */
+static void
+enable_report_events(void)
+{
+	rd_kafka_queue_t *q;
+
+	if (reports_pipe[0] < 0)
+	{
+		if (pipe(reports_pipe) != 0)
+			ereport(ERROR,
+					(errcode_for_file_access(),
+					 errmsg("could not create a pipe for delivery report events: %m")));
+		for (int i = 0; i < 2; i++)
+			(void) fcntl(reports_pipe[i], F_SETFL, O_NONBLOCK);
+	}
+	q = rd_kafka_queue_get_main(publish_producer);
+	rd_kafka_queue_io_event_enable(q, reports_pipe[1], "r", 1);
+	rd_kafka_queue_destroy(q);
+}
+
+/* Create the producer if there is none. */
+void
+publish_ensure_producer(void)
+{
+	if (publish_producer != NULL)
 		return;
-
-	sb->aggregate[index] = NULL;
-	if (--agg->outstanding == 0)
-	{
-		char	   *key = agg->aggregate_id;
-
-		(void) hash_search(publish_stalled_aggregates, &key, HASH_REMOVE, NULL);
-		pfree(key);
-	}
-	if (--sb->outstanding == 0)
-	{
-		*link = sb->next;
-		pfree(sb->aggregate);
-		pfree(sb);
-	}
-}
-
-/* The batch stops waiting: remember whose messages are still out there. */
-static void
-stall_batch(BatchEvent *events, int nevents)
-{
-	StalledBatch *sb = MemoryContextAllocZero(stall_context, sizeof(StalledBatch));
-
-	sb->generation = publish_tracker.generation;
-	sb->nmessages = nevents;
-	sb->aggregate = MemoryContextAllocZero(stall_context,
-										   sizeof(StalledAggregate *) * nevents);
-	for (int i = 0; i < nevents; i++)
-	{
-		StalledAggregate *agg;
-		bool		found;
-
-		if (!events[i].produced || publish_tracker.results[i].done)
-			continue;
-		agg = hash_search(publish_stalled_aggregates, &events[i].aggregate_id, HASH_ENTER, &found);
-		if (!found)
-		{
-			agg->aggregate_id = MemoryContextStrdup(stall_context, events[i].aggregate_id);
-			agg->outstanding = 0;
-		}
-		agg->outstanding++;
-		sb->aggregate[i] = agg;
-		sb->outstanding++;
-	}
-	sb->next = stalled_batches;
-	stalled_batches = sb;
+	producer_fingerprint = outbox_kafka_config_fingerprint();
+	publish_producer = outbox_producer_create(&tracker);
+	outbox_count(OC_PRODUCER_CREATIONS, 1);
+	enable_report_events();
 }
 
 /*
- * Stop tracking the current batch, after it committed or failed: its
- * reports are stale from now on.  Messages still in flight stall their
- * aggregates (unless the batch already stalled them), so that no later batch
- * sends copies of them, and the tracker no longer points into batch_context,
- * which the next batch resets while those reports can still arrive.
+ * Destroy the producer.  Its messages go with it: those not reported by
+ * then are settled as failed (retriable), so their aggregates are read and
+ * sent again by the next producer, while what was acknowledged is marked.
  */
-void
-publish_end_tracking(void)
-{
-	if (publish_tracker.results != NULL && !batch_stalled && publish_tracker.outstanding > 0 &&
-		publish_producer != NULL)
-		stall_batch(batch_events, batch_nevents);
-	publish_tracker.generation++;
-	publish_tracker.results = NULL;
-	publish_tracker.nresults = 0;
-	publish_tracker.outstanding = 0;
-	batch_events = NULL;
-	batch_nevents = 0;
-	batch_stalled = false;
-}
-
-/* The stalled aggregates' ids, for the fetch query to leave out. */
-Datum
-publish_stalled_array(void)
-{
-	long		n = hash_get_num_entries(publish_stalled_aggregates);
-	Datum	   *d = palloc(sizeof(Datum) * Max(n, 1));
-	HASH_SEQ_STATUS seq;
-	StalledAggregate *agg;
-	int			i = 0;
-
-	hash_seq_init(&seq, publish_stalled_aggregates);
-	while ((agg = hash_seq_search(&seq)) != NULL)
-		d[i++] = CStringGetTextDatum(agg->aggregate_id);
-	return PointerGetDatum(construct_array(d, i, TEXTOID, -1, false, TYPALIGN_INT));
-}
-
-/* Destroy the producer; its messages, and so the stalls, go with it. */
 void
 publish_drop_producer(void)
 {
 	outbox_producer_destroy(publish_producer);
 	publish_producer = NULL;
-	reset_stalled();
+	for (Flight *f = publish_flights; f != NULL; f = f->next)
+	{
+		HASH_SEQ_STATUS seq;
+		BatchAggregate *agg;
+
+		for (int i = 0; i < f->nevents; i++)
+			if (f->events[i].produced && !f->results[i].done)
+			{
+				f->results[i].done = true;
+				f->results[i].err = RD_KAFKA_RESP_ERR__PURGE_QUEUE;
+			}
+		f->outstanding = 0;
+		hash_seq_init(&seq, f->aggregates);
+		while ((agg = hash_seq_search(&seq)) != NULL)
+			agg->unreported = 0;
+	}
 }
 
 /*
@@ -257,15 +251,21 @@ publish_check_producer_settings(void)
 	}
 }
 
-/* Create the producer if there is none. */
+/* After a fatal producer error: count it, log it, and start afresh. */
 void
-publish_ensure_producer(void)
+publish_check_fatal(void)
 {
-	if (publish_producer != NULL)
-		return;
-	producer_fingerprint = outbox_kafka_config_fingerprint();
-	publish_producer = outbox_producer_create(&publish_tracker);
-	outbox_count(OC_PRODUCER_CREATIONS, 1);
+	if (outbox_producer_fatal_pending() || rd_kafka_fatal_error(publish_producer, NULL, 0))
+	{
+		char		reason[512];
+		rd_kafka_resp_err_t err = rd_kafka_fatal_error(publish_producer, reason, sizeof(reason));
+
+		outbox_count(OC_DELIVERY_ERRORS_FATAL, 1);
+		ereport(LOG,
+				(errmsg("outbox: fatal Kafka producer error, recreating the producer"),
+				 errdetail("%s: %s", rd_kafka_err2name(err), reason)));
+		publish_drop_producer();
+	}
 }
 
 /* The Kafka timestamp of an event: its emit time, in Unix milliseconds. */
@@ -330,34 +330,258 @@ build_headers(BatchEvent *ev)
 	return hdrs;
 }
 
+/* Where an event goes: its topic, or the dead-letter topic. */
+const char *
+publish_event_destination(BatchEvent *ev)
+{
+	return ev->action == EV_DEAD_LETTER ? outbox_dead_letter_topic : ev->topic;
+}
+
+/*
+ * A new flight to read a batch into, in its own memory context: tracked
+ * from the start, so that an error after producing part of it still sees
+ * its reports in.
+ */
+Flight *
+publish_flight_begin(void)
+{
+	MemoryContext cxt = AllocSetContextCreate(flights_context, "outbox flight",
+											  ALLOCSET_DEFAULT_SIZES);
+	Flight	   *f = MemoryContextAllocZero(cxt, sizeof(Flight));
+
+	f->cxt = cxt;
+	f->generation = next_generation++;
+	f->aggregates = aggregate_table("outbox flight aggregates", sizeof(BatchAggregate),
+									1024, cxt);
+	f->produced_at = GetCurrentTimestamp();
+	for (Flight *o = publish_flights; o != NULL; o = o->next)
+		if (o->outstanding > 0)
+			f->after_others = true;
+	f->next = publish_flights;
+	publish_flights = f;
+	return f;
+}
+
+/*
+ * Done producing a flight: count the events of its busy aggregates (what
+ * is in flight); the unproduced events' payloads are not needed.
+ */
+void
+publish_flight_end(Flight *f)
+{
+	HASH_SEQ_STATUS seq;
+	BatchAggregate *agg;
+
+	f->produced_at = GetCurrentTimestamp();
+	hash_seq_init(&seq, f->aggregates);
+	while ((agg = hash_seq_search(&seq)) != NULL)
+	{
+		agg->nevents = 0;
+		for (int i = agg->head; i >= 0; i = f->events[i].next)
+			agg->nevents++;
+		if (!agg->settled)
+			f->live_events += agg->nevents;
+	}
+	for (int i = 0; i < f->nevents; i++)
+		if (f->events[i].payload != NULL)
+		{
+			/* Not produced: the rows are read again later. */
+			pfree(f->events[i].payload);
+			f->events[i].payload = NULL;
+		}
+	publish_free_settled_flights();
+}
+
+/* Free the flights whose aggregates are all settled and messages reported. */
+void
+publish_free_settled_flights(void)
+{
+	Flight	  **link = &publish_flights;
+
+	while (*link != NULL)
+	{
+		Flight	   *f = *link;
+
+		if (f->unsettled == 0 && f->outstanding == 0)
+		{
+			*link = f->next;
+			MemoryContextDelete(f->cxt);
+		}
+		else
+			link = &f->next;
+	}
+}
+
+/* Is the aggregate in a flight, not settled yet (then it is not read)? */
+bool
+publish_aggregate_busy(const char *aggregate_id)
+{
+	return hash_search(busy_aggregates, &aggregate_id, HASH_FIND, NULL) != NULL;
+}
+
+/* An aggregate's outcome committed: it may be read again. */
+void
+publish_aggregate_settled(Flight *f, BatchAggregate *agg)
+{
+	Assert(!agg->settled);
+	agg->settled = true;
+	(void) hash_search(busy_aggregates, &agg->aggregate_id, HASH_REMOVE, NULL);
+	f->unsettled--;
+	f->live_events = Max(f->live_events - agg->nevents, 0);
+}
+
+/*
+ * Events (and their bytes, pro rata) of busy aggregates: what is in flight,
+ * bounded by outbox.batch_events and outbox.batch_bytes.  A flight's
+ * settled events do not count, so an aggregate that does not acknowledge
+ * holds back only its own.
+ */
+void
+publish_in_flight(int *events, int64 *bytes)
+{
+	*events = 0;
+	*bytes = 0;
+	for (Flight *f = publish_flights; f != NULL; f = f->next)
+	{
+		*events += f->live_events;
+		if (f->nevents > 0)
+			*bytes += f->bytes * f->live_events / f->nevents;
+	}
+}
+
+/*
+ * Milliseconds to hold reading the next batch back (see HOLD_READING_MS):
+ * while the newest flight, produced moments ago, awaits reports.
+ */
+long
+publish_hold_reading_ms(void)
+{
+	Flight	   *f = publish_flights;
+	long		limit;
+	long		age;
+
+	if (f == NULL || f->outstanding == 0)
+		return 0;
+	limit = Min(HOLD_READING_MS + f->nevents / 100, HOLD_READING_MAX_MS);
+	age = TimestampDifferenceMilliseconds(f->produced_at, GetCurrentTimestamp());
+	return age < limit ? limit - age : 0;
+}
+
+/* Serve the delivery reports that arrived (and drain the wake-up pipe). */
+void
+publish_serve_reports(void)
+{
+	char		buf[64];
+
+	if (reports_pipe[0] >= 0)
+		while (read(reports_pipe[0], buf, sizeof(buf)) > 0)
+			;
+	if (publish_producer != NULL)
+		rd_kafka_poll(publish_producer, 0);
+}
+
+/* The pipe to wait on for delivery reports, or -1. */
+int
+publish_reports_fd(void)
+{
+	return publish_producer != NULL ? reports_pipe[0] : -1;
+}
+
+/*
+ * Flights whose messages have awaited acknowledgement longer than
+ * outbox.delivery_timeout are counted once in delivery_timeouts, and their
+ * unreported aggregates shown as stalled.  Returns the number newly timed
+ * out.
+ */
+int
+publish_check_timeouts(void)
+{
+	TimestampTz now = GetCurrentTimestamp();
+	int			n = 0;
+
+	for (Flight *f = publish_flights; f != NULL; f = f->next)
+		if (!f->timed_out && f->outstanding > 0 &&
+			TimestampDifferenceExceeds(f->produced_at, now, outbox_delivery_timeout_ms))
+		{
+			f->timed_out = true;
+			outbox_count(OC_DELIVERY_TIMEOUTS, 1);
+			n++;
+		}
+	return n;
+}
+
+/* Aggregates with messages unacknowledged past outbox.delivery_timeout. */
+long
+publish_stalled_count(void)
+{
+	long		n = 0;
+
+	for (Flight *f = publish_flights; f != NULL; f = f->next)
+	{
+		HASH_SEQ_STATUS seq;
+		BatchAggregate *agg;
+
+		if (!f->timed_out || f->outstanding == 0)
+			continue;
+		hash_seq_init(&seq, f->aggregates);
+		while ((agg = hash_seq_search(&seq)) != NULL)
+			if (agg->unreported > 0)
+				n++;
+	}
+	return n;
+}
+
+/* Is any aggregate ready to settle (all its messages reported)? */
+bool
+publish_any_ready(void)
+{
+	for (Flight *f = publish_flights; f != NULL; f = f->next)
+	{
+		HASH_SEQ_STATUS seq;
+		BatchAggregate *agg;
+
+		if (f->unsettled == 0)
+			continue;
+		hash_seq_init(&seq, f->aggregates);
+		while ((agg = hash_seq_search(&seq)) != NULL)
+			if (!agg->settled && !agg->collected && agg->unreported == 0)
+			{
+				hash_seq_term(&seq);
+				return true;
+			}
+	}
+	return false;
+}
+
 /*
  * Hand one event to librdkafka.  Returns the error if it could not be
  * enqueued (then nothing later of its aggregate may be sent in this batch).
  */
 static rd_kafka_resp_err_t
-produce_event(BatchEvent *ev, int index, TimestampTz deadline)
+produce_event(Flight *f, BatchAggregate *agg, int index, TimestampTz deadline)
 {
+	BatchEvent *ev = &f->events[index];
+
 	for (;;)
 	{
 		rd_kafka_headers_t *hdrs = build_headers(ev);
-		const char *topic = ev->action == EV_DEAD_LETTER
-			? outbox_dead_letter_topic : ev->topic;
 		rd_kafka_resp_err_t err;
 
 		err = rd_kafka_producev(publish_producer,
-								RD_KAFKA_V_TOPIC(topic),
+								RD_KAFKA_V_TOPIC(publish_event_destination(ev)),
 								RD_KAFKA_V_KEY(ev->aggregate_id, strlen(ev->aggregate_id)),
 								RD_KAFKA_V_VALUE(ev->payload, ev->payload_len),
 								RD_KAFKA_V_TIMESTAMP(timestamptz_to_unix_ms(ev->created_at)),
 								RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY),
 								RD_KAFKA_V_HEADERS(hdrs),
-								RD_KAFKA_V_OPAQUE(outbox_delivery_opaque(publish_tracker.generation, index)),
+								RD_KAFKA_V_OPAQUE(outbox_delivery_opaque(f->generation, index)),
 								RD_KAFKA_V_END);
 		if (err == RD_KAFKA_RESP_ERR_NO_ERROR)
 		{
 			ev->produced = true;
-			publish_tracker.outstanding++;
-			/* librdkafka has its own copy: keep one per batch, not two. */
+			f->outstanding++;
+			agg->unreported++;
+			/* librdkafka has its own copy: keep one, not two. */
 			if (ev->payload != NULL)
 			{
 				pfree(ev->payload);
@@ -376,11 +600,11 @@ produce_event(BatchEvent *ev, int index, TimestampTz deadline)
 	}
 }
 
-/* Wait for the current batch's delivery reports, up to the deadline. */
-bool
-publish_await_deliveries(TimestampTz deadline)
+/* Wait for a flight's reports, up to the deadline. */
+static bool
+await_flight(Flight *f, TimestampTz deadline)
 {
-	while (publish_tracker.outstanding > 0)
+	while (f->outstanding > 0)
 	{
 		long		remaining = TimestampDifferenceMilliseconds(GetCurrentTimestamp(),
 																deadline);
@@ -394,35 +618,51 @@ publish_await_deliveries(TimestampTz deadline)
 	return true;
 }
 
-/* Where an event goes: its topic, or the dead-letter topic. */
-const char *
-publish_event_destination(BatchEvent *ev)
+/* Messages out, of all flights. */
+int
+publish_outstanding(void)
 {
-	return ev->action == EV_DEAD_LETTER ? outbox_dead_letter_topic : ev->topic;
+	int			n = 0;
+
+	for (Flight *f = publish_flights; f != NULL; f = f->next)
+		n += f->outstanding;
+	return n;
+}
+
+/* Do other flights than f have messages out? */
+static bool
+others_in_flight(Flight *f)
+{
+	for (Flight *o = publish_flights; o != NULL; o = o->next)
+		if (o != f && o->outstanding > 0)
+			return true;
+	return false;
 }
 
 /*
  * Could the broker have judged this event's size together with others?  It
  * checks max.message.bytes per record batch, one per partition: shared if
- * another event of this batch went to the same topic and partition (or to
- * the same topic, unreported), or earlier batches had messages in flight.
+ * another event of this flight went to the same topic and partition (or to
+ * the same topic, unreported), or other flights had messages out meanwhile.
  */
 bool
-publish_shared_request(BatchEvent *events, int nevents, int index)
+publish_shared_request(Flight *f, int index)
 {
-	DeliveryResult *r = &publish_tracker.results[index];
+	BatchEvent *events = f->events;
+	DeliveryResult *r = &f->results[index];
 
 	if (events[index].solo)
 		return false;
-	if (batch_after_stall)
+	if (f->after_others)
 		return true;
-	for (int j = 0; j < nevents; j++)
+	for (int j = 0; j < f->nevents; j++)
 	{
-		DeliveryResult *o = &publish_tracker.results[j];
+		DeliveryResult *o = &f->results[j];
 
 		if (j != index && events[j].produced &&
 			(!o->done || o->partition == r->partition) &&
-			strcmp(publish_event_destination(&events[j]), publish_event_destination(&events[index])) == 0)
+			strcmp(publish_event_destination(&events[j]),
+				   publish_event_destination(&events[index])) == 0)
 			return true;
 	}
 	return false;
@@ -430,63 +670,73 @@ publish_shared_request(BatchEvent *events, int nevents, int index)
 
 /*
  * Produce an event refused for size before with nothing else in flight, so
- * that the broker judges it alone: first wait for what this batch produced,
- * then for its own report.  Returns false, producing nothing, while messages
- * of earlier batches are in flight (they could share its request).
+ * that the broker judges it alone: first wait for what this flight
+ * produced, then for its own report.  Returns false, producing nothing,
+ * while other flights have messages out (they could share its request).
  */
 static bool
-produce_alone(BatchEvent *ev, int index, TimestampTz deadline)
+produce_alone(Flight *f, BatchAggregate *agg, int index, TimestampTz deadline)
 {
 	rd_kafka_resp_err_t err;
 
-	if (hash_get_num_entries(publish_stalled_aggregates) > 0 || !publish_await_deliveries(deadline))
+	if (others_in_flight(f) || !await_flight(f, deadline))
 		return false;
-	err = produce_event(ev, index, deadline);
+	err = produce_event(f, agg, index, deadline);
 	if (err != RD_KAFKA_RESP_ERR_NO_ERROR)
 	{
-		publish_tracker.results[index].done = true;
-		publish_tracker.results[index].err = err;
+		f->results[index].done = true;
+		f->results[index].err = err;
 		return true;
 	}
-	ev->solo = publish_await_deliveries(deadline);
+	f->events[index].solo = await_flight(f, deadline);
+	return true;
+}
+
+/*
+ * Decide what an event out of attempts becomes under its poison policy.
+ * Returns false if the policy is block (recorded; the aggregate stops).
+ */
+static bool
+apply_poison_policy(BatchEvent *ev, BatchAggregate *agg)
+{
+	PoisonPolicy policy = publish_poison_policy(ev);
+
+	if (policy == POISON_BLOCK)
+	{
+		/* The policy became block since the last attempt. */
+		agg->state = AGG_STOPPED;
+		PushActiveSnapshot(GetTransactionSnapshot());
+		publish_record_failure(ev, ev->last_error ? ev->last_error : "out of attempts");
+		PopActiveSnapshot();
+		return false;
+	}
+	ev->action = policy == POISON_SKIP ? EV_SKIP : EV_DEAD_LETTER;
 	return true;
 }
 
 /*
  * Produce one event of an active aggregate, or settle it without sending
  * (skip), or stop or defer the aggregate.  Idempotence orders messages only
- * within a partition, so a batch sends an aggregate's events to one
+ * within a partition, so a flight sends an aggregate's events to one
  * destination (topic, and with the key, partition): the first event bound
- * elsewhere and the rest wait for a later batch, which starts only once
- * these are settled (stalled aggregates are not fetched).  Returns 1 if a
+ * elsewhere and the rest wait for a later batch, which can read them only
+ * once these are settled (busy aggregates are not read).  Returns 1 if a
  * failure was recorded, else 0.
  */
 static int
-produce_in_order(BatchEvent *ev, int i, BatchAggregate *agg, TimestampTz deadline)
+produce_in_order(Flight *f, int i, BatchAggregate *agg, TimestampTz deadline)
 {
+	BatchEvent *ev = &f->events[i];
 	rd_kafka_resp_err_t err;
 
 	/* An event out of attempts gets its aggregate's poison policy. */
 	if (ev->dead_letter_requested)
 		ev->action = EV_DEAD_LETTER;
-	else if (ev->attempts >= outbox_max_attempts)
-	{
-		PoisonPolicy policy = publish_poison_policy(ev);
-
-		if (policy == POISON_BLOCK)
-		{
-			/* The policy became block since the last attempt. */
-			agg->state = AGG_STOPPED;
-			PushActiveSnapshot(GetTransactionSnapshot());
-			publish_record_failure(ev, ev->last_error ? ev->last_error : "out of attempts");
-			PopActiveSnapshot();
-			return 1;
-		}
-		ev->action = policy == POISON_SKIP ? EV_SKIP : EV_DEAD_LETTER;
-	}
+	else if (ev->attempts >= outbox_max_attempts && !apply_poison_policy(ev, agg))
+		return 1;
 	if (ev->action == EV_SKIP)
 	{
-		DeliveryResult *r = &publish_tracker.results[i];
+		DeliveryResult *r = &f->results[i];
 
 		/* Settled without sending, in its place in the aggregate. */
 		r->done = true;
@@ -508,125 +758,86 @@ produce_in_order(BatchEvent *ev, int i, BatchAggregate *agg, TimestampTz deadlin
 	{
 		/* Alone, as its aggregate's only event of the batch. */
 		agg->state = AGG_DEFERRED;
-		if (agg->destination == NULL && produce_alone(ev, i, deadline))
+		if (agg->destination == NULL && produce_alone(f, agg, i, deadline))
 			agg->destination = publish_event_destination(ev);
 		return 0;
 	}
-	err = produce_event(ev, i, deadline);
+	err = produce_event(f, agg, i, deadline);
 	if (err != RD_KAFKA_RESP_ERR_NO_ERROR)
 	{
 		/* Later versions must not overtake this one. */
 		agg->state = AGG_STOPPED;
-		publish_tracker.results[i].done = true;
-		publish_tracker.results[i].err = err;
+		f->results[i].done = true;
+		f->results[i].err = err;
 	}
 	agg->destination = publish_event_destination(ev);
 	return 0;
 }
 
-
-/* Set up this module's memory and the tracker (in the worker, once). */
-void
-publish_produce_start(void)
-{
-	stall_context = AllocSetContextCreate(TopMemoryContext, "outbox stalled aggregates",
-										  ALLOCSET_DEFAULT_SIZES);
-	reset_stalled();
-	publish_tracker.stale_report = stale_report;
-}
-
 /*
- * Track the reports of a new batch of nevents (results in cxt): a new
- * generation, so that reports of earlier batches are stale from now on.
+ * Try-lock a new aggregate of the flight: one another worker holds is
+ * skipped (that worker publishes it), and so is one over
+ * outbox.batch_aggregates.  A locked one is busy until settled.
  */
-void
-publish_begin_tracking(BatchEvent *events, int nevents, MemoryContext cxt)
+static void
+take_aggregate(Flight *f, BatchAggregate *agg, int *naggregates)
 {
-	publish_tracker.generation++;
-	publish_tracker.results = MemoryContextAllocZero(cxt, sizeof(DeliveryResult) * nevents);
-	publish_tracker.nresults = nevents;
-	publish_tracker.outstanding = 0;
-	batch_events = events;
-	batch_nevents = nevents;
-	batch_stalled = false;
-}
+	LOCKTAG		tag;
 
-/* The batch stopped waiting at the deadline: its aggregates stall. */
-void
-publish_stall_current(void)
-{
-	outbox_count(OC_DELIVERY_TIMEOUTS, 1);
-	stall_batch(batch_events, batch_nevents);
-	batch_stalled = true;
+	agg->state = AGG_SKIPPED;
+	agg->settled = true;		/* nothing of it to settle */
+	if (*naggregates >= outbox_batch_aggregates)
+		return;
+	outbox_publish_locktag(&tag, agg->aggregate_id);
+	if (LockAcquire(&tag, ExclusiveLock, false, true) == LOCKACQUIRE_NOT_AVAIL)
+	{
+		outbox_count(OC_AGGREGATES_LOCK_SKIPPED, 1);
+		return;
+	}
+	agg->state = AGG_ACTIVE;
+	agg->settled = false;
+	(void) hash_search(busy_aggregates, &agg->aggregate_id, HASH_ENTER, NULL);
+	f->unsettled++;
+	(*naggregates)++;
 }
 
 /*
- * Try-lock each aggregate of the batch (an aggregate another worker holds
- * is skipped: that worker publishes it) and produce the locked ones' events
- * in order.  Returns the number of failures recorded while producing.
+ * Lock the flight's aggregates and produce their events in order, without
+ * waiting for acknowledgements.  Returns the number of failures recorded
+ * while producing.
  */
 int
-publish_produce_batch(BatchEvent *events, int nevents, HTAB *aggregates,
-					  int *naggregates, TimestampTz deadline)
+publish_produce_flight(Flight *f, TimestampTz deadline)
 {
 	int			nfailed = 0;
+	int			naggregates = 0;
 
-	batch_after_stall = hash_get_num_entries(publish_stalled_aggregates) > 0;
-	for (int i = 0; i < nevents; i++)
+	for (int i = 0; i < f->nevents; i++)
 	{
-		BatchEvent *ev = &events[i];
+		BatchEvent *ev = &f->events[i];
 		BatchAggregate *agg;
 		bool		found;
 
-		agg = hash_search(aggregates, &ev->aggregate_id, HASH_ENTER, &found);
+		agg = hash_search(f->aggregates, &ev->aggregate_id, HASH_ENTER, &found);
 		if (!found)
 		{
-			LOCKTAG		tag;
-
 			agg->head = agg->tail = i;
 			agg->destination = NULL;
-			if (*naggregates >= outbox_batch_aggregates)
-				agg->state = AGG_SKIPPED;
-			else
-			{
-				outbox_publish_locktag(&tag, ev->aggregate_id);
-				if (LockAcquire(&tag, ExclusiveLock, false, true) == LOCKACQUIRE_NOT_AVAIL)
-				{
-					agg->state = AGG_SKIPPED;
-					outbox_count(OC_AGGREGATES_LOCK_SKIPPED, 1);
-				}
-				else
-				{
-					agg->state = AGG_ACTIVE;
-					(*naggregates)++;
-				}
-			}
+			agg->unreported = 0;
+			agg->collected = false;
+			take_aggregate(f, agg, &naggregates);
 		}
 		else
 		{
-			events[agg->tail].next = i;
+			f->events[agg->tail].next = i;
 			agg->tail = i;
 		}
 
 		if (agg->state == AGG_ACTIVE)
-			nfailed += produce_in_order(ev, i, agg, deadline);
+			nfailed += produce_in_order(f, i, agg, deadline);
 	}
+	elog(DEBUG1, "outbox: produced %d events of %d aggregates at %ld ms",
+		 f->outstanding, naggregates,
+		 TimestampDifferenceMilliseconds(GetCurrentStatementStartTimestamp(), GetCurrentTimestamp()));
 	return nfailed;
-}
-
-/* After a fatal producer error: count it, log it, and start afresh. */
-void
-publish_check_fatal(void)
-{
-	if (outbox_producer_fatal_pending() || rd_kafka_fatal_error(publish_producer, NULL, 0))
-	{
-		char		reason[512];
-		rd_kafka_resp_err_t err = rd_kafka_fatal_error(publish_producer, reason, sizeof(reason));
-
-		outbox_count(OC_DELIVERY_ERRORS_FATAL, 1);
-		ereport(LOG,
-				(errmsg("outbox: fatal Kafka producer error, recreating the producer"),
-				 errdetail("%s: %s", rd_kafka_err2name(err), reason)));
-		publish_drop_producer();
-	}
 }

@@ -28,8 +28,8 @@ void
 publish_read_init(void)
 {
 	DefineCustomIntVariable("outbox.batch_events",
-							"Most events one publisher transaction sends.",
-							NULL,
+							"Most events one publisher has read and not yet settled.",
+							"Bounds the events in flight (produced, awaiting acknowledgement or marking) and one batch read.",
 							&outbox_batch_events,
 							10000, 1, 1000000,
 							PGC_SIGHUP,
@@ -37,7 +37,7 @@ publish_read_init(void)
 							NULL, NULL, NULL);
 
 	DefineCustomIntVariable("outbox.batch_bytes",
-							"Most bytes of events one publisher transaction reads.",
+							"Most bytes of events one publisher has read and not yet settled.",
 							"Counts payloads, headers and ids; a batch holds at least one event, however large.",
 							&outbox_batch_bytes,
 							16 * 1024 * 1024, 1024, MaxAllocSize / 2,
@@ -70,7 +70,7 @@ static void
 prepare_plans(Oid nspid, const char *schema)
 {
 	const char *s = quote_identifier(schema);
-	Oid			fetch_types[4] = {INT4OID, INT4OID, INT4OID, TEXTARRAYOID};
+	Oid			fetch_types[3] = {INT4OID, INT4OID, INT4OID};
 
 	if (fetch_plan)
 		SPI_freeplan(fetch_plan);
@@ -86,13 +86,12 @@ prepare_plans(Oid nspid, const char *schema)
 									   "WHERE o.published_at IS NULL "
 									   "AND NOT coalesce((SELECT c.paused FROM %s.publisher_control c), false) "
 									   "AND ($2 = 1 OR ((pg_catalog.hashtext(o.aggregate_id) & 2147483647) %% %d) %% $2 = $3) "
-									   "AND NOT (o.aggregate_id OPERATOR(pg_catalog.=) ANY ($4)) "
 									   "AND NOT EXISTS (SELECT 1 FROM %s.aggregate_publication p "
 									   "WHERE p.aggregate_id = o.aggregate_id "
 									   "AND (p.paused OR p.blocked_version IS NOT NULL "
 									   "OR p.next_attempt_at > pg_catalog.now())) "
 									   "ORDER BY o.id LIMIT $1", s, s, OUTBOX_PUBLISH_BUCKETS, s),
-							  4, fetch_types);
+							  3, fetch_types);
 	publish_settle_prepare(s);
 	publish_poison_prepare(s);
 	publish_retention_prepare(s);
@@ -174,51 +173,66 @@ event_bytes(BatchEvent *ev)
 }
 
 /*
- * Read the batch into cxt: at most outbox.batch_events events and,
- * past the first, outbox.batch_bytes of them.  A cursor, read in chunks
- * sized by the bytes left, keeps the rows in memory at once near that bound
- * however large the events are.  Returns the number of events.
+ * Read a batch into the flight: the oldest pending events not of a busy
+ * aggregate (one in flight, not settled yet: rows stay pending until then,
+ * and are skipped here), at most max_events and, past the first, max_bytes
+ * of them.  The query's LIMIT bounds the rows looked at, skipped ones
+ * included.  A cursor, read in chunks sized by the bytes left, keeps the
+ * rows in memory at once near that bound however large the events are.
+ * Returns the number of events.
  */
 int
-publish_fetch(Datum *args, MemoryContext cxt, BatchEvent **events_out)
+publish_fetch(Datum *args, Flight *f, int max_events, int64 max_bytes)
 {
 	Portal		portal = SPI_cursor_open(NULL, fetch_plan, args, NULL, true);
-	int			max = outbox_batch_events;
-	int			size = Min(max, 1024);
-	BatchEvent *events = MemoryContextAlloc(cxt, sizeof(BatchEvent) * size);
+	int			size = Min(max_events, 1024);
+	BatchEvent *events = MemoryContextAlloc(f->cxt, sizeof(BatchEvent) * size);
 	int			n = 0;
+	int			skipped = 0;
 	int64		bytes = 0;
 	long		chunk = 16;
 
-	while (n < max && bytes < outbox_batch_bytes)
+	while (n < max_events && bytes < max_bytes)
 	{
-		long		want = Min(chunk, max - n);
 		uint64		nrows;
 
-		SPI_cursor_fetch(portal, true, want);
+		SPI_cursor_fetch(portal, true, chunk);
 		nrows = SPI_processed;
-		for (uint64 r = 0; r < nrows && bytes < outbox_batch_bytes; r++)
+		for (uint64 r = 0; r < nrows && n < max_events && bytes < max_bytes; r++)
 		{
-			MemoryContext oldcxt = MemoryContextSwitchTo(cxt);
+			HeapTuple	tup = SPI_tuptable->vals[r];
+			MemoryContext oldcxt;
+			bool		isnull;
 
+			if (publish_aggregate_busy(TextDatumGetCString(SPI_getbinval(tup, SPI_tuptable->tupdesc,
+																		  4, &isnull))))
+			{
+				skipped++;
+				continue;
+			}
+			oldcxt = MemoryContextSwitchTo(f->cxt);
 			if (n == size)
 			{
-				size = Min(max, size * 2);
+				size = Min(max_events, size * 2);
 				events = repalloc(events, sizeof(BatchEvent) * size);
 			}
-			copy_row(&events[n], SPI_tuptable->vals[r], SPI_tuptable->tupdesc);
+			copy_row(&events[n], tup, SPI_tuptable->tupdesc);
 			MemoryContextSwitchTo(oldcxt);
 			bytes += event_bytes(&events[n]);
 			n++;
 		}
 		SPI_freetuptable(SPI_tuptable);
-		if (nrows < (uint64) want)
+		if (nrows < (uint64) chunk)
 			break;				/* no more pending events */
 		/* As many rows as the bytes left hold, at the average size so far. */
-		chunk = Max(1, Min(1000, (outbox_batch_bytes - bytes) / Max(bytes / Max(n, 1), 1)));
+		chunk = Max(1, Min(1000, (max_bytes - bytes) / Max(bytes / Max(n, 1), 1)));
+		chunk = Min(chunk, max_events - n);
 	}
 	SPI_cursor_close(portal);
-	*events_out = events;
+	f->events = events;
+	f->nevents = n;
+	f->bytes = bytes;
+	f->results = MemoryContextAllocZero(f->cxt, sizeof(DeliveryResult) * Max(n, 1));
+	elog(DEBUG1, "outbox: fetched %d events, skipped %d of busy aggregates", n, skipped);
 	return n;
 }
-

@@ -1,11 +1,12 @@
 /*-------------------------------------------------------------------------
  *
  * publish_settle.c
- *	  Settling a batch: each aggregate's acknowledged prefix is marked
- *	  published (dead-lettered, skipped) and its progress advanced, and its
- *	  first failure recorded.  What Kafka acknowledged is never produced
- *	  again by this worker: if marking fails, the marks are held and only
- *	  the marking is retried.
+ *	  Settling: once all its messages are reported, an aggregate's
+ *	  acknowledged prefix is marked published (dead-lettered, skipped), its
+ *	  progress advanced and its first failure recorded, in short
+ *	  transactions as reports come in.  What Kafka acknowledged is never
+ *	  produced again by this worker: if marking fails, the marks are held
+ *	  (the aggregates stay busy) and only the marking is retried.
  *
  *-------------------------------------------------------------------------
  */
@@ -35,6 +36,20 @@ static SPIPlanPtr progress_plan = NULL;
 
 /* Held marks (see PendingMarks), in marks_context. */
 static MemoryContext marks_context = NULL;
+
+static void release_collected(void);
+
+/*
+ * Settling waits this long after an aggregate became ready while other
+ * messages are still out, so that one transaction settles the reports of
+ * several partitions rather than one each: 5 ms, and 1 ms more per 100
+ * messages out (many take longer to acknowledge), up to 100 ms.
+ */
+#define SETTLE_DELAY_MS 5
+#define SETTLE_DELAY_MAX_MS 100
+
+/* Since when an aggregate has been ready to settle (0: none is). */
+static TimestampTz ready_since = 0;
 PendingMarks *publish_pending_marks = NULL;
 
 /* Set up this module's memory (in the worker, once). */
@@ -223,6 +238,7 @@ publish_retry_marks(void)
 	}
 	MemoryContextReset(marks_context);
 	publish_pending_marks = NULL;
+	release_collected();
 	return n;
 }
 
@@ -235,11 +251,11 @@ new_marks(int nevents, int naggregates)
 	PendingMarks *pm = palloc0(sizeof(PendingMarks));
 
 	pm->extension = get_extension_oid("outbox", true);
-	pm->ids = palloc(sizeof(int64) * nevents);
-	pm->xmins = palloc(sizeof(TransactionId) * nevents);
-	pm->partitions = palloc(sizeof(int32) * nevents);
-	pm->offsets = palloc(sizeof(int64) * nevents);
-	pm->dispositions = palloc(sizeof(char *) * nevents);
+	pm->ids = palloc(sizeof(int64) * (nevents + 1));
+	pm->xmins = palloc(sizeof(TransactionId) * (nevents + 1));
+	pm->partitions = palloc(sizeof(int32) * (nevents + 1));
+	pm->offsets = palloc(sizeof(int64) * (nevents + 1));
+	pm->dispositions = palloc(sizeof(char *) * (nevents + 1));
 	pm->progress_ids = palloc(sizeof(char *) * (naggregates + 1));
 	pm->progress_versions = palloc(sizeof(int64) * (naggregates + 1));
 	MemoryContextSwitchTo(oldcxt);
@@ -268,10 +284,10 @@ add_mark(PendingMarks *pm, BatchEvent *ev, DeliveryResult *r)
  * retry alone).
  */
 static bool
-classify_failure(BatchEvent *events, int nevents, BatchEvent *failed,
-				 const char *aggregate_id)
+classify_failure(Flight *f, BatchEvent *failed, const char *aggregate_id)
 {
-	DeliveryResult *results = publish_tracker.results;
+	BatchEvent *events = f->events;
+	DeliveryResult *results = f->results;
 	DeliveryResult *r = &results[failed - events];
 	bool		record = false;
 
@@ -286,10 +302,8 @@ classify_failure(BatchEvent *events, int nevents, BatchEvent *failed,
 			break;
 		}
 
-	if (!r->done)
-		return false;			/* still in flight: timed out, retried later */
 	if (publish_is_size_error(r->err) && failed->produced &&
-		publish_shared_request(events, nevents, failed - events))
+		publish_shared_request(f, failed - events))
 	{
 		/* Maybe refused for others in its request: retried alone. */
 		outbox_count(OC_DELIVERY_ERRORS_RETRIABLE, 1);
@@ -309,23 +323,24 @@ classify_failure(BatchEvent *events, int nevents, BatchEvent *failed,
 }
 
 /*
- * An aggregate's acknowledged prefix goes into the marks, with its
- * progress.  Returns its first failed event to record, or NULL.
+ * An aggregate whose messages are all reported: its acknowledged prefix
+ * goes into the marks, with its progress.  Returns its first failed event
+ * to record, or NULL.
  */
 static BatchEvent *
-collect_aggregate(PendingMarks *pm, BatchEvent *events, int nevents,
-				  BatchAggregate *agg)
+collect_aggregate(PendingMarks *pm, Flight *f, BatchAggregate *agg)
 {
+	BatchEvent *events = f->events;
 	int64		last_acked = 0;
 	BatchEvent *failed = NULL;
 
 	for (int i = agg->head; i >= 0; i = events[i].next)
 	{
-		DeliveryResult *r = &publish_tracker.results[i];
+		DeliveryResult *r = &f->results[i];
 
 		if (!events[i].produced && !r->done)
 			break;				/* never sent: the aggregate stopped earlier */
-		if (!r->done || r->err != RD_KAFKA_RESP_ERR_NO_ERROR)
+		if (r->err != RD_KAFKA_RESP_ERR_NO_ERROR)
 		{
 			failed = &events[i];
 			break;
@@ -340,74 +355,177 @@ collect_aggregate(PendingMarks *pm, BatchEvent *events, int nevents,
 		pm->progress_versions[pm->nprogress] = last_acked;
 		pm->nprogress++;
 	}
-	if (failed != NULL && classify_failure(events, nevents, failed, agg->aggregate_id))
+	agg->collected = true;
+	if (failed != NULL && classify_failure(f, failed, agg->aggregate_id))
 		return failed;
 	return NULL;
 }
 
+/* Record the failures collected, in the settling transaction. */
+static void
+record_failures(BatchEvent **failures, Flight **failure_flights, int n)
+{
+	for (int k = 0; k < n; k++)
+	{
+		Flight	   *f = failure_flights[k];
+		DeliveryResult *r = &f->results[failures[k] - f->events];
+		char	   *msg = psprintf("%s: %s", rd_kafka_err2name(r->err),
+								   rd_kafka_err2str(r->err));
+
+		if (failures[k]->retry_alone)
+			publish_note_size_error(failures[k], msg);
+		else
+			publish_record_failure(failures[k], msg);
+	}
+}
+
+/* Release the aggregates collected (their settling committed or was dropped). */
+static void
+release_collected(void)
+{
+	for (Flight *f = publish_flights; f != NULL; f = f->next)
+	{
+		HASH_SEQ_STATUS seq;
+		BatchAggregate *agg;
+
+		if (f->unsettled == 0)
+			continue;
+		hash_seq_init(&seq, f->aggregates);
+		while ((agg = hash_seq_search(&seq)) != NULL)
+			if (agg->collected && !agg->settled)
+				publish_aggregate_settled(f, agg);
+	}
+	publish_free_settled_flights();
+}
+
 /*
- * Settle a produced batch in its transaction and commit: mark each
- * aggregate's acknowledged prefix, record first failures.  From building
- * the marks until the commit, a failure keeps them for
- * publish_retry_marks().  Returns the number of events settled or failed.
+ * After an error in the loop: a settling that failed with marks keeps its
+ * aggregates collected (busy) until publish_retry_marks() marks them; one
+ * without marks only had failures to record, found again when re-sent.
+ */
+void
+publish_settle_abort(void)
+{
+	if (publish_pending_marks == NULL)
+		release_collected();
+}
+
+/*
+ * Is a settling due?  When an aggregate is ready and either nothing else is
+ * out or it has waited the settle delay.  If one will be due, *wait_ms (if
+ * given) says when.
+ */
+bool
+publish_settle_due(long *wait_ms)
+{
+	TimestampTz now;
+	int			outstanding;
+	long		delay;
+	long		waited;
+
+	if (!publish_any_ready())
+	{
+		ready_since = 0;
+		return false;
+	}
+	now = GetCurrentTimestamp();
+	if (ready_since == 0)
+		ready_since = now;
+	outstanding = publish_outstanding();
+	if (outstanding == 0)
+		return true;
+	delay = Min(SETTLE_DELAY_MS + outstanding / 100, SETTLE_DELAY_MAX_MS);
+	waited = TimestampDifferenceMilliseconds(ready_since, now);
+	if (waited >= delay)
+		return true;
+	if (wait_ms != NULL)
+		*wait_ms = delay - waited;
+	return false;
+}
+
+/*
+ * Settle, in one short transaction, every aggregate whose messages are all
+ * reported: mark its acknowledged prefix and record its first failure.
+ * The others (messages still out) wait; a partition that does not
+ * acknowledge holds up only its own aggregates.  From building the marks
+ * until the commit, a failure keeps them for publish_retry_marks().
+ * Returns the number of events settled or failed.
  */
 int
-publish_settle_batch(BatchEvent *events, int nevents, HTAB *aggregates,
-					 int naggregates, MemoryContext cxt)
+publish_settle_ready(void)
 {
 	TimestampTz now = GetCurrentTimestamp();
+	int			nevents = 0;
+	int			naggregates = 0;
 	PendingMarks *pm;
 	BatchEvent **failures;
+	Flight	  **failure_flights;
 	int			nfailures = 0;
 	int			nmarks;
-	HASH_SEQ_STATUS seq;
-	BatchAggregate *agg;
+	bool		applied;
 
-	elog(DEBUG1, "outbox: acknowledged at %ld ms",
-		 TimestampDifferenceMilliseconds(GetCurrentStatementStartTimestamp(), now));
-
-	/* Each aggregate's acknowledged prefix, and its first failure. */
-	publish_set_state("marking published");
-	PushActiveSnapshot(GetTransactionSnapshot());
-	pm = new_marks(nevents, naggregates);
-	failures = MemoryContextAlloc(cxt, sizeof(BatchEvent *) * (naggregates + 1));
-	hash_seq_init(&seq, aggregates);
-	while ((agg = hash_seq_search(&seq)) != NULL)
+	if (!publish_settle_due(NULL))
+		return 0;
+	ready_since = 0;
+	for (Flight *f = publish_flights; f != NULL; f = f->next)
 	{
-		BatchEvent *failed;
+		nevents += f->nevents;
+		naggregates += f->unsettled;
+	}
 
-		if (agg->state == AGG_SKIPPED)
-			continue;
-		failed = collect_aggregate(pm, events, nevents, agg);
-		if (failed != NULL)
-			failures[nfailures++] = failed;
+	publish_set_state("marking published");
+	SetCurrentStatementStartTimestamp();
+	StartTransactionCommand();
+	if (SPI_connect() != SPI_OK_CONNECT)
+		elog(ERROR, "SPI_connect failed");
+	PushActiveSnapshot(GetTransactionSnapshot());
+
+	pm = new_marks(nevents, naggregates);
+	failures = palloc(sizeof(BatchEvent *) * (naggregates + 1));
+	failure_flights = palloc(sizeof(Flight *) * (naggregates + 1));
+	for (Flight *f = publish_flights; f != NULL; f = f->next)
+	{
+		HASH_SEQ_STATUS seq;
+		BatchAggregate *agg;
+
+		hash_seq_init(&seq, f->aggregates);
+		while ((agg = hash_seq_search(&seq)) != NULL)
+		{
+			BatchEvent *failed;
+
+			if (agg->settled || agg->collected || agg->unreported > 0)
+				continue;
+			failed = collect_aggregate(pm, f, agg);
+			if (failed != NULL)
+			{
+				failure_flights[nfailures] = f;
+				failures[nfailures++] = failed;
+			}
+		}
 	}
 
 	if (pm->nmarks > 0)
 		publish_pending_marks = pm;
-	apply_marks(pm, now);
-	for (int f = 0; f < nfailures; f++)
+	/* A dropped extension took the events with it: nothing to mark. */
+	applied = publish_lookup_extension() &&
+		get_extension_oid("outbox", true) == pm->extension;
+	if (applied)
 	{
-		DeliveryResult *r = &publish_tracker.results[failures[f] - events];
-		char	   *msg = psprintf("%s: %s", rd_kafka_err2name(r->err),
-								   rd_kafka_err2str(r->err));
-
-		if (failures[f]->retry_alone)
-			publish_note_size_error(failures[f], msg);
-		else
-			publish_record_failure(failures[f], msg);
+		apply_marks(pm, now);
+		record_failures(failures, failure_flights, nfailures);
 	}
 
 	PopActiveSnapshot();
 	SPI_finish();
 	CommitTransactionCommand();
 	nmarks = pm->nmarks;
-	elog(DEBUG1, "outbox: committed %d marks at %ld ms", nmarks,
+	elog(DEBUG1, "outbox: settled %d marks and %d failures in %ld ms", nmarks, nfailures,
 		 TimestampDifferenceMilliseconds(GetCurrentStatementStartTimestamp(), GetCurrentTimestamp()));
 
-	outbox_count(OC_BATCHES, 1);
-	count_settled(pm, now);
+	if (applied)
+		count_settled(pm, now);
 	MemoryContextReset(marks_context);
 	publish_pending_marks = NULL;
+	release_collected();
 	return nmarks + nfailures;
 }

@@ -75,6 +75,7 @@ my_stats(void)
 	return outbox_database_stats(MyDatabaseId);
 }
 
+/* Add n to a counter of this database. */
 void
 outbox_count(OutboxCounter c, uint64 n)
 {
@@ -84,6 +85,7 @@ outbox_count(OutboxCounter c, uint64 n)
 		pg_atomic_fetch_add_u64(&stats->counters[c], n);
 }
 
+/* Count one emit-to-acknowledgement latency in the histogram. */
 void
 outbox_observe_latency(int64 usec)
 {
@@ -101,6 +103,7 @@ outbox_observe_latency(int64 usec)
 	pg_atomic_fetch_add_u64(&stats->latency_sum_us, (uint64) usec);
 }
 
+/* The SQL functions need the counters: the library must be preloaded. */
 static void
 require_shared_memory(void)
 {

@@ -2,38 +2,51 @@
  *
  * worker.c
  *	  The publisher: a background worker that sends each aggregate's
- *	  pending events to Kafka in version order.
+ *	  pending events to Kafka in version order, as a pipeline.
  *
- * One batch is one transaction:
+ * Each turn of the loop (pipeline_step):
  *
- *	1. read the oldest pending events (ORDER BY id: per aggregate that is
- *	   version order, since emitters of an aggregate are serialized until
- *	   commit) of this worker's share of the buckets (split among the
- *	   workers alive), skipping paused, blocked and backing-off aggregates,
- *	   up to outbox.batch_events and outbox.batch_bytes;
- *	2. flush the WAL up to what that snapshot can see (and wait for
+ *	1. serve the delivery reports that came in (librdkafka wakes the wait
+ *	   through a pipe when it has one);
+ *	2. settle, in one short transaction, every aggregate whose messages are
+ *	   all reported: mark its acknowledged prefix published and record its
+ *	   first failure (publish_settle.c).  Reports of several partitions are
+ *	   gathered for a few milliseconds while others are still out;
+ *	3. if there is room in flight (outbox.batch_events, outbox.batch_bytes)
+ *	   and the newest flight is not still awaiting its first reports, read
+ *	   a batch into a new flight, in one transaction: the oldest pending
+ *	   events (ORDER BY id: per aggregate that is version order, since
+ *	   emitters of an aggregate are serialized until commit) of this
+ *	   worker's share of the buckets, skipping paused, blocked and
+ *	   backing-off aggregates and busy ones (in a flight, not settled yet);
+ *	   flush the WAL up to what that snapshot can see (and wait for
  *	   outbox.standby_confirmations standbys), so that only durable commits
- *	   are published;
- *	3. try-lock each aggregate in the publish key space; one that another
- *	   worker holds is skipped, that worker publishes its events;
- *	4. produce the events of the locked aggregates, each aggregate's in
- *	   version order and to one destination (the rest waits for a later
- *	   batch), and wait for all delivery reports;
- *	5. mark each aggregate's acknowledged prefix published, record the
- *	   first failure, and commit once.  If marking fails, what Kafka
- *	   acknowledged is kept and only the marking is retried.
+ *	   are published; try-lock each aggregate in the publish key space (one
+ *	   another worker holds is skipped: that worker publishes it); produce
+ *	   the locked aggregates' events, each aggregate's in version order and
+ *	   to one destination; and commit without waiting for Kafka.
  *
- * No snapshot is held while waiting for Kafka, only the aggregates' advisory
- * locks, which emitters never take.  A batch waits at most
- * outbox.delivery_timeout; messages still unacknowledged then stay with
- * librdkafka, which retries them forever, and their aggregates are "stalled":
- * later batches leave them alone until those reports come in, so a stuck
- * partition holds up only its own aggregates and copies never pile up.  Nothing is marked before Kafka
- * acknowledged it, so a crash anywhere means re-sending (duplicates), never
- * loss.  Because one producer delivers a prefix of what it is given, and a
- * batch starts at the first unpublished version, every re-send starts at or
- * below what a consumer has already seen: after dropping re-deliveries it
- * sees each version once, in order.
+ * So an aggregate has at most one flight's messages out at a time, and
+ * the next batch is produced while earlier messages await
+ * acknowledgement: a partition that does not acknowledge holds up only its
+ * own aggregates, never a batch.  librdkafka never gives up on a message
+ * (message.timeout.ms=0), so every message produced is reported some day,
+ * and a late acknowledgement is recorded like any other; nothing is read
+ * again while its aggregate is busy, so copies never pile up.  Messages
+ * out longer than outbox.delivery_timeout only make their aggregates show
+ * as stalled (outbox_workers(), delivery_timeouts).  While Kafka is
+ * unreachable (all brokers down) no batch is read, so the events wait in
+ * the outbox, not in the producer.
+ *
+ * No snapshot is held while messages are out, and no lock: the aggregates'
+ * advisory locks are held only while producing.  Nothing is marked before
+ * Kafka acknowledged it, so a crash anywhere means re-sending
+ * (duplicates), never loss; if marking fails, what Kafka acknowledged is
+ * held and only the marking is retried.  Because one producer delivers a
+ * prefix of what it is given, and an aggregate is read again only after
+ * its flight settled, from its first unpublished version, every re-send
+ * starts at or below what a consumer has already seen: after dropping
+ * re-deliveries it sees each version once, in order.
  *
  *-------------------------------------------------------------------------
  */
@@ -63,8 +76,8 @@
 #define WORKER_ERROR_BACKOFF_MS 1000
 #define WORKER_ERROR_BACKOFF_MAX_MS 30000
 
-/* How often an idle worker serves late delivery reports while any are due. */
-#define STALLED_POLL_MS 10
+/* How often a waiting worker looks at the producer while messages are out. */
+#define STALLED_POLL_MS 100
 
 int			outbox_poll_interval_ms = 1000;
 int			publish_worker_index;	/* among its database's workers */
@@ -73,7 +86,11 @@ OutboxWorkerSlot *publish_slot;
 /* This worker's database entry, from the launcher. */
 static OutboxDatabase *my_database;
 
-static MemoryContext batch_context = NULL;
+/* Reset every turn of the loop: what a turn allocates between transactions. */
+static MemoryContext loop_context = NULL;
+
+/* When the broker-level condition was last probed. */
+static TimestampTz last_probe_at = 0;
 
 /* A reload was processed since the producer settings were last compared. */
 static bool reloaded_in_batch = false;
@@ -188,58 +205,27 @@ bucket_share(int *nshares, int *share)
 	*nshares = n;
 }
 
-/*
- * Step 1 of a batch: in a new transaction, read the oldest pending events
- * of this worker's share into batch_context, and release the snapshot.
- * Returns their number (0: the transaction is over; -1: the extension is
- * not installed), and in *visible_upto the WAL position every commit the
- * snapshot saw ends before.
- */
-static int
-read_batch(BatchEvent **events, XLogRecPtr *visible_upto)
+/* Start a transaction of the loop, with SPI and a snapshot. */
+static void
+begin_step(const char *state)
 {
-	Datum		fetch_args[4];
-	int			nshares;
-	int			share;
-	int			nevents;
-
-	publish_set_state("reading pending events");
+	publish_set_state(state);
 	SetCurrentStatementStartTimestamp();
 	StartTransactionCommand();
 	if (SPI_connect() != SPI_OK_CONNECT)
 		elog(ERROR, "SPI_connect failed");
 	PushActiveSnapshot(GetTransactionSnapshot());
+}
 
-	if (!publish_lookup_extension())
-	{
+/* Commit a transaction of the loop (snapshot already popped if popped). */
+static void
+end_step(bool pop_snapshot)
+{
+	if (pop_snapshot)
 		PopActiveSnapshot();
-		SPI_finish();
-		CommitTransactionCommand();
-		return -1;
-	}
-
-	/* Every commit this snapshot sees ends before this WAL position. */
-	*visible_upto = publish_wal_insert_end();
-
-	bucket_share(&nshares, &share);
-	fetch_args[0] = Int32GetDatum(outbox_batch_events);
-	fetch_args[1] = Int32GetDatum(nshares);
-	fetch_args[2] = Int32GetDatum(share);
-	fetch_args[3] = publish_stalled_array();
-	nevents = publish_fetch(fetch_args, batch_context, events);
-	elog(DEBUG1, "outbox: fetched %d events in %ld ms", nevents,
-		 TimestampDifferenceMilliseconds(GetCurrentStatementStartTimestamp(), GetCurrentTimestamp()));
-	if (nevents == 0)
-	{
-		PopActiveSnapshot();
-		SPI_finish();
-		CommitTransactionCommand();
-		return 0;
-	}
-
-	/* Release the snapshot: nothing below needs one until marking. */
-	PopActiveSnapshot();
-	return nevents;
+	SPI_finish();
+	CommitTransactionCommand();
+	MemoryContextSwitchTo(loop_context);
 }
 
 /* The fault-injection hook of outbox_test_fatal_error(), if armed. */
@@ -256,83 +242,152 @@ test_fatal_error_hook(void)
 }
 
 /*
- * One batch: read, make durable, produce, await the reports up to
- * outbox.delivery_timeout, settle.  Returns the number of events it
- * settled: acknowledged, or failed and recorded (0 when there is nothing
- * to do, -1 when the extension is not installed).
+ * Read a batch into a new flight and produce it, in one transaction that
+ * commits without waiting for Kafka: read the oldest pending events of this
+ * worker's share (up to max_events and max_bytes, busy aggregates left
+ * out), make what the snapshot saw durable, lock and produce.  Returns the
+ * number of events read (-1: the extension is not installed).
  */
 static int
-run_batch(void)
+run_flight(int max_events, int64 max_bytes)
 {
-	BatchEvent *events;
-	int			nevents;
+	Datum		fetch_args[3];
+	int			nshares;
+	int			share;
 	XLogRecPtr	visible_upto;
-	HTAB	   *aggregates;
-	int			naggregates = 0;
-	int			nfailed;
-	int			nsettled;
-	TimestampTz deadline;
+	Flight	   *f;
+	int			nevents;
 
-	MemoryContextReset(batch_context);
-	nevents = read_batch(&events, &visible_upto);
-	if (nevents <= 0)
-		return nevents;
+	begin_step("reading pending events");
+	if (!publish_lookup_extension())
+	{
+		end_step(true);
+		return -1;
+	}
 
-	publish_make_durable(visible_upto);
-	publish_ensure_producer();
-	publish_begin_tracking(events, nevents, batch_context);
+	/* Every commit this snapshot sees ends before this WAL position. */
+	visible_upto = publish_wal_insert_end();
 
-	aggregates = publish_aggregate_table("outbox batch aggregates", sizeof(BatchAggregate),
-										 1024, batch_context);
-	publish_set_state("producing");
-	deadline = TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
-										   outbox_delivery_timeout_ms);
-	nfailed = publish_produce_batch(events, nevents, aggregates, &naggregates, deadline);
-	elog(DEBUG1, "outbox: produced %d events of %d aggregates at %ld ms",
-		 publish_tracker.outstanding, naggregates,
+	bucket_share(&nshares, &share);
+	/* The rows looked at: room for those of busy aggregates, skipped. */
+	fetch_args[0] = Int32GetDatum(Min(2 * outbox_batch_events, 2000000));
+	fetch_args[1] = Int32GetDatum(nshares);
+	fetch_args[2] = Int32GetDatum(share);
+	f = publish_flight_begin();
+	nevents = publish_fetch(fetch_args, f, max_events, max_bytes);
+	elog(DEBUG1, "outbox: fetched %d events in %ld ms", nevents,
 		 TimestampDifferenceMilliseconds(GetCurrentStatementStartTimestamp(), GetCurrentTimestamp()));
-	test_fatal_error_hook();
-
-	publish_set_state("awaiting acknowledgements");
-	if (!publish_await_deliveries(deadline))
-		publish_stall_current();
-
-	nsettled = publish_settle_batch(events, nevents, aggregates, naggregates,
-									batch_context);
-
-	/* From here on, reports of this batch are stale (see stale_report). */
-	publish_end_tracking();
-	publish_check_fatal();
-	return nsettled + nfailed;
+	/* Release the snapshot: nothing below needs one. */
+	PopActiveSnapshot();
+	if (nevents > 0)
+	{
+		publish_make_durable(visible_upto);
+		publish_ensure_producer();
+		publish_set_state("producing");
+		publish_produce_flight(f, TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
+															  outbox_delivery_timeout_ms));
+		test_fatal_error_hook();
+		outbox_count(OC_BATCHES, 1);
+	}
+	end_step(false);
+	publish_flight_end(f);
+	return nevents;
 }
 
 /*
- * Sleep up to wait_ms or until woken.  While aggregates are stalled, serve
- * their late delivery reports every few milliseconds, and return as soon
- * as one frees an aggregate, so that it is not held up by the poll
- * interval.  Returns the WaitLatch result (0 when a report ended the wait).
+ * Is Kafka unreachable (a broker-level condition, e.g. all brokers down)
+ * while messages are out?  Then no batch is read: the events wait in the
+ * outbox, not in librdkafka, which would send them all at once when the
+ * brokers are back, copies of any it had sent unanswered included.  The
+ * first acknowledgement (or an idle probe) clears the condition.
+ */
+static bool
+kafka_unreachable(void)
+{
+	TimestampTz since;
+
+	return publish_outstanding() > 0 && outbox_kafka_condition(&since) != NULL;
+}
+
+/*
+ * One turn of the pipeline: serve the delivery reports in, settle the
+ * aggregates whose messages are all reported, and read and produce another
+ * batch if there is room in flight (outbox.batch_events and batch_bytes)
+ * and the newest flight is not still awaiting its first reports.  Returns
+ * the number of events settled or read (-1: the extension is not
+ * installed).
  */
 static int
-idle_wait(long wait_ms)
+pipeline_step(void)
+{
+	int			n;
+	int			nevents;
+	int64		nbytes;
+
+	/* Early, so that a configuration it refuses shows while idle. */
+	publish_ensure_producer();
+	publish_serve_reports();
+	(void) publish_check_timeouts();
+	n = publish_settle_ready();
+	MemoryContextSwitchTo(loop_context);
+
+	publish_in_flight(&nevents, &nbytes);
+	/* A worker whose turn is over reads nothing more: it drains, then exits. */
+	if (!publish_slot->yield &&
+		nevents < outbox_batch_events && nbytes < outbox_batch_bytes &&
+		publish_hold_reading_ms() == 0 && !kafka_unreachable())
+	{
+		int			r = run_flight(outbox_batch_events - nevents,
+								   outbox_batch_bytes - nbytes);
+
+		if (r < 0 && n == 0 && publish_flights == NULL)
+			n = -1;
+		else if (r > 0)
+			n += r;
+	}
+	publish_check_fatal();
+	return n;
+}
+
+/*
+ * Sleep up to wait_ms or until woken: by the latch (a commit that emitted),
+ * or by a delivery report that lets an aggregate settle, or when messages
+ * pass outbox.delivery_timeout (to show them stalled), or when reading may
+ * resume (not after an error: that waits out its backoff).  Returns the
+ * WaitLatch result (0 when the wait ended otherwise).
+ */
+static int
+idle_wait(long wait_ms, bool failed)
 {
 	TimestampTz end = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), wait_ms);
+	bool		held = !failed && publish_hold_reading_ms() > 0;
+	bool		settle = !failed && publish_pending_marks == NULL;
 
 	for (;;)
 	{
-		long		nstalled = hash_get_num_entries(publish_stalled_aggregates);
 		long		remaining = TimestampDifferenceMilliseconds(GetCurrentTimestamp(), end);
+		int			fd = publish_reports_fd();
+		long		due_ms = 0;
 		int			rc;
 
-		if (nstalled > 0 && publish_producer != NULL)
+		/* Also look now and then: a report event could go unnoticed. */
+		if (publish_flights != NULL)
 			remaining = Min(remaining, STALLED_POLL_MS);
-		rc = WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
-					   remaining, PG_WAIT_EXTENSION);
+		if (held)
+			remaining = Min(remaining, Max(publish_hold_reading_ms(), 1));
+		if (settle && !publish_settle_due(&due_ms) && publish_any_ready())
+			remaining = Min(remaining, Max(due_ms, 1));
+		rc = WaitLatchOrSocket(MyLatch,
+							   WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH |
+							   (fd >= 0 ? WL_SOCKET_READABLE : 0),
+							   fd, remaining, PG_WAIT_EXTENSION);
 		ResetLatch(MyLatch);
-		if (publish_producer != NULL)
-			rd_kafka_poll(publish_producer, 0);
+		publish_serve_reports();
 		if (rc & WL_LATCH_SET)
 			return rc;
-		if (hash_get_num_entries(publish_stalled_aggregates) < nstalled)
+		if (publish_check_timeouts() > 0 ||
+			(settle && publish_settle_due(NULL)) ||
+			(held && publish_hold_reading_ms() == 0))
 			return 0;
 		if (GetCurrentTimestamp() >= end)
 			return rc;
@@ -344,7 +399,7 @@ static void
 log_worker_error(void)
 {
 	ErrorData  *edata;
-	MemoryContext oldcxt = MemoryContextSwitchTo(batch_context);
+	MemoryContext oldcxt = MemoryContextSwitchTo(loop_context);
 
 	edata = CopyErrorData();
 	MemoryContextSwitchTo(oldcxt);
@@ -496,8 +551,7 @@ exit_extension_absent(void)
 static bool
 should_yield(bool idle)
 {
-	if (publish_pending_marks != NULL ||
-		hash_get_num_entries(publish_stalled_aggregates) > 0)
+	if (publish_pending_marks != NULL || publish_flights != NULL)
 		return false;
 	if (publish_slot->yield)
 		return true;
@@ -542,24 +596,18 @@ join_database(Datum main_arg)
 	}
 }
 
-/* A publisher worker, started by the launcher for one database. */
-void
-outbox_worker_main(Datum main_arg)
+/* The session settings and memory of a publisher, and its slot. */
+static void
+worker_setup(void)
 {
-	OutboxWorkerSlot *slot;
-	int			error_backoff_ms = WORKER_ERROR_BACKOFF_MS;
-
-	pqsignal(SIGHUP, SignalHandlerForConfigReload);
-	pqsignal(SIGTERM, die);
-	BackgroundWorkerUnblockSignals();
-	join_database(main_arg);
+	OutboxWorkerSlot *slot = publish_slot;
 
 	/* Every name in our queries resolves in pg_catalog or is qualified. */
 	SetConfigOption("search_path", "pg_catalog, pg_temp", PGC_SUSET, PGC_S_OVERRIDE);
 
 	/*
 	 * A marking lost in a crash only means sending those events again: no
-	 * need to wait for the WAL flush on every batch.
+	 * need to wait for the WAL flush on every settling.
 	 */
 	SetConfigOption("synchronous_commit", "off", PGC_SUSET, PGC_S_OVERRIDE);
 
@@ -571,27 +619,99 @@ outbox_worker_main(Datum main_arg)
 	 */
 	SetConfigOption("enable_bitmapscan", "off", PGC_SUSET, PGC_S_OVERRIDE);
 
-	batch_context = AllocSetContextCreate(TopMemoryContext, "outbox batch",
-										  ALLOCSET_DEFAULT_SIZES);
+	loop_context = AllocSetContextCreate(TopMemoryContext, "outbox loop",
+										 ALLOCSET_DEFAULT_SIZES);
 	publish_settle_start();
 	publish_produce_start();
-	slot = publish_slot;
 	slot->latch = MyLatch;
 	/* The others shrink their shares of the buckets. */
 	outbox_wake_workers();
+}
 
+/* Show what the worker waits for, before waiting. */
+static void
+show_waiting_state(bool failed)
+{
+	long		nstalled;
+
+	if (publish_pending_marks != NULL)
+		publish_set_state("marking failed: acknowledged events held");
+	else if (failed)
+		publish_set_state("error, retrying");
+	else if ((nstalled = publish_stalled_count()) > 0)
+	{
+		char		state[sizeof(((OutboxWorkerSlot *) NULL)->state)];
+
+		snprintf(state, sizeof(state), "idle, %ld aggregates awaiting Kafka", nstalled);
+		publish_set_state(state);
+	}
+	else if (publish_flights != NULL)
+		publish_set_state("awaiting acknowledgements");
+	else
+		publish_set_state("idle");
+	pgstat_report_activity(STATE_IDLE, NULL);
+}
+
+/*
+ * One turn of the loop: retry held marks, or a pipeline step; then
+ * retention.  Returns the number of events settled or read (-1: the
+ * extension is not installed), and in *failed whether an error was caught.
+ */
+static int
+loop_turn(bool *failed)
+{
+	int			n = 0;
+
+	*failed = false;
+	PG_TRY();
+	{
+		/* Acknowledged but unmarked events are marked, never re-sent. */
+		if (publish_pending_marks != NULL)
+			n = publish_retry_marks();
+		else
+			n = pipeline_step();
+		publish_retention_maybe();
+	}
+	PG_CATCH();
+	{
+		HOLD_INTERRUPTS();
+		log_worker_error();
+		AbortCurrentTransaction();
+		publish_settle_abort();
+		RESUME_INTERRUPTS();
+		*failed = true;
+	}
+	PG_END_TRY();
+	MemoryContextSwitchTo(loop_context);
+	return n;
+}
+
+/* Entry point of a publisher: connect, then run the pipeline until told to stop. */
+void
+outbox_worker_main(Datum main_arg)
+{
+	int			error_backoff_ms = WORKER_ERROR_BACKOFF_MS;
+
+	pqsignal(SIGHUP, SignalHandlerForConfigReload);
+	pqsignal(SIGTERM, die);
+	BackgroundWorkerUnblockSignals();
+
+	join_database(main_arg);
+	worker_setup();
 	ereport(LOG,
 			(errmsg("outbox publisher %d started for database \"%s\"",
 					publish_worker_index, NameStr(my_database->name))));
 
 	for (;;)
 	{
-		int			n = 0;
-		bool		failed = false;
+		int			n;
+		bool		failed;
 		long		wait_ms;
 		int			rc;
 
 		CHECK_FOR_INTERRUPTS();
+		MemoryContextReset(loop_context);
+		MemoryContextSwitchTo(loop_context);
 		publish_process_reload();
 		/* Also after a reload served while waiting for standbys. */
 		if (reloaded_in_batch)
@@ -600,29 +720,7 @@ outbox_worker_main(Datum main_arg)
 			publish_check_producer_settings();
 		}
 
-		PG_TRY();
-		{
-			/* Acknowledged but unmarked events are marked, never re-sent. */
-			if (publish_pending_marks != NULL)
-				n = publish_retry_marks();
-			else
-			{
-				/* Early, so that a configuration it refuses shows while idle. */
-				publish_ensure_producer();
-				n = run_batch();
-			}
-			publish_retention_maybe();
-		}
-		PG_CATCH();
-		{
-			HOLD_INTERRUPTS();
-			log_worker_error();
-			AbortCurrentTransaction();
-			publish_end_tracking();
-			RESUME_INTERRUPTS();
-			failed = true;
-		}
-		PG_END_TRY();
+		n = loop_turn(&failed);
 
 		/*
 		 * Report table statistics as a backend does between transactions:
@@ -652,32 +750,22 @@ outbox_worker_main(Datum main_arg)
 			/* After progress, look again at once: more is probably waiting. */
 			if (n > 0)
 				continue;
-			/* Idle: is a broker-level condition over? */
-			outbox_producer_probe(publish_producer);
-			set_problem(NULL);
+			/* Idle: is a broker-level condition over?  (Blocks up to 200 ms.) */
+			if (TimestampDifferenceExceeds(last_probe_at, GetCurrentTimestamp(),
+										   outbox_poll_interval_ms))
+			{
+				outbox_producer_probe(publish_producer);
+				last_probe_at = GetCurrentTimestamp();
+				set_problem(NULL);
+			}
 			wait_ms = outbox_poll_interval_ms;
 		}
 
-		if (publish_pending_marks != NULL)
-			publish_set_state("marking failed: acknowledged events held");
-		else if (failed)
-			publish_set_state("error, retrying");
-		else if (hash_get_num_entries(publish_stalled_aggregates) > 0)
-		{
-			char		state[sizeof(slot->state)];
-
-			snprintf(state, sizeof(state), "idle, %ld aggregates awaiting Kafka",
-					 hash_get_num_entries(publish_stalled_aggregates));
-			publish_set_state(state);
-		}
-		else
-			publish_set_state("idle");
-		pgstat_report_activity(STATE_IDLE, NULL);
-		rc = idle_wait(wait_ms);
+		show_waiting_state(failed);
+		rc = idle_wait(wait_ms, failed);
 		if (rc & WL_LATCH_SET)
 			outbox_count(OC_WAKEUPS, 1);
 		else if (rc & WL_TIMEOUT)
 			outbox_count(OC_POLLS, 1);
 	}
 }
-

@@ -3,11 +3,11 @@
 # librdkafka retries them forever.  Every event must reach Kafka, per
 # aggregate in version order, once the partition is back.
 #
-# The batch that holds messages for the leaderless partition waits
-# outbox.delivery_timeout and commits what was acknowledged; the aggregates
-# whose messages are still out there are stalled, and later batches leave
-# them alone until librdkafka reports them: the five healthy partitions keep
-# being published meanwhile.
+# The publisher does not wait for the leaderless partition: the aggregates
+# whose messages are still out there stay busy, and later batches leave
+# them alone until librdkafka reports them (122 bounds the healthy
+# partitions' delay): the five healthy partitions keep being published
+# meanwhile.
 #
 # recover_s: from the leader's return until every event committed before it
 # was published.

@@ -1,7 +1,8 @@
 # Late delivery reports are served promptly while the worker is idle.
 #
-# With all brokers down a batch stops waiting after outbox.delivery_timeout
-# and its aggregates stall until librdkafka reports those messages.  When
+# With all brokers down a batch's messages stay out; after
+# outbox.delivery_timeout its aggregates show as stalled until librdkafka
+# reports those messages.  When
 # the brokers come back, the reports arrive while the worker idles; it must
 # serve them (and publish the stalled aggregates) at once, not at its next
 # poll: here outbox.poll_interval is 10 minutes and nothing else wakes it.

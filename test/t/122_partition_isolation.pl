@@ -1,0 +1,83 @@
+# Fault: one partition of eight has no leader for 12 s under a steady load.
+# Its messages wait in librdkafka; the publisher keeps producing and
+# settling the aggregates of the seven healthy partitions meanwhile, so
+# their events' publish delay (published_at - created_at) stays short: the
+# 99th percentile of the events emitted during the outage must be under
+# 1 s.  (A publisher that waits for a whole batch's acknowledgements waits
+# outbox.delivery_timeout, 5 s here, whenever a batch meets an aggregate of
+# the leaderless partition.)  Afterwards every event must reach Kafka, per
+# aggregate in version order.
+#
+# recover_s: from the leader's return until every event committed before it
+# was published.
+use strict;
+use warnings;
+
+use PostgreSQL::Test::Utils;
+use Test::More;
+use Time::HiRes qw(time sleep);
+
+use FaultTest;
+use MockKafka;
+use OutboxTest;
+
+my $outage_s = 12;
+my $topic = 'outbox.event.load';
+
+my $dir = $PostgreSQL::Test::Utils::tmp_check;
+mkdir "$dir/mock";
+my $mk = MockKafka->start(dir => "$dir/mock", brokers => 3, max_seconds => 300);
+$mk->cmd("topic_create $topic 8 3");
+my %conf = fault_conf();
+my $node = outbox_node('isolation', $mk, %conf);
+note "kafka_properties: " . ($conf{kafka_properties} // '(default)');
+quiet_statements($node);
+
+# About 500 events/s (4 clients, 100 transactions/s of 5 events) for about
+# 30 s: steady before, during and after the outage.
+my $t_start = time;
+my $load = start_load($node, clients => 4, transactions => 750,
+	events_per_tx => 5, aggregates => 1000, rate => 100);
+sleep 0.2 while max_id($node) < 2000 && time - $t_start < 120;
+cmp_ok(max_id($node), '>=', 2000, 'load under way before the outage');
+
+$mk->cmd("leader $topic 0 -1");
+my $t_down = $node->safe_psql('postgres', 'SELECT pg_catalog.clock_timestamp()');
+sleep $outage_s;
+my $t_up = $node->safe_psql('postgres', 'SELECT pg_catalog.clock_timestamp()');
+my $backlog = max_id($node);
+$mk->cmd("leader $topic 0 1");
+
+my $recover = wait_backlog($node, $backlog, 180);
+ok(defined $recover, 'backlog published after the partition got a leader again');
+ok(stop_load($load, 300), 'emitters finished without errors');
+ok(defined wait_published($node, 180), 'nothing pending after the load');
+
+# The healthy partitions' events emitted during the outage.
+my ($n, $p50, $p99, $max) = split /\|/, $node->safe_psql('postgres', qq{
+	SELECT count(*),
+	       round(percentile_cont(0.5) WITHIN GROUP (ORDER BY d)),
+	       round(percentile_cont(0.99) WITHIN GROUP (ORDER BY d)),
+	       round(max(d))
+	  FROM (SELECT extract(epoch FROM published_at - created_at) * 1000 AS d
+	          FROM outbox
+	         WHERE kafka_partition <> 0
+	           AND created_at BETWEEN '$t_down' AND '$t_up') s});
+my $dead = $node->safe_psql('postgres', qq{
+	SELECT count(*) FROM outbox
+	 WHERE kafka_partition = 0 AND created_at BETWEEN '$t_down' AND '$t_up'});
+note sprintf "FIGURES scenario=partition_isolation outage_s=%d healthy_events=%d "
+  . "healthy_p50_ms=%s healthy_p99_ms=%s healthy_max_ms=%s leaderless_events=%d",
+  $outage_s, $n, $p50, $p99, $max, $dead;
+cmp_ok($n, '>=', 1000, 'healthy partitions got events during the outage');
+cmp_ok($dead, '>=', 50, 'the leaderless partition got events during the outage');
+cmp_ok($p99, '<', 1000,
+	'p99 publish delay of the healthy partitions during the outage is under 1 s');
+
+db_versions_contiguous($node, 'partition isolation');
+my $r = verdict($mk, $node, 'partition_isolation', recover_s => $recover);
+note_counters($node, $t_start);
+
+$node->stop;
+$mk->stop;
+done_testing();
