@@ -269,6 +269,46 @@ LANGUAGE C VOLATILE;
 COMMENT ON FUNCTION @extschema@.outbox_emit_many(@extschema@.outbox_event[]) IS
 'write many events to the outbox in the current transaction, in array order';
 
+-- The same with payloads sent byte for byte, as outbox_emit_raw(): one
+-- event type per payload type, fields as outbox_event's.
+CREATE TYPE @extschema@.outbox_event_bytea AS (
+	aggregate_type text,
+	aggregate_id text,
+	event_type text,
+	payload bytea,
+	topic text,
+	headers jsonb,
+	event_id text,
+	aggregate_version bigint
+);
+
+CREATE TYPE @extschema@.outbox_event_text AS (
+	aggregate_type text,
+	aggregate_id text,
+	event_type text,
+	payload text,
+	topic text,
+	headers jsonb,
+	event_id text,
+	aggregate_version bigint
+);
+
+CREATE FUNCTION @extschema@.outbox_emit_many_raw(events @extschema@.outbox_event_bytea[])
+RETURNS SETOF @extschema@.emitted_event
+AS 'MODULE_PATHNAME', 'outbox_emit_many_raw'
+LANGUAGE C VOLATILE;
+
+COMMENT ON FUNCTION @extschema@.outbox_emit_many_raw(@extschema@.outbox_event_bytea[]) IS
+'write many events whose payloads are sent exactly as these bytes, in array order';
+
+CREATE FUNCTION @extschema@.outbox_emit_many_raw(events @extschema@.outbox_event_text[])
+RETURNS SETOF @extschema@.emitted_event
+AS 'MODULE_PATHNAME', 'outbox_emit_many_raw'
+LANGUAGE C VOLATILE;
+
+COMMENT ON FUNCTION @extschema@.outbox_emit_many_raw(@extschema@.outbox_event_text[]) IS
+'write many events whose payloads are sent exactly as these texts'' bytes, in array order';
+
 -- Shared argument checks of inbox_claim() and the operator functions: not
 -- NULL (22004), not empty (22023), at most 1024 bytes (22001).
 CREATE FUNCTION @extschema@.outbox_check_arg(name text, value text)
@@ -328,6 +368,8 @@ REVOKE ALL ON FUNCTION
 	@extschema@.outbox_emit_raw(text, text, text, bytea, text, jsonb, text, bigint),
 	@extschema@.outbox_emit_raw(text, text, text, text, text, jsonb, text, bigint),
 	@extschema@.outbox_emit_many(@extschema@.outbox_event[]),
+	@extschema@.outbox_emit_many_raw(@extschema@.outbox_event_bytea[]),
+	@extschema@.outbox_emit_many_raw(@extschema@.outbox_event_text[]),
 	@extschema@.inbox_claim(text, text)
 	FROM PUBLIC;
 

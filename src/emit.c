@@ -54,6 +54,7 @@
 PG_FUNCTION_INFO_V1(outbox_emit);
 PG_FUNCTION_INFO_V1(outbox_emit_raw);
 PG_FUNCTION_INFO_V1(outbox_emit_many);
+PG_FUNCTION_INFO_V1(outbox_emit_many_raw);
 PG_FUNCTION_INFO_V1(outbox_uuid_v7);
 PG_FUNCTION_INFO_V1(outbox_check_arg);
 
@@ -621,6 +622,29 @@ default_topic(const char *aggregate_type)
 	return buf.data;
 }
 
+/* Drops the blanks around the header name [*name, *name + *len). */
+static void
+trim_blanks(const char **name, int *len)
+{
+	while (*len > 0 && scanner_isspace((*name)[0]))
+	{
+		(*name)++;
+		(*len)--;
+	}
+	while (*len > 0 && scanner_isspace((*name)[*len - 1]))
+		(*len)--;
+}
+
+/* Whether [name, name + len) is one of names, ignoring case. */
+static bool
+name_in(const char *name, int len, const char *const *names, int n)
+{
+	for (int i = 0; i < n; i++)
+		if (strlen(names[i]) == len && pg_strncasecmp(name, names[i], len) == 0)
+			return true;
+	return false;
+}
+
 /*
  * Whether a consumer could take a header name for one the publisher sets:
  * compared case-insensitively, ignoring surrounding blanks.
@@ -630,21 +654,11 @@ header_is_reserved(const char *name, int len)
 {
 	int			prefix_len = strlen(OUTBOX_HEADER_DEAD_LETTER_PREFIX);
 
-	while (len > 0 && scanner_isspace(name[0]))
-	{
-		name++;
-		len--;
-	}
-	while (len > 0 && scanner_isspace(name[len - 1]))
-		len--;
+	trim_blanks(&name, &len);
 	if (len >= prefix_len &&
 		pg_strncasecmp(name, OUTBOX_HEADER_DEAD_LETTER_PREFIX, prefix_len) == 0)
 		return true;
-	for (int i = 0; i < lengthof(reserved_headers); i++)
-		if (strlen(reserved_headers[i]) == len &&
-			pg_strncasecmp(name, reserved_headers[i], len) == 0)
-			return true;
-	return false;
+	return name_in(name, len, reserved_headers, lengthof(reserved_headers));
 }
 
 /*
@@ -1110,15 +1124,43 @@ push_string(JsonbParseState **state, JsonbIteratorToken tok, const char *str)
 }
 
 /*
+ * Whether the caller's headers carry a trace context: a traceparent or
+ * tracestate header, its name compared as header_is_reserved() does
+ * (case-insensitively, ignoring surrounding blanks), as W3C Trace Context
+ * names its HTTP headers and as consumers' propagators may read them.
+ */
+static bool
+has_trace_header(Jsonb *headers)
+{
+	const char *const names[] = {OUTBOX_HEADER_TRACEPARENT, OUTBOX_HEADER_TRACESTATE};
+	JsonbIterator *it = JsonbIteratorInit(&headers->root);
+	JsonbIteratorToken tok;
+	JsonbValue	v;
+
+	while ((tok = JsonbIteratorNext(&it, &v, true)) != WJB_DONE)
+	{
+		const char *name = v.val.string.val;
+		int			len = v.val.string.len;
+
+		if (tok != WJB_KEY)
+			continue;
+		trim_blanks(&name, &len);
+		if (name_in(name, len, names, lengthof(names)))
+			return true;
+	}
+	return false;
+}
+
+/*
  * The headers with the session's trace context (outbox.traceparent and
- * outbox.tracestate) added, unless there is none or the caller set a
- * traceparent header: then the caller's trace context is kept whole.
+ * outbox.tracestate) added, unless there is none or the caller set trace
+ * headers of its own (in any letter case): then the caller's trace context
+ * is kept whole, never mixed with the session's.
  */
 static Jsonb *
 add_trace_context(Jsonb *headers)
 {
 	JsonbParseState *state = NULL;
-	JsonbValue	key;
 	Jsonb	   *trace;
 
 	if (outbox_traceparent == NULL || outbox_traceparent[0] == '\0')
@@ -1128,10 +1170,7 @@ add_trace_context(Jsonb *headers)
 		/* A malformed headers argument is validate_headers()'s to refuse. */
 		if (!JB_ROOT_IS_OBJECT(headers) || JB_ROOT_IS_SCALAR(headers))
 			return headers;
-		key.type = jbvString;
-		key.val.string.val = OUTBOX_HEADER_TRACEPARENT;
-		key.val.string.len = strlen(OUTBOX_HEADER_TRACEPARENT);
-		if (findJsonbValueFromContainer(&headers->root, JB_FOBJECT, &key) != NULL)
+		if (has_trace_header(headers))
 			return headers;
 	}
 	(void) pushJsonbValue(&state, WJB_BEGIN_OBJECT, NULL);
@@ -1417,10 +1456,11 @@ emit_many_error_context(void *arg)
 
 /*
  * outbox_emit_many(events outbox_event[]): each event, in array order, as
- * outbox_emit() would emit it, in one call (no statement per event).
+ * outbox_emit() would emit it (outbox_emit_raw() if raw), in one call (no
+ * statement per event).
  */
-Datum
-outbox_emit_many(PG_FUNCTION_ARGS)
+static Datum
+emit_many(FunctionCallInfo fcinfo, bool raw)
 {
 	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
 	ArrayType  *events;
@@ -1481,11 +1521,28 @@ outbox_emit_many(PG_FUNCTION_ARGS)
 			call->args[a].isnull = nulls[a];
 		}
 
-		event = DatumGetHeapTupleHeader(emit_event(call, false));
+		event = DatumGetHeapTupleHeader(emit_event(call, raw));
 		tuple.t_len = HeapTupleHeaderGetDatumLength(event);
 		tuple.t_data = event;
 		tuplestore_puttuple(rsinfo->setResult, &tuple);
 	}
 	error_context_stack = errcallback.previous;
 	return (Datum) 0;
+}
+
+/* outbox_emit_many(): events with JSON payloads. */
+Datum
+outbox_emit_many(PG_FUNCTION_ARGS)
+{
+	return emit_many(fcinfo, false);
+}
+
+/*
+ * outbox_emit_many_raw(): events whose payloads (outbox_event_bytea or
+ * outbox_event_text) reach Kafka exactly as given.
+ */
+Datum
+outbox_emit_many_raw(PG_FUNCTION_ARGS)
+{
+	return emit_many(fcinfo, true);
 }

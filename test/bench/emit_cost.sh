@@ -47,6 +47,8 @@ outbox.workers = 0
 shared_buffers = '256MB'
 max_wal_size = '8GB'
 checkpoint_timeout = '30min'
+# no autovacuum worker's CPU time in the backends' (see cpu_ticks)
+autovacuum = off
 EOF
 pg_ctl -D "$work/data" -l "$work/postgres.log" -w -t 60 start >/dev/null
 
@@ -68,18 +70,37 @@ printf '%s\n%s\nEND;\n' "$head" \
 	"SELECT event_id FROM outbox_emit('order', 'order-' || :id, 'OrderPaid', '{\"amount\": 10, \"currency\": \"EUR\"}', topic => 'bench.emit');" \
 	>"$work/emit.sql"
 
-declare -A TPS
+# CPU time (clock ticks) of the postmaster's exited children: each
+# backend's user + system time is added when it ends.  Less sensitive to
+# the other load on a shared machine than tps.
+pm=$(head -n1 "$work/data/postmaster.pid")
+nchildren() { pgrep -c -P "$pm" || true; }
+base_children=$(nchildren)
+cpu_ticks() {
+	local i
+	# wait (bounded) until every backend that connected has been reaped
+	for i in $(seq 100); do [ "$(nchildren)" -le "$base_children" ] && break; sleep 0.05; done
+	sed 's/^.*) //' "/proc/$pm/stat" | awk '{ print $14 + $15 }'
+}
+hz=$(getconf CLK_TCK)
+
+declare -A TPS CPU
 run() { # config round
+	local t0 t1 n
 	q <<'EOF'
 TRUNCATE outbox, aggregate_publication, outbox_copy, orders;
 INSERT INTO orders SELECT g, 'new', 0, 0 FROM generate_series(1, 10000) g;
 VACUUM ANALYZE orders;
 CHECKPOINT;
 EOF
+	t0=$(cpu_ticks)
 	pgbench -n -M prepared -c 2 -j 2 -T "$SECS" -f "$work/$1.sql" >"$work/pgbench.$1.$2.log" 2>&1 ||
 		{ cat "$work/pgbench.$1.$2.log" >&2; exit 1; }
+	t1=$(cpu_ticks)
 	TPS[$1.$2]=$(sed -n 's/^tps = \([0-9.]*\) .*/\1/p' "$work/pgbench.$1.$2.log")
-	echo "round $2 $1: ${TPS[$1.$2]} tps" >&2
+	n=$(sed -n 's/^number of transactions actually processed: \([0-9]*\).*/\1/p' "$work/pgbench.$1.$2.log")
+	CPU[$1.$2]=$(awk -v d=$((t1 - t0)) -v n="$n" -v hz="$hz" 'BEGIN { printf "%.1f", d * 1e6 / hz / n }')
+	echo "round $2 $1: ${TPS[$1.$2]} tps, ${CPU[$1.$2]} µs backend CPU per transaction" >&2
 }
 
 configs="update insert emit"
@@ -89,10 +110,17 @@ for r in $(seq "$ROUNDS"); do
 	for c in $order; do run "$c" "$r"; done
 done
 
-mean() { # config
+mean() { # config [CPU]
 	local v="" r
-	for r in $(seq "$ROUNDS"); do v="$v ${TPS[$1.$r]}"; done
-	awk -v v="$v" 'BEGIN { n = split(v, x, " "); for (i = 1; i <= n; i++) s += x[i]; printf "%.0f", s / n }'
+	for r in $(seq "$ROUNDS"); do
+		if [ -n "${2:-}" ]; then v="$v ${CPU[$1.$r]}"; else v="$v ${TPS[$1.$r]}"; fi
+	done
+	awk -v v="$v" 'BEGIN { n = split(v, x, " "); for (i = 1; i <= n; i++) s += x[i]; printf "%.1f", s / n }'
+}
+median() { # config: median of the per-round CPU µs per transaction
+	local r
+	for r in $(seq "$ROUNDS"); do echo "${CPU[$1.$r]}"; done | sort -n |
+		awk '{ x[NR] = $1 } END { printf "%.1f", NR % 2 ? x[(NR + 1) / 2] : (x[NR / 2] + x[NR / 2 + 1]) / 2 }'
 }
 median_ratio() { # a b
 	local r v=""
@@ -107,16 +135,17 @@ median_ratio() { # a b
 # µs one event adds to a transaction: 2 clients x 1e6 / tps, minus the UPDATE alone
 added() { awk -v t="$(mean "$1")" -v u="$(mean update)" 'BEGIN { printf "%.0f", 2e6 / t - 2e6 / u }'; }
 
-echo "| configuration | tps (mean of $ROUNDS x ${SECS} s) | per round | µs added over the UPDATE alone |"
-echo "|---|---:|---|---:|"
+cpu_added() { awk -v a="$(median "$1")" -v u="$(median update)" 'BEGIN { printf "%.1f", a - u }'; }
+echo "| configuration | tps (mean of $ROUNDS x ${SECS} s) | tps per round | µs wall added over the UPDATE alone | backend CPU µs per transaction (median of rounds) | CPU µs added over the UPDATE alone |"
+echo "|---|---:|---|---:|---:|---:|"
 for c in $configs; do
 	per=""
-	for r in $(seq "$ROUNDS"); do per="$per${per:+, }${TPS[$c.$r]}"; done
-	echo "| $c | $(mean "$c") | $per | $(added "$c") |"
+	for r in $(seq "$ROUNDS"); do per="$per${per:+, }$(printf '%.0f' "${TPS[$c.$r]}")"; done
+	echo "| $c | $(printf '%.0f' "$(mean "$c")") | $per | $(added "$c") | $(median "$c") | $(cpu_added "$c") |"
 done
 echo
 echo "outbox_emit / plain INSERT into outbox_copy, tps: mean $(awk -v a="$(mean emit)" -v b="$(mean insert)" 'BEGIN { printf "%.3f", a / b }'), median of rounds $(median_ratio emit insert)"
-echo "added cost, outbox_emit / plain INSERT: $(awk -v a="$(added emit)" -v b="$(added insert)" 'BEGIN { printf "%.2f", a / b }')"
+echo "added cost, outbox_emit / plain INSERT: wall $(awk -v a="$(added emit)" -v b="$(added insert)" 'BEGIN { printf "%.2f", a / b }'), backend CPU $(awk -v a="$(cpu_added emit)" -v b="$(cpu_added insert)" 'BEGIN { printf "%.2f", a / b }')"
 
 # Where an emitting transaction's CPU goes: perf on the 1-client backend.
 if [ "${EMIT_PERF:-1}" = 1 ] && command -v perf >/dev/null &&
@@ -133,7 +162,7 @@ if [ "${EMIT_PERF:-1}" = 1 ] && command -v perf >/dev/null &&
 		echo
 		echo "| function | share |"
 		echo "|---|---:|"
-		awk '$3 == "[.]" && $1 ~ /%$/ { print "| " $4 " | " $1 " |" }' "$work/perf.txt" | head -n "${EMIT_PERF_TOP:-40}"
+		awk '$3 == "[.]" && $1 ~ /%$/ && $4 !~ /^0x/ { print "| " $4 " | " $1 " |" }' "$work/perf.txt" | head -n "${EMIT_PERF_TOP:-40}"
 	fi
 	wait "$pb" || true
 fi
