@@ -954,6 +954,7 @@ insert_event(const Datum *values, const bool *nulls)
 	RangeTblEntry *rte = makeNode(RangeTblEntry);
 	ResultRelInfo *rri = makeNode(ResultRelInfo);
 	TupleTableSlot *slot;
+	MemoryContext old_cxt;
 	bool		isnull;
 	int64		id;
 
@@ -975,6 +976,8 @@ insert_event(const Datum *values, const bool *nulls)
 	estate->es_output_cid = GetCurrentCommandId(true);
 	ExecOpenIndices(rri, false);
 
+	/* Per event, not per call of outbox_emit_many(): freed with estate. */
+	old_cxt = MemoryContextSwitchTo(estate->es_query_cxt);
 	slot = ExecInitExtraTupleSlot(estate, RelationGetDescr(rel), &TTSOpsVirtual);
 	ExecClearTuple(slot);
 	memset(slot->tts_isnull, true, sizeof(bool) * slot->tts_tupleDescriptor->natts);
@@ -992,6 +995,7 @@ insert_event(const Datum *values, const bool *nulls)
 													&slot->tts_isnull[attnum - 1]);
 	}
 	ExecStoreVirtualTuple(slot);
+	MemoryContextSwitchTo(old_cxt);
 
 	AfterTriggerBeginQuery();
 #if PG_VERSION_NUM >= 140000
@@ -1315,6 +1319,9 @@ write_event(EmitArgs *a, Oid nspid, Datum *result)
 	LOCKTAG		tag;
 	Oid			save_userid;
 	int			save_sec_context;
+
+	/* The relation path below checks nothing of the kind itself. */
+	PreventCommandIfReadOnly("outbox_emit()");
 
 	/*
 	 * Serialize emitters of this aggregate until commit, so that versions
