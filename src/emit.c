@@ -1016,6 +1016,7 @@ insert_event(const Datum *values, const bool *nulls)
 	CommandCounterIncrement();
 	return id;
 }
+
 /* An aggregate at the largest version has no next one: never wrap around. */
 static void
 version_exhausted(const char *aggregate_id)
@@ -1030,13 +1031,15 @@ version_exhausted(const char *aggregate_id)
 /*
  * Column attnum of the first row of heap visible to snapshot, in index
  * order (backwards if backward), among those whose first index column
- * equals key (text); false if there is none.
+ * equals key (text); false if there is none.  The outbox is locked as the
+ * insert will lock it, so that the lock is never upgraded in between.
  */
 static bool
 index_first_value(Oid heap_oid, Oid index_oid, Datum key, Snapshot snapshot,
 				  bool backward, AttrNumber attnum, Datum *value)
 {
-	Relation	heap = table_open(heap_oid, AccessShareLock);
+	Relation	heap = table_open(heap_oid, heap_oid == rels.outbox ?
+								  RowExclusiveLock : AccessShareLock);
 	Relation	index = index_open(index_oid, AccessShareLock);
 	TupleTableSlot *slot = table_slot_create(heap, NULL);
 	IndexScanDesc scan;
@@ -1080,6 +1083,7 @@ last_version(Datum aggregate_id, Snapshot snapshot)
 							 false, rels.last_published_attnum, &published);
 	return Max(DatumGetInt64(in_outbox), DatumGetInt64(published));
 }
+
 /*
  * Whether any text or jsonb argument of this call (all but the last, the
  * version) is larger than an identifier may be.
