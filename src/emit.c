@@ -801,12 +801,18 @@ typedef struct EmitRelations
 
 static EmitRelations rels;
 
+/* Set by an invalidation of the tables while load_relations() runs. */
+static bool rels_invalidated = false;
+
 /* Relcache invalidation callback: forget the tables if either changed. */
 static void
 emit_relcache_callback(Datum arg, Oid relid)
 {
 	if (relid == InvalidOid || relid == rels.outbox || relid == rels.publication)
+	{
 		rels.valid = false;
+		rels_invalidated = true;
+	}
 }
 
 /* A column of an extension table, or an error if it is missing. */
@@ -909,13 +915,13 @@ load_relations(Oid nspid)
 		CacheRegisterRelcacheCallback(emit_relcache_callback, (Datum) 0);
 	}
 	MemoryContextReset(rels.cxt);
+	/* Valid only once complete (an error leaves it invalid) and current. */
 	rels.valid = false;
-	/* An invalidation while loading must invalidate what is being loaded. */
+	rels_invalidated = false;
 	rels.outbox = rels.publication = InvalidOid;
 
 	rel = open_extension_table("outbox", nspid);
 	rels.outbox = RelationGetRelid(rel);
-	rels.valid = true;
 	rels.owner = rel->rd_rel->relowner;
 	for (int c = 0; c < EMIT_NCOLUMNS; c++)
 		rels.attnums[c] = required_attnum(rel, emit_column_names[c]);
@@ -934,9 +940,9 @@ load_relations(Oid nspid)
 	rels.last_published_attnum = required_attnum(rel, "last_published_version");
 	table_close(rel, AccessShareLock);
 
-	/* False again if an invalidation arrived meanwhile: then reload. */
-	if (rels.valid)
-		rels.nspid = nspid;
+	/* An invalidation that arrived meanwhile makes the next call reload. */
+	rels.nspid = nspid;
+	rels.valid = !rels_invalidated;
 }
 
 /*

@@ -156,3 +156,12 @@ RESET outbox.max_payload_bytes;
 SELECT pg_temp.try($$SELECT * FROM outbox_emit_many_raw(ARRAY[
 	ROW('order', 'many-raw', 'T', 'x', NULL, '{"ID": "1"}', NULL, NULL)]::outbox_event_text[])$$);
 SELECT count(*) FROM outbox WHERE aggregate_id = 'many-raw';
+
+-- outbox_emit keeps the outbox's defaults per session, and forgets them when
+-- the table changes: the second event gets the new default.
+SELECT aggregate_version FROM outbox_emit('order', 'inval', 't', '{}');
+ALTER TABLE outbox ALTER COLUMN last_error SET DEFAULT 'changed';
+SELECT aggregate_version FROM outbox_emit('order', 'inval', 't', '{}');
+ALTER TABLE outbox ALTER COLUMN last_error DROP DEFAULT;
+SELECT aggregate_version FROM outbox_emit('order', 'inval', 't', '{}');
+SELECT aggregate_version, last_error FROM outbox WHERE aggregate_id = 'inval' ORDER BY 1;
