@@ -165,3 +165,32 @@ SELECT aggregate_version FROM outbox_emit('order', 'inval', 't', '{}');
 ALTER TABLE outbox ALTER COLUMN last_error DROP DEFAULT;
 SELECT aggregate_version FROM outbox_emit('order', 'inval', 't', '{}');
 SELECT aggregate_version, last_error FROM outbox WHERE aggregate_id = 'inval' ORDER BY 1;
+
+-- A JSON payload's size is its text's, computed without writing it: each
+-- of these fits a limit of exactly its octet_length(payload::text) and
+-- not one byte less (escapes, control characters, multibyte UTF-8,
+-- numbers as numeric writes them, nesting, empty containers, scalars).
+CREATE FUNCTION pg_temp.fits(j jsonb, n int) RETURNS text LANGUAGE plpgsql AS $$
+BEGIN
+	PERFORM set_config('outbox.max_payload_bytes', n::text, true);
+	PERFORM outbox_emit('order', 'size', 't', j);
+	RAISE EXCEPTION USING ERRCODE = 'P0001';	-- undo the emit
+EXCEPTION
+	WHEN SQLSTATE 'P0001' THEN RETURN 'fits';
+	WHEN program_limit_exceeded THEN RETURN 'too large';
+END
+$$;
+SELECT octet_length(j::text) AS bytes, pg_temp.fits(j, octet_length(j::text)),
+       pg_temp.fits(j, octet_length(j::text) - 1)
+  FROM (VALUES ('{"b": 1,   "a": 1.5e300}'::jsonb), ('{"a\"b\\c": "x\ny\tz\u0001\u001f\b\f\r/"}'),
+               ('["é", "€", "𝄞", -0.0, 1e-10, 123456789012345678901234567890.000]'),
+               ('{"a": {"b": [[], {}, [1, [2, {"c": null}]], true, false]}}'), ('[]'), ('{}'),
+               ('"just a string"'), ('12345'), ('true'), ('null'), ('[null]'),
+               ('{"": "", "k": ["", {"": {}}]}')) AS v(j);
+-- The same over every row of pg_settings and pg_proc as JSON: no mismatch.
+SELECT count(*) > 500 AS many_checked,
+       count(*) FILTER (WHERE pg_temp.fits(j, octet_length(j::text)) <> 'fits'
+                           OR pg_temp.fits(j, octet_length(j::text) - 1) <> 'too large') AS mismatched
+  FROM (SELECT to_jsonb(s) AS j FROM pg_settings s
+        UNION ALL SELECT to_jsonb(p) FROM (SELECT proname, proargnames, prosrc, proconfig, procost FROM pg_proc LIMIT 500) p) AS t;
+SELECT count(*) FROM outbox WHERE aggregate_id = 'size';
