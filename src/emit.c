@@ -11,22 +11,35 @@
 #include <sys/time.h>
 
 #include "access/detoast.h"
+#include "access/genam.h"
 #include "access/htup_details.h"
+#include "access/stratnum.h"
+#include "access/table.h"
+#include "access/tableam.h"
 #include "access/xact.h"
+#include "catalog/pg_am.h"
 #include "catalog/pg_type.h"
-#include "executor/spi.h"
+#include "commands/trigger.h"
+#include "executor/executor.h"
 #include "fmgr.h"
 #include "funcapi.h"
 #include "lib/stringinfo.h"
 #include "mb/pg_wchar.h"
 #include "miscadmin.h"
+#include "optimizer/optimizer.h"
+#include "parser/parse_relation.h"
 #include "parser/scansup.h"
 #include "port/pg_bswap.h"
+#include "rewrite/rewriteHandler.h"
 #include "utils/array.h"
 #include "utils/builtins.h"
+#include "utils/fmgroids.h"
 #include "utils/guc.h"
+#include "utils/inval.h"
 #include "utils/jsonb.h"
 #include "utils/lsyscache.h"
+#include "utils/memutils.h"
+#include "utils/rel.h"
 #include "utils/snapmgr.h"
 #include "utils/timestamp.h"
 #include "utils/typcache.h"
@@ -41,6 +54,7 @@
 PG_FUNCTION_INFO_V1(outbox_emit);
 PG_FUNCTION_INFO_V1(outbox_emit_raw);
 PG_FUNCTION_INFO_V1(outbox_emit_many);
+PG_FUNCTION_INFO_V1(outbox_emit_many_raw);
 PG_FUNCTION_INFO_V1(outbox_uuid_v7);
 PG_FUNCTION_INFO_V1(outbox_check_arg);
 
@@ -87,15 +101,6 @@ static char *outbox_tracestate = NULL;
 /* W3C Trace Context: most list members of a tracestate, and its length. */
 #define TRACESTATE_MAX_MEMBERS 32
 #define TRACESTATE_MAX_BYTES 512
-
-/*
- * Plans are prepared once per backend, for the schema the extension lives
- * in; a re-created extension in another schema gets new plans.
- */
-static Oid	plans_nspid = InvalidOid;
-static SPIPlanPtr last_version_plan = NULL;
-static SPIPlanPtr event_exists_plan = NULL;
-static SPIPlanPtr insert_plan = NULL;
 
 /*
  * RFC 9562 version 7: 48 bits of Unix milliseconds, then random bits.
@@ -617,6 +622,29 @@ default_topic(const char *aggregate_type)
 	return buf.data;
 }
 
+/* Drops the blanks around the header name [*name, *name + *len). */
+static void
+trim_blanks(const char **name, int *len)
+{
+	while (*len > 0 && scanner_isspace((*name)[0]))
+	{
+		(*name)++;
+		(*len)--;
+	}
+	while (*len > 0 && scanner_isspace((*name)[*len - 1]))
+		(*len)--;
+}
+
+/* Whether [name, name + len) is one of names, ignoring case. */
+static bool
+name_in(const char *name, int len, const char *const *names, int n)
+{
+	for (int i = 0; i < n; i++)
+		if (strlen(names[i]) == len && pg_strncasecmp(name, names[i], len) == 0)
+			return true;
+	return false;
+}
+
 /*
  * Whether a consumer could take a header name for one the publisher sets:
  * compared case-insensitively, ignoring surrounding blanks.
@@ -626,21 +654,11 @@ header_is_reserved(const char *name, int len)
 {
 	int			prefix_len = strlen(OUTBOX_HEADER_DEAD_LETTER_PREFIX);
 
-	while (len > 0 && scanner_isspace(name[0]))
-	{
-		name++;
-		len--;
-	}
-	while (len > 0 && scanner_isspace(name[len - 1]))
-		len--;
+	trim_blanks(&name, &len);
 	if (len >= prefix_len &&
 		pg_strncasecmp(name, OUTBOX_HEADER_DEAD_LETTER_PREFIX, prefix_len) == 0)
 		return true;
-	for (int i = 0; i < lengthof(reserved_headers); i++)
-		if (strlen(reserved_headers[i]) == len &&
-			pg_strncasecmp(name, reserved_headers[i], len) == 0)
-			return true;
-	return false;
+	return name_in(name, len, reserved_headers, lengthof(reserved_headers));
 }
 
 /*
@@ -724,75 +742,285 @@ publisher_record_bytes(const char *aggregate_type, const char *aggregate_id,
 	return bytes;
 }
 
-static void
-prepare_plans(Oid nspid)
+/*
+ * The columns outbox_emit() sets; every other column of the outbox gets its
+ * default (the id from its identity sequence, created_at...), so a column
+ * with a default needs no change here, and one emit sets needs one line in
+ * each of these two lists.
+ */
+typedef enum EmitColumn
 {
-	const char *nsp = quote_identifier(get_namespace_name(nspid));
-	Oid			one_text[1] = {TEXTOID};
-	Oid			insert_types[9] = {TEXTOID, TEXTOID, TEXTOID, INT8OID,
-	TEXTOID, TEXTOID, JSONBOID, JSONBOID, BYTEAOID};
-	SPIPlanPtr	plan;
+	COL_EVENT_ID,
+	COL_AGGREGATE_TYPE,
+	COL_AGGREGATE_ID,
+	COL_AGGREGATE_VERSION,
+	COL_EVENT_TYPE,
+	COL_TOPIC,
+	COL_HEADERS,
+	COL_PAYLOAD,
+	COL_PAYLOAD_BYTES,
+	EMIT_NCOLUMNS
+} EmitColumn;
 
-	if (last_version_plan)
-		SPI_freeplan(last_version_plan);
-	if (event_exists_plan)
-		SPI_freeplan(event_exists_plan);
-	if (insert_plan)
-		SPI_freeplan(insert_plan);
-	last_version_plan = event_exists_plan = insert_plan = NULL;
-	plans_nspid = InvalidOid;
+static const char *const emit_column_names[EMIT_NCOLUMNS] = {
+	"event_id", "aggregate_type", "aggregate_id", "aggregate_version",
+	"event_type", "topic", "headers", "payload", "payload_bytes"
+};
 
-	/*
-	 * The last version lives in the outbox while any row of the aggregate is
-	 * kept, and in aggregate_publication once retention deleted them all
-	 * (only published rows are ever deleted).
-	 */
-	plan = SPI_prepare(psprintf("SELECT GREATEST("
-								"(SELECT pg_catalog.max(o.aggregate_version) FROM %s.outbox o "
-								"WHERE o.aggregate_id OPERATOR(pg_catalog.=) $1), "
-								"(SELECT p.last_published_version FROM %s.aggregate_publication p "
-								"WHERE p.aggregate_id OPERATOR(pg_catalog.=) $1))",
-								nsp, nsp),
-					   1, one_text);
-	if (plan == NULL)
-		elog(ERROR, "SPI_prepare failed: %s", SPI_result_code_string(SPI_result));
-	SPI_keepplan(plan);
-	last_version_plan = plan;
+/* A column outbox_emit() leaves to its default, and that default. */
+typedef struct ColumnDefault
+{
+	AttrNumber	attnum;
+	Expr	   *expr;			/* planned (expression_planner) */
+} ColumnDefault;
 
-	plan = SPI_prepare(psprintf("SELECT 1 FROM %s.outbox o WHERE o.event_id OPERATOR(pg_catalog.=) $1",
-								nsp),
-					   1, one_text);
-	if (plan == NULL)
-		elog(ERROR, "SPI_prepare failed: %s", SPI_result_code_string(SPI_result));
-	SPI_keepplan(plan);
-	event_exists_plan = plan;
+/*
+ * What outbox_emit() needs of the extension's tables, looked up once per
+ * backend rather than per call (the reason it does not go through SPI:
+ * parsing, planning and executor start-up cost more than the insert).
+ * Reset by any relcache invalidation of the two tables, which also covers
+ * their indexes, defaults and owner changing; rebuilt on the next call.
+ */
+typedef struct EmitRelations
+{
+	bool		valid;
+	Oid			nspid;			/* the extension's schema */
+	Oid			outbox;
+	Oid			owner;			/* the outbox's owner, who writes it */
+	Oid			position_index; /* unique (aggregate_id, aggregate_version) */
+	Oid			event_id_index; /* unique (event_id) */
+	AttrNumber	attnums[EMIT_NCOLUMNS];
+	AttrNumber	id_attnum;
+	int			ndefaults;
+	ColumnDefault *defaults;
+	Oid			publication;	/* aggregate_publication */
+	Oid			publication_pkey;	/* (aggregate_id) */
+	AttrNumber	last_published_attnum;
+	MemoryContext cxt;			/* the defaults */
+} EmitRelations;
 
-	/*
-	 * Without a version, the insert assigns the next one itself: one
-	 * statement instead of two on the common path.  Under READ COMMITTED
-	 * its snapshot is taken after the lock was granted.  An aggregate at the
-	 * largest bigint has no next version: then nothing is inserted.  (OFFSET
-	 * 0 keeps the last version a subquery evaluated once, rather than
-	 * inlined into each of its uses.)
-	 */
-	plan = SPI_prepare(psprintf("INSERT INTO %s.outbox (event_id, aggregate_id, aggregate_type, "
-								"aggregate_version, event_type, topic, headers, payload, payload_bytes) "
-								"SELECT $1, $2, $3, COALESCE($4, l.v OPERATOR(pg_catalog.+) 1), $5, $6, $7, $8, $9 "
-								"FROM (SELECT COALESCE(GREATEST("
-								"(SELECT pg_catalog.max(o.aggregate_version) FROM %s.outbox o "
-								"WHERE o.aggregate_id OPERATOR(pg_catalog.=) $2), "
-								"(SELECT p.last_published_version FROM %s.aggregate_publication p "
-								"WHERE p.aggregate_id OPERATOR(pg_catalog.=) $2)), 0) AS v OFFSET 0) l "
-								"WHERE $4 IS NOT NULL OR l.v OPERATOR(pg_catalog.<) " INT64_FORMAT " "
-								"RETURNING id, aggregate_version",
-								nsp, nsp, nsp, PG_INT64_MAX),
-					   9, insert_types);
-	if (plan == NULL)
-		elog(ERROR, "SPI_prepare failed: %s", SPI_result_code_string(SPI_result));
-	SPI_keepplan(plan);
-	insert_plan = plan;
+static EmitRelations rels;
 
-	plans_nspid = nspid;
+/* Set by an invalidation of the tables while load_relations() runs. */
+static bool rels_invalidated = false;
+
+/* Relcache invalidation callback: forget the tables if either changed. */
+static void
+emit_relcache_callback(Datum arg, Oid relid)
+{
+	if (relid == InvalidOid || relid == rels.outbox || relid == rels.publication)
+	{
+		rels.valid = false;
+		rels_invalidated = true;
+	}
+}
+
+/* A column of an extension table, or an error if it is missing. */
+static AttrNumber
+required_attnum(Relation rel, const char *name)
+{
+	AttrNumber	attnum = attnameAttNum(rel, name, false);
+
+	if (attnum == InvalidAttrNumber)
+		ereport(ERROR,
+				(errcode(ERRCODE_UNDEFINED_COLUMN),
+				 errmsg("outbox_emit: column \"%s\" of table \"%s\" is missing",
+						name, RelationGetRelationName(rel)),
+				 errhint("Re-create the outbox extension.")));
+	return attnum;
+}
+
+/*
+ * The valid unique btree index of rel on exactly these columns, in this
+ * order, or an error.
+ */
+static Oid
+required_unique_index(Relation rel, int natts, const AttrNumber *attnums)
+{
+	List	   *indexes = RelationGetIndexList(rel);
+	ListCell   *lc;
+
+	foreach(lc, indexes)
+	{
+		Relation	index = index_open(lfirst_oid(lc), AccessShareLock);
+		Form_pg_index form = index->rd_index;
+		bool		match = form->indisunique && form->indisvalid &&
+			form->indimmediate && index->rd_rel->relam == BTREE_AM_OID &&
+			form->indnkeyatts == natts && RelationGetIndexPredicate(index) == NIL;
+
+		for (int i = 0; match && i < natts; i++)
+			match = form->indkey.values[i] == attnums[i];
+		index_close(index, AccessShareLock);
+		if (match)
+			return lfirst_oid(lc);
+	}
+	ereport(ERROR,
+			(errcode(ERRCODE_UNDEFINED_OBJECT),
+			 errmsg("outbox_emit: a unique index of table \"%s\" is missing",
+					RelationGetRelationName(rel)),
+			 errhint("Re-create the outbox extension.")));
+	return InvalidOid;			/* keep compiler quiet */
+}
+
+/* A table of the extension, opened, or an error if it is missing. */
+static Relation
+open_extension_table(const char *name, Oid nspid)
+{
+	Oid			relid = get_relname_relid(name, nspid);
+
+	if (!OidIsValid(relid))
+		ereport(ERROR,
+				(errcode(ERRCODE_UNDEFINED_TABLE),
+				 errmsg("outbox_emit: table \"%s\" of the outbox extension is missing", name),
+				 errhint("Re-create the outbox extension.")));
+	return table_open(relid, AccessShareLock);
+}
+
+/* The defaults of the outbox's columns that outbox_emit() does not set. */
+static void
+load_defaults(Relation rel)
+{
+	TupleDesc	desc = RelationGetDescr(rel);
+	MemoryContext old = MemoryContextSwitchTo(rels.cxt);
+
+	rels.defaults = palloc(sizeof(ColumnDefault) * desc->natts);
+	rels.ndefaults = 0;
+	for (AttrNumber attnum = 1; attnum <= desc->natts; attnum++)
+	{
+		bool		set = TupleDescAttr(desc, attnum - 1)->attisdropped;
+		Node	   *expr;
+
+		for (int c = 0; !set && c < EMIT_NCOLUMNS; c++)
+			set = rels.attnums[c] == attnum;
+		if (set || (expr = build_column_default(rel, attnum)) == NULL)
+			continue;
+		rels.defaults[rels.ndefaults].attnum = attnum;
+		rels.defaults[rels.ndefaults].expr = expression_planner((Expr *) expr);
+		rels.ndefaults++;
+	}
+	MemoryContextSwitchTo(old);
+}
+
+/* Looks up the extension's tables in schema nspid. */
+static void
+load_relations(Oid nspid)
+{
+	Relation	rel;
+	AttrNumber	key[2];
+
+	if (rels.cxt == NULL)
+	{
+		rels.cxt = AllocSetContextCreate(CacheMemoryContext, "outbox_emit relations",
+										 ALLOCSET_SMALL_SIZES);
+		CacheRegisterRelcacheCallback(emit_relcache_callback, (Datum) 0);
+	}
+	MemoryContextReset(rels.cxt);
+	/* Valid only once complete (an error leaves it invalid) and current. */
+	rels.valid = false;
+	rels_invalidated = false;
+	rels.outbox = rels.publication = InvalidOid;
+
+	rel = open_extension_table("outbox", nspid);
+	rels.outbox = RelationGetRelid(rel);
+	rels.owner = rel->rd_rel->relowner;
+	for (int c = 0; c < EMIT_NCOLUMNS; c++)
+		rels.attnums[c] = required_attnum(rel, emit_column_names[c]);
+	rels.id_attnum = required_attnum(rel, "id");
+	key[0] = rels.attnums[COL_AGGREGATE_ID];
+	key[1] = rels.attnums[COL_AGGREGATE_VERSION];
+	rels.position_index = required_unique_index(rel, 2, key);
+	rels.event_id_index = required_unique_index(rel, 1, &rels.attnums[COL_EVENT_ID]);
+	load_defaults(rel);
+	table_close(rel, AccessShareLock);
+
+	rel = open_extension_table("aggregate_publication", nspid);
+	rels.publication = RelationGetRelid(rel);
+	key[0] = required_attnum(rel, "aggregate_id");
+	rels.publication_pkey = required_unique_index(rel, 1, key);
+	rels.last_published_attnum = required_attnum(rel, "last_published_version");
+	table_close(rel, AccessShareLock);
+
+	/* An invalidation that arrived meanwhile makes the next call reload. */
+	rels.nspid = nspid;
+	rels.valid = !rels_invalidated;
+}
+
+/*
+ * Inserts the event (values and nulls indexed by EmitColumn) into the
+ * outbox the way logical replication's apply worker inserts a row: the
+ * relation's own insert, index, constraint and trigger code, without a
+ * plan.  Returns the new row's id.
+ */
+static int64
+insert_event(const Datum *values, const bool *nulls)
+{
+	Relation	rel = table_open(rels.outbox, RowExclusiveLock);
+	EState	   *estate = CreateExecutorState();
+	ExprContext *econtext = GetPerTupleExprContext(estate);
+	RangeTblEntry *rte = makeNode(RangeTblEntry);
+	ResultRelInfo *rri = makeNode(ResultRelInfo);
+	TupleTableSlot *slot;
+	MemoryContext old_cxt;
+	bool		isnull;
+	int64		id;
+
+	rte->rtekind = RTE_RELATION;
+	rte->relid = rels.outbox;
+	rte->relkind = RELKIND_RELATION;
+	rte->rellockmode = RowExclusiveLock;
+#if PG_VERSION_NUM >= 160000
+	{
+		List	   *perminfos = NIL;
+
+		addRTEPermissionInfo(&perminfos, rte);
+		ExecInitRangeTable(estate, list_make1(rte), perminfos);
+	}
+#else
+	ExecInitRangeTable(estate, list_make1(rte));
+#endif
+	InitResultRelInfo(rri, rel, 1, NULL, 0);
+	estate->es_output_cid = GetCurrentCommandId(true);
+	ExecOpenIndices(rri, false);
+
+	/* Per event, not per call of outbox_emit_many(): freed with estate. */
+	old_cxt = MemoryContextSwitchTo(estate->es_query_cxt);
+	slot = ExecInitExtraTupleSlot(estate, RelationGetDescr(rel), &TTSOpsVirtual);
+	ExecClearTuple(slot);
+	memset(slot->tts_isnull, true, sizeof(bool) * slot->tts_tupleDescriptor->natts);
+	for (int c = 0; c < EMIT_NCOLUMNS; c++)
+	{
+		slot->tts_values[rels.attnums[c] - 1] = values[c];
+		slot->tts_isnull[rels.attnums[c] - 1] = nulls[c];
+	}
+	for (int i = 0; i < rels.ndefaults; i++)
+	{
+		ExprState  *state = ExecInitExpr(rels.defaults[i].expr, NULL);
+		AttrNumber	attnum = rels.defaults[i].attnum;
+
+		slot->tts_values[attnum - 1] = ExecEvalExpr(state, econtext,
+													&slot->tts_isnull[attnum - 1]);
+	}
+	ExecStoreVirtualTuple(slot);
+	MemoryContextSwitchTo(old_cxt);
+
+	AfterTriggerBeginQuery();
+#if PG_VERSION_NUM >= 140000
+	ExecSimpleRelationInsert(rri, estate, slot);
+#else
+	estate->es_result_relation_info = rri;
+	ExecSimpleRelationInsert(estate, slot);
+#endif
+	AfterTriggerEndQuery(estate);
+	id = DatumGetInt64(slot_getattr(slot, rels.id_attnum, &isnull));
+
+	ExecCloseIndices(rri);
+	ExecResetTupleTable(estate->es_tupleTable, false);
+	FreeExecutorState(estate);
+	table_close(rel, NoLock);
+
+	/* Later emits of this statement (emit_many, a query) must see it. */
+	CommandCounterIncrement();
+	return id;
 }
 
 /* An aggregate at the largest version has no next one: never wrap around. */
@@ -806,24 +1034,60 @@ version_exhausted(const char *aggregate_id)
 			 errhidestmt(hide_statement)));
 }
 
-/* The aggregate's last emitted version as seen by a snapshot; 0 if none. */
+/*
+ * Column attnum of the first row of heap visible to snapshot, in index
+ * order (backwards if backward), among those whose first index column
+ * equals key (text); false if there is none.  The outbox is locked as the
+ * insert will lock it, so that the lock is never upgraded in between.
+ */
+static bool
+index_first_value(Oid heap_oid, Oid index_oid, Datum key, Snapshot snapshot,
+				  bool backward, AttrNumber attnum, Datum *value)
+{
+	Relation	heap = table_open(heap_oid, heap_oid == rels.outbox ?
+								  RowExclusiveLock : AccessShareLock);
+	Relation	index = index_open(index_oid, AccessShareLock);
+	TupleTableSlot *slot = table_slot_create(heap, NULL);
+	IndexScanDesc scan;
+	ScanKeyData skey;
+	bool		found;
+	bool		isnull;
+
+	ScanKeyEntryInitialize(&skey, 0, 1, BTEqualStrategyNumber, InvalidOid,
+						   index->rd_indcollation[0], F_TEXTEQ, key);
+	scan = index_beginscan(heap, index, snapshot, 1, 0);
+	index_rescan(scan, &skey, 1, NULL, 0);
+	found = index_getnext_slot(scan, backward ? BackwardScanDirection : ForwardScanDirection,
+							   slot);
+	if (found && value != NULL)
+	{
+		*value = slot_getattr(slot, attnum, &isnull);
+		found = !isnull;
+	}
+	index_endscan(scan);
+	ExecDropSingleTupleTableSlot(slot);
+	index_close(index, NoLock);
+	table_close(heap, NoLock);
+	return found;
+}
+
+/*
+ * The aggregate's last emitted version as seen by a snapshot; 0 if none.
+ * It is in the outbox while any row of the aggregate is kept (the last
+ * entry of the position index), and in aggregate_publication once
+ * retention deleted them all (only published rows are ever deleted).
+ */
 static int64
 last_version(Datum aggregate_id, Snapshot snapshot)
 {
-	Datum		values[1] = {aggregate_id};
-	bool		isnull;
-	Datum		d;
-	int			rc;
+	Datum		in_outbox = Int64GetDatum(0);
+	Datum		published = Int64GetDatum(0);
 
-	if (snapshot != InvalidSnapshot)
-		rc = SPI_execute_snapshot(last_version_plan, values, NULL, snapshot,
-								  InvalidSnapshot, true, false, 1);
-	else
-		rc = SPI_execute_plan(last_version_plan, values, NULL, false, 1);
-	if (rc != SPI_OK_SELECT || SPI_processed != 1)
-		elog(ERROR, "outbox_emit: could not read the last version");
-	d = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
-	return isnull ? 0 : DatumGetInt64(d);
+	(void) index_first_value(rels.outbox, rels.position_index, aggregate_id, snapshot,
+							 true, rels.attnums[COL_AGGREGATE_VERSION], &in_outbox);
+	(void) index_first_value(rels.publication, rels.publication_pkey, aggregate_id, snapshot,
+							 false, rels.last_published_attnum, &published);
+	return Max(DatumGetInt64(in_outbox), DatumGetInt64(published));
 }
 
 /*
@@ -874,15 +1138,43 @@ push_string(JsonbParseState **state, JsonbIteratorToken tok, const char *str)
 }
 
 /*
+ * Whether the caller's headers carry a trace context: a traceparent or
+ * tracestate header, its name compared as header_is_reserved() does
+ * (case-insensitively, ignoring surrounding blanks), as W3C Trace Context
+ * names its HTTP headers and as consumers' propagators may read them.
+ */
+static bool
+has_trace_header(Jsonb *headers)
+{
+	const char *const names[] = {OUTBOX_HEADER_TRACEPARENT, OUTBOX_HEADER_TRACESTATE};
+	JsonbIterator *it = JsonbIteratorInit(&headers->root);
+	JsonbIteratorToken tok;
+	JsonbValue	v;
+
+	while ((tok = JsonbIteratorNext(&it, &v, true)) != WJB_DONE)
+	{
+		const char *name = v.val.string.val;
+		int			len = v.val.string.len;
+
+		if (tok != WJB_KEY)
+			continue;
+		trim_blanks(&name, &len);
+		if (name_in(name, len, names, lengthof(names)))
+			return true;
+	}
+	return false;
+}
+
+/*
  * The headers with the session's trace context (outbox.traceparent and
- * outbox.tracestate) added, unless there is none or the caller set a
- * traceparent header: then the caller's trace context is kept whole.
+ * outbox.tracestate) added, unless there is none or the caller set trace
+ * headers of its own (in any letter case): then the caller's trace context
+ * is kept whole, never mixed with the session's.
  */
 static Jsonb *
 add_trace_context(Jsonb *headers)
 {
 	JsonbParseState *state = NULL;
-	JsonbValue	key;
 	Jsonb	   *trace;
 
 	if (outbox_traceparent == NULL || outbox_traceparent[0] == '\0')
@@ -892,10 +1184,7 @@ add_trace_context(Jsonb *headers)
 		/* A malformed headers argument is validate_headers()'s to refuse. */
 		if (!JB_ROOT_IS_OBJECT(headers) || JB_ROOT_IS_SCALAR(headers))
 			return headers;
-		key.type = jbvString;
-		key.val.string.val = OUTBOX_HEADER_TRACEPARENT;
-		key.val.string.len = strlen(OUTBOX_HEADER_TRACEPARENT);
-		if (findJsonbValueFromContainer(&headers->root, JB_FOBJECT, &key) != NULL)
+		if (has_trace_header(headers))
 			return headers;
 	}
 	(void) pushJsonbValue(&state, WJB_BEGIN_OBJECT, NULL);
@@ -913,10 +1202,97 @@ add_trace_context(Jsonb *headers)
 											  JsonbPGetDatum(trace)));
 }
 
+/* Bytes escape_json() writes for a JSON string, quotes included. */
+static size_t
+json_string_bytes(const char *p, int len)
+{
+	size_t		bytes = 2;
+
+	for (const char *end = p + len; p < end; p++)
+	{
+		switch (*p)
+		{
+			case '\b':
+			case '\f':
+			case '\n':
+			case '\r':
+			case '\t':
+			case '"':
+			case '\\':
+				bytes += 2;
+				break;
+			default:
+				bytes += (unsigned char) *p < ' ' ? 6 : 1;	/* \u00XX */
+				break;
+		}
+	}
+	return bytes;
+}
+
+/* Bytes jsonb_out() writes for a scalar. */
+static size_t
+json_scalar_bytes(JsonbValue *v)
+{
+	switch (v->type)
+	{
+		case jbvNull:
+			return 4;
+		case jbvBool:
+			return v->val.boolean ? 4 : 5;
+		case jbvString:
+			return json_string_bytes(v->val.string.val, v->val.string.len);
+		case jbvNumeric:
+			return strlen(DatumGetCString(DirectFunctionCall1(numeric_out,
+															  NumericGetDatum(v->val.numeric))));
+		default:
+			elog(ERROR, "unexpected jsonb scalar type %d", (int) v->type);
+	}
+	return 0;					/* keep compiler quiet */
+}
+
+/*
+ * The length of jsonb's text (JsonbToCString()'s output) without writing
+ * it: brackets, ", " between members, ": " after keys, escaped strings,
+ * numbers as numeric_out() writes them.  A raw scalar is written alone.
+ */
+static size_t
+jsonb_text_bytes(Jsonb *jb)
+{
+	JsonbIterator *it = JsonbIteratorInit(&jb->root);
+	JsonbIteratorToken tok;
+	JsonbValue	v;
+	size_t		bytes = 0;
+
+	while ((tok = JsonbIteratorNext(&it, &v, false)) != WJB_DONE)
+	{
+		switch (tok)
+		{
+			case WJB_BEGIN_ARRAY:
+				if (!v.val.array.rawScalar)
+					bytes += 2 + (v.val.array.nElems > 0 ? 2 * (v.val.array.nElems - 1) : 0);
+				break;
+			case WJB_BEGIN_OBJECT:
+				bytes += 2 + (v.val.object.nPairs > 0 ? 2 * (v.val.object.nPairs - 1) : 0);
+				break;
+			case WJB_KEY:
+				bytes += json_string_bytes(v.val.string.val, v.val.string.len) + 2;
+				break;
+			case WJB_VALUE:
+			case WJB_ELEM:
+				bytes += json_scalar_bytes(&v);
+				break;
+			default:
+				break;
+		}
+	}
+	return bytes;
+}
+
 /*
  * The payload's size as the publisher sends it: a raw (text or bytea)
- * payload's bytes, a JSON payload's text.  Refused over
- * outbox.max_payload_bytes.
+ * payload's bytes, a JSON payload's text (computed, not rendered: that
+ * cost as much as the rest of an emit for a payload of a few kB).
+ * Refused over outbox.max_payload_bytes.
  */
 static size_t
 payload_size(Datum payload, bool raw)
@@ -926,13 +1302,7 @@ payload_size(Datum payload, bool raw)
 	if (raw)
 		bytes = toast_raw_datum_size(payload) - VARHDRSZ;
 	else
-	{
-		Jsonb	   *jb = DatumGetJsonbP(payload);
-		char	   *json = JsonbToCString(NULL, &jb->root, VARSIZE(jb));
-
-		bytes = strlen(json);
-		pfree(json);
-	}
+		bytes = jsonb_text_bytes(DatumGetJsonbP(payload));
 	if (bytes > (size_t) outbox_max_payload_bytes)
 		ereport(ERROR,
 				(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
@@ -945,6 +1315,143 @@ payload_size(Datum payload, bool raw)
 }
 
 /*
+ * The version the event gets, read under the aggregate's lock: the next
+ * one, or the caller's if above the last.  Checks a caller-given event_id
+ * is new (event_id_given) for a clearer error than the unique index's.
+ */
+static int64
+assign_version(Datum aggregate_id, Datum event_id, bool event_id_given,
+			   int64 version)
+{
+	Snapshot	snapshot;
+	int64		last;
+
+	/*
+	 * Under READ COMMITTED this is a new snapshot, taken after the lock was
+	 * granted, so it sees every version committed before.  A transaction
+	 * snapshot can be older than the commit that released the lock: then a
+	 * newer version exists that this transaction cannot see, and only a
+	 * retry of the whole transaction can assign the next one.
+	 */
+	PushCopiedSnapshot(GetTransactionSnapshot());
+	UpdateActiveSnapshotCommandId();
+	snapshot = GetActiveSnapshot();
+
+	/* Which aggregate has it is not the caller's to know. */
+	if (event_id_given &&
+		index_first_value(rels.outbox, rels.event_id_index, event_id, snapshot,
+						  false, InvalidAttrNumber, NULL))
+		ereport(ERROR,
+				(errcode(ERRCODE_UNIQUE_VIOLATION),
+				 errmsg("outbox_emit: event_id \"%s\" was already emitted",
+						display(TextDatumGetCString(event_id))),
+				 errhint("A retried transaction whose first attempt committed emits the same event_id twice."),
+				 errhidestmt(hide_statement)));
+
+	last = last_version(aggregate_id, snapshot);
+	if (IsolationUsesXactSnapshot())
+	{
+		int64		latest = last_version(aggregate_id, GetLatestSnapshot());
+
+		if (latest != last)
+			ereport(ERROR,
+					(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
+					 errmsg("could not serialize access due to concurrent outbox_emit"),
+					 errdetail("Aggregate \"%s\" reached version " INT64_FORMAT " in a transaction that committed after this one's snapshot was taken.",
+							   display(TextDatumGetCString(aggregate_id)), latest),
+					 errhint("The transaction might succeed if retried."),
+					 errhidestmt(hide_statement)));
+	}
+	PopActiveSnapshot();
+
+	if (version == 0)
+	{
+		if (last == PG_INT64_MAX)
+			version_exhausted(TextDatumGetCString(aggregate_id));
+		return last + 1;
+	}
+	if (version <= last)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("outbox_emit: aggregate_version " INT64_FORMAT " is not above the last emitted version " INT64_FORMAT " of aggregate \"%s\"",
+						version, last, display(TextDatumGetCString(aggregate_id))),
+				 errhint("Omit aggregate_version to have the next version assigned."),
+				 errhidestmt(hide_statement)));
+	return version;
+}
+
+/* A validated event, as emit_event() writes it. */
+typedef struct EmitArgs
+{
+	char	   *aggregate_type;
+	char	   *aggregate_id;
+	char	   *event_type;
+	char	   *topic;
+	char	   *event_id;
+	bool		event_id_given; /* else a new uuid_v7 */
+	Jsonb	   *headers;		/* NULL: none */
+	Datum		payload;		/* jsonb, text or bytea */
+	bool		payload_null;
+	bool		raw;			/* payload is text or bytea */
+	int64		version;		/* 0: the next one */
+} EmitArgs;
+
+/*
+ * Writes the event to the outbox under its aggregate's lock, as the
+ * outbox's owner (outbox_emit is not SECURITY DEFINER: this is the one
+ * place that needs the owner's rights, and does only what is checked
+ * above).  Fills result (emitted_event).
+ */
+static void
+write_event(EmitArgs *a, Oid nspid, Datum *result)
+{
+	Datum		values[EMIT_NCOLUMNS];
+	bool		nulls[EMIT_NCOLUMNS];
+	LOCKTAG		tag;
+	Oid			save_userid;
+	int			save_sec_context;
+
+	/* The relation path below checks nothing of the kind itself. */
+	PreventCommandIfReadOnly("outbox_emit()");
+
+	/*
+	 * Serialize emitters of this aggregate until commit, so that versions
+	 * are assigned in commit order and a rollback leaves no hole.
+	 */
+	outbox_aggregate_locktag(&tag, a->aggregate_id, strlen(a->aggregate_id),
+							 OUTBOX_LOCKSPACE_EMIT);
+	(void) LockAcquire(&tag, ExclusiveLock, false, false);
+
+	if (!rels.valid || rels.nspid != nspid)
+		load_relations(nspid);
+
+	memset(nulls, false, sizeof(nulls));
+	values[COL_EVENT_ID] = CStringGetTextDatum(a->event_id);
+	values[COL_AGGREGATE_TYPE] = CStringGetTextDatum(a->aggregate_type);
+	values[COL_AGGREGATE_ID] = CStringGetTextDatum(a->aggregate_id);
+	values[COL_EVENT_TYPE] = CStringGetTextDatum(a->event_type);
+	values[COL_TOPIC] = CStringGetTextDatum(a->topic);
+	values[COL_HEADERS] = PointerGetDatum(a->headers);
+	nulls[COL_HEADERS] = a->headers == NULL;
+	/* A JSON payload goes to payload, a raw one to payload_bytes. */
+	values[COL_PAYLOAD] = values[COL_PAYLOAD_BYTES] = a->payload;
+	nulls[COL_PAYLOAD] = a->payload_null || a->raw;
+	nulls[COL_PAYLOAD_BYTES] = a->payload_null || !a->raw;
+
+	GetUserIdAndSecContext(&save_userid, &save_sec_context);
+	SetUserIdAndSecContext(rels.owner, save_sec_context | SECURITY_LOCAL_USERID_CHANGE);
+	a->version = assign_version(values[COL_AGGREGATE_ID], values[COL_EVENT_ID],
+								a->event_id_given, a->version);
+	values[COL_AGGREGATE_VERSION] = Int64GetDatum(a->version);
+	result[0] = Int64GetDatum(insert_event(values, nulls));
+	SetUserIdAndSecContext(save_userid, save_sec_context);
+
+	result[1] = values[COL_EVENT_ID];
+	result[2] = Int64GetDatum(a->version);
+	result[3] = values[COL_TOPIC];
+}
+
+/*
  * outbox_emit(aggregate_type, aggregate_id, event_type, payload,
  *			   topic, headers, event_id, aggregate_version), with a jsonb
  * payload, or a raw one (text or bytea, sent byte for byte) if raw.
@@ -952,180 +1459,71 @@ payload_size(Datum payload, bool raw)
 static Datum
 emit_event(FunctionCallInfo fcinfo, bool raw)
 {
-	char	   *aggregate_type;
-	char	   *aggregate_id;
-	char	   *event_type;
-	Datum		payload = PG_ARGISNULL(3) ? (Datum) 0 : PG_GETARG_DATUM(3);
-	Jsonb	   *headers = PG_ARGISNULL(5) ? NULL : PG_GETARG_JSONB_P(5);
+	EmitArgs	a;
 	size_t		payload_bytes = 0;
 	size_t		header_bytes = 0;
-	char	   *topic;
-	char	   *event_id;
-	bool		version_given = !PG_ARGISNULL(7);
-	int64		version = version_given ? PG_GETARG_INT64(7) : 0;
-	int64		last = 0;
-	Oid			nspid = get_func_namespace(fcinfo->flinfo->fn_oid);
-	Datum		values[9];
-	char		nulls[9];
-	LOCKTAG		tag;
 	TupleDesc	tupdesc;
 	Datum		result[4];
 	bool		result_nulls[4] = {false, false, false, false};
-	int64		row_id;
-	bool		isnull;
 
 	if (get_call_result_type(fcinfo, NULL, &tupdesc) != TYPEFUNC_COMPOSITE)
 		elog(ERROR, "outbox_emit must return a composite type");
 
 	hide_statement = has_huge_argument(fcinfo);
-	aggregate_type = required_text_arg(fcinfo, 0, "aggregate_type");
-	aggregate_id = required_text_arg(fcinfo, 1, "aggregate_id");
-	event_type = required_text_arg(fcinfo, 2, "event_type");
+	a.raw = raw;
+	a.aggregate_type = required_text_arg(fcinfo, 0, "aggregate_type");
+	a.aggregate_id = required_text_arg(fcinfo, 1, "aggregate_id");
+	a.event_type = required_text_arg(fcinfo, 2, "event_type");
 
 	if (PG_ARGISNULL(4))
 	{
-		topic = default_topic(aggregate_type);
-		validate_topic(topic, "outbox.default_topic and the aggregate type");
+		a.topic = default_topic(a.aggregate_type);
+		validate_topic(a.topic, "outbox.default_topic and the aggregate type");
 	}
 	else
 	{
-		topic = text_to_cstring(PG_GETARG_TEXT_PP(4));
-		validate_topic(topic, "the topic argument");
+		a.topic = text_to_cstring(PG_GETARG_TEXT_PP(4));
+		validate_topic(a.topic, "the topic argument");
 	}
 
-	headers = add_trace_context(headers);
-	if (headers != NULL)
-		header_bytes = validate_headers(headers);
+	a.headers = add_trace_context(PG_ARGISNULL(5) ? NULL : PG_GETARG_JSONB_P(5));
+	if (a.headers != NULL)
+		header_bytes = validate_headers(a.headers);
 
-	if (!PG_ARGISNULL(3))
-		payload_bytes = payload_size(payload, raw);
+	a.payload_null = PG_ARGISNULL(3);
+	a.payload = a.payload_null ? (Datum) 0 : PG_GETARG_DATUM(3);
+	if (!a.payload_null)
+		payload_bytes = payload_size(a.payload, raw);
 
-	if (version_given && version <= 0)
+	a.version = PG_ARGISNULL(7) ? 0 : PG_GETARG_INT64(7);
+	if (!PG_ARGISNULL(7) && a.version <= 0)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("outbox_emit: aggregate_version must be positive, not " INT64_FORMAT,
-						version),
+						a.version),
 				 errhidestmt(hide_statement)));
 
-	if (PG_ARGISNULL(6))
+	a.event_id_given = !PG_ARGISNULL(6);
+	if (a.event_id_given)
+	{
+		a.event_id = text_to_cstring(PG_GETARG_TEXT_PP(6));
+		check_identifier(a.event_id, "event_id");
+	}
+	else
 	{
 		pg_uuid_t	uuid;
 
 		generate_uuid_v7(&uuid);
-		event_id = DatumGetCString(DirectFunctionCall1(uuid_out,
-													   UUIDPGetDatum(&uuid)));
-	}
-	else
-	{
-		event_id = text_to_cstring(PG_GETARG_TEXT_PP(6));
-		check_identifier(event_id, "event_id");
+		a.event_id = DatumGetCString(DirectFunctionCall1(uuid_out, UUIDPGetDatum(&uuid)));
 	}
 
 	check_record_size(payload_bytes, header_bytes,
-					  publisher_record_bytes(aggregate_type, aggregate_id,
-											 event_type, event_id, topic));
+					  publisher_record_bytes(a.aggregate_type, a.aggregate_id, a.event_type,
+											 a.event_id, a.topic));
 
-	/*
-	 * Serialize emitters of this aggregate until commit, so that versions
-	 * are assigned in commit order and a rollback leaves no hole.
-	 */
-	outbox_aggregate_locktag(&tag, aggregate_id, strlen(aggregate_id),
-							 OUTBOX_LOCKSPACE_EMIT);
-	(void) LockAcquire(&tag, ExclusiveLock, false, false);
-
-	if (SPI_connect() != SPI_OK_CONNECT)
-		elog(ERROR, "SPI_connect failed");
-	if (plans_nspid != nspid)
-		prepare_plans(nspid);
-
-	values[0] = CStringGetTextDatum(event_id);
-	if (!PG_ARGISNULL(6))
-	{
-		if (SPI_execute_plan(event_exists_plan, values, NULL, false, 1) != SPI_OK_SELECT)
-			elog(ERROR, "outbox_emit: could not look up event_id");
-		/* Which aggregate has it is not the caller's to know. */
-		if (SPI_processed > 0)
-			ereport(ERROR,
-					(errcode(ERRCODE_UNIQUE_VIOLATION),
-					 errmsg("outbox_emit: event_id \"%s\" was already emitted", event_id),
-					 errhint("A retried transaction whose first attempt committed emits the same event_id twice."),
-					 errhidestmt(hide_statement)));
-	}
-
-	/*
-	 * Under READ COMMITTED this query takes a snapshot after the lock was
-	 * granted, so it sees every version committed before.  A transaction
-	 * snapshot can be older than the commit that released the lock: then a
-	 * newer version exists that this transaction cannot see, and only a
-	 * retry of the whole transaction can assign the next one.
-	 */
-	values[1] = CStringGetTextDatum(aggregate_id);
-	if (version_given || IsolationUsesXactSnapshot())
-		last = last_version(values[1], InvalidSnapshot);
-	if (IsolationUsesXactSnapshot())
-	{
-		int64		latest = last_version(values[1], GetLatestSnapshot());
-
-		if (latest != last)
-			ereport(ERROR,
-					(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
-					 errmsg("could not serialize access due to concurrent outbox_emit"),
-					 errdetail("Aggregate \"%s\" reached version " INT64_FORMAT " in a transaction that committed after this one's snapshot was taken.",
-							   display(aggregate_id), latest),
-					 errhint("The transaction might succeed if retried."),
-					 errhidestmt(hide_statement)));
-	}
-
-	if (!version_given && IsolationUsesXactSnapshot())
-	{
-		if (last == PG_INT64_MAX)
-			version_exhausted(aggregate_id);
-		version = last + 1;
-	}
-	else if (version_given && version <= last)
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("outbox_emit: aggregate_version " INT64_FORMAT " is not above the last emitted version " INT64_FORMAT " of aggregate \"%s\"",
-						version, last, display(aggregate_id)),
-				 errhint("Omit aggregate_version to have the next version assigned."),
-				 errhidestmt(hide_statement)));
-
-	values[0] = CStringGetTextDatum(event_id);
-	values[2] = CStringGetTextDatum(aggregate_type);
-	values[3] = Int64GetDatum(version);	/* 0 and NULL: the insert assigns it */
-	values[4] = CStringGetTextDatum(event_type);
-	values[5] = CStringGetTextDatum(topic);
-	values[6] = headers ? JsonbPGetDatum(headers) : (Datum) 0;
-	/* A JSON payload goes to payload, a raw one to payload_bytes. */
-	values[7] = raw ? (Datum) 0 : payload;
-	values[8] = raw ? payload : (Datum) 0;
-	memset(nulls, ' ', sizeof(nulls));
-	if (version == 0)
-		nulls[3] = 'n';
-	if (!headers)
-		nulls[6] = 'n';
-	if (PG_ARGISNULL(3) || raw)
-		nulls[7] = 'n';
-	if (PG_ARGISNULL(3) || !raw)
-		nulls[8] = 'n';
-	/* values[1], the aggregate_id, was set above */
-
-	if (SPI_execute_plan(insert_plan, values, nulls, false, 1) != SPI_OK_INSERT_RETURNING)
-		elog(ERROR, "outbox_emit: insert failed");
-	if (SPI_processed != 1)
-		version_exhausted(aggregate_id);
-	row_id = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],
-										 SPI_tuptable->tupdesc, 1, &isnull));
-	version = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],
-										  SPI_tuptable->tupdesc, 2, &isnull));
-	SPI_finish();
-
+	write_event(&a, get_func_namespace(fcinfo->flinfo->fn_oid), result);
 	outbox_note_emit();
 
-	result[0] = Int64GetDatum(row_id);
-	result[1] = CStringGetTextDatum(event_id);
-	result[2] = Int64GetDatum(version);
-	result[3] = CStringGetTextDatum(topic);
 	tupdesc = BlessTupleDesc(tupdesc);
 	PG_RETURN_DATUM(HeapTupleGetDatum(heap_form_tuple(tupdesc, result, result_nulls)));
 }
@@ -1156,10 +1554,11 @@ emit_many_error_context(void *arg)
 
 /*
  * outbox_emit_many(events outbox_event[]): each event, in array order, as
- * outbox_emit() would emit it, in one call (no statement per event).
+ * outbox_emit() would emit it (outbox_emit_raw() if raw), in one call (no
+ * statement per event).
  */
-Datum
-outbox_emit_many(PG_FUNCTION_ARGS)
+static Datum
+emit_many(FunctionCallInfo fcinfo, bool raw)
 {
 	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
 	ArrayType  *events;
@@ -1220,11 +1619,28 @@ outbox_emit_many(PG_FUNCTION_ARGS)
 			call->args[a].isnull = nulls[a];
 		}
 
-		event = DatumGetHeapTupleHeader(emit_event(call, false));
+		event = DatumGetHeapTupleHeader(emit_event(call, raw));
 		tuple.t_len = HeapTupleHeaderGetDatumLength(event);
 		tuple.t_data = event;
 		tuplestore_puttuple(rsinfo->setResult, &tuple);
 	}
 	error_context_stack = errcallback.previous;
 	return (Datum) 0;
+}
+
+/* outbox_emit_many(): events with JSON payloads. */
+Datum
+outbox_emit_many(PG_FUNCTION_ARGS)
+{
+	return emit_many(fcinfo, false);
+}
+
+/*
+ * outbox_emit_many_raw(): events whose payloads (outbox_event_bytea or
+ * outbox_event_text) reach Kafka exactly as given.
+ */
+Datum
+outbox_emit_many_raw(PG_FUNCTION_ARGS)
+{
+	return emit_many(fcinfo, true);
 }

@@ -23,7 +23,7 @@ use OutboxTest;
 
 our @EXPORT = qw(check_message_shape);
 
-# Emits five events on $node (whose publisher writes to $bootstrap, where
+# Emits eight events on $node (whose publisher writes to $bootstrap, where
 # topic outbox.event.order exists) and judges what a consumer reads back.
 sub check_message_shape
 {
@@ -50,6 +50,13 @@ sub check_message_shape
 		   FROM generate_series(0, 255) b));
 	SELECT event_id FROM outbox_emit_raw('order', 'o-2', 'OrderNul', '\\x0000ff80c328fe00'::bytea);
 	SELECT event_id FROM outbox_emit('order', 'o-3', 'OrderDeleted', NULL);
+	SELECT event_id FROM outbox_emit_many_raw(ARRAY[
+		ROW('order', 'o-4', 'ManyText', '$exact_json', NULL, NULL, NULL, NULL)]::outbox_event_text[]);
+	SELECT event_id FROM outbox_emit_many_raw(ARRAY[
+		ROW('order', 'o-4', 'ManyBytes',
+			(SELECT decode(string_agg(lpad(to_hex(b), 2, '0'), '' ORDER BY b), 'hex')
+			   FROM generate_series(0, 255) b), NULL, NULL, NULL, NULL),
+		ROW('order', 'o-4', 'ManyNul', '\\x0000ff80c328fe00'::bytea, NULL, NULL, NULL, NULL)]::outbox_event_bytea[]);
 	COMMIT;
 	});
 	sleep 2;
@@ -70,8 +77,8 @@ sub check_message_shape
 		$db{$id} = { aggregate_id => $agg, event_type => $type, ms => $ms, late => $late,
 			payload => $hex eq 'null' ? undef : pack('H*', $hex) };
 	}
-	is(scalar(keys %db), 5, 'five events in the outbox');
-	ok((grep { $_->{late} eq 't' } values %db) == 5, 'all were published over 1.5 s after their emit');
+	is(scalar(keys %db), 8, 'eight events in the outbox');
+	ok((grep { $_->{late} eq 't' } values %db) == 8, 'all were published over 1.5 s after their emit');
 
 	# The consumer's side: the records' exact bytes (kcat's format with
 	# lengths, so NUL bytes and newlines are no delimiters) ...
@@ -91,7 +98,7 @@ sub check_message_shape
 		$bytes{"$p/$o"} = { key => $key, value => $value };
 		pos($raw) = $pos;
 	}
-	is(scalar(keys %bytes), 5, 'five records read with their exact bytes') or diag $err;
+	is(scalar(keys %bytes), 8, 'eight records read with their exact bytes') or diag $err;
 
 	# ... and their headers and timestamps, as a Debezium user's consumer sees
 	# them.
@@ -100,7 +107,7 @@ sub check_message_shape
 		'>', \$json, '2>', \$jerr, IPC::Run::timeout(60));
 	# (Decoded as bytes: kcat copies invalid UTF-8 into its JSON as is.)
 	my @records = map { JSON::PP->new->decode($_) } grep { /^\{/ } split /\n/, $json;
-	is(scalar(@records), 5, 'five records read with their headers') or diag $jerr;
+	is(scalar(@records), 8, 'eight records read with their headers') or diag $jerr;
 
 	# A consumer written for Debezium's outbox event router (defaults): the
 	# event id from header "id" (for deduplication), the aggregate id from
@@ -133,7 +140,7 @@ sub check_message_shape
 		is($m->{headers}{tracestate}, $tracestate, "$what: tracestate from the session");
 		is($m->{headers}{event_type}, $what, "$what: header event_type");
 	}
-	is(scalar(keys %seen), 5, 'each event read once, by its header id');
+	is(scalar(keys %seen), 8, 'each event read once, by its header id');
 
 	# The exact bytes, against what the application passed (not only against
 	# what the database holds).
@@ -144,6 +151,11 @@ sub check_message_shape
 		'a bytea payload with NUL bytes and invalid UTF-8 is sent exactly');
 	is($by_type{OrderCreated}{value}, '{"total": 10}', 'a JSON payload is sent as jsonb renders it');
 	ok(!defined $by_type{OrderDeleted}{value}, 'a NULL payload is a null value (tombstone)');
+	# The same through outbox_emit_many_raw.
+	is($by_type{ManyText}{value}, $exact_json, 'outbox_emit_many_raw: a text payload is sent as written');
+	is($by_type{ManyBytes}{value}, $all_bytes, 'outbox_emit_many_raw: a bytea payload with every byte value is sent exactly');
+	is($by_type{ManyNul}{value}, "\x00\x00\xff\x80\xc3\x28\xfe\x00",
+		'outbox_emit_many_raw: NUL bytes and invalid UTF-8 are sent exactly');
 	return;
 }
 

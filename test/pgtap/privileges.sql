@@ -1,6 +1,7 @@
 -- Privileges: applications get EXECUTE on outbox_emit and inbox_claim and
--- nothing else; the functions are SECURITY DEFINER with a pinned
--- search_path, so a caller's objects cannot change what they do; the Kafka
+-- nothing else; a caller's objects cannot change what they do (the emit
+-- functions run no SQL, the others are SECURITY DEFINER with a pinned
+-- search_path); the Kafka
 -- properties (credentials) are hidden from ordinary roles.
 --
 -- Roles are created inside the transaction, which is rolled back: nothing
@@ -19,7 +20,7 @@ CREATE ROLE outbox_tap_reader NOLOGIN IN ROLE pg_read_all_settings;
 CREATE ROLE outbox_tap_monitor NOLOGIN IN ROLE pg_monitor;
 GRANT USAGE ON SCHEMA ob TO outbox_tap_monitor;
 
-SELECT plan(153);
+SELECT plan(157);
 
 -- Catalog: what PUBLIC and the roles were granted.
 
@@ -63,6 +64,9 @@ SELECT function_privs_are('ob', 'outbox_emit_raw',
   FROM unnest(ARRAY['text', 'bytea']) AS t;
 SELECT function_privs_are('ob', 'outbox_emit_many', ARRAY['ob.outbox_event[]'],
                           'public', ARRAY[]::text[], 'PUBLIC cannot execute outbox_emit_many');
+SELECT function_privs_are('ob', 'outbox_emit_many_raw', ARRAY[format('ob.outbox_event_%s[]', t)],
+                          'public', ARRAY[]::text[], format('PUBLIC cannot execute outbox_emit_many_raw(outbox_event_%s[])', t))
+  FROM unnest(ARRAY['text', 'bytea']) AS t;
 SELECT function_privs_are('ob', 'inbox_claim', ARRAY['text', 'text'],
                           'public', ARRAY[]::text[], 'PUBLIC cannot execute inbox_claim');
 SELECT function_privs_are('ob', 'outbox_counters', ARRAY[]::text[],
@@ -316,6 +320,39 @@ SELECT is((SELECT count(*) FROM ob.outbox), 7::bigint,
           'the seven events emitted by the application role are in the outbox');
 SELECT is((SELECT count(*) FROM ob.inbox), 2::bigint,
           'the two claims of the application role are in the inbox');
+
+-- outbox_emit is not SECURITY DEFINER: it switches to the outbox's owner
+-- for the write only.  A trigger on the outbox (its owner's) runs as the
+-- owner; the caller is itself again after the call, and after a failed one
+-- caught in a subtransaction.
+CREATE FUNCTION evil.note_user() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+	INSERT INTO evil.trap_log VALUES ('user ' || current_user);
+	RETURN NEW;
+END
+$$;
+CREATE TRIGGER note_user BEFORE INSERT ON ob.outbox FOR EACH ROW EXECUTE FUNCTION evil.note_user();
+TRUNCATE evil.trap_log;
+SET ROLE outbox_tap_app;
+INSERT INTO control SELECT 'after emit', current_user || ' ' || e.aggregate_version
+  FROM ob.outbox_emit('order', 'o-trigger', 'E', '{}') AS e;
+DO $$
+BEGIN
+	PERFORM ob.outbox_emit('order', 'o-trigger', 'E', '{}', event_id => 'dup-id');
+	PERFORM ob.outbox_emit('order', 'o-trigger', 'E', '{}', event_id => 'dup-id');
+EXCEPTION WHEN unique_violation THEN
+	INSERT INTO control VALUES ('after failed emit', current_user);
+END
+$$;
+RESET ROLE;
+DROP TRIGGER note_user ON ob.outbox;
+SELECT is((SELECT string_agg(trap, ', ') FROM evil.trap_log),
+          'user ' || (SELECT pg_get_userbyid(relowner)::text COLLATE "default" FROM pg_class
+                       WHERE oid = 'ob.outbox'::regclass),
+          'a trigger on the outbox runs as the outbox''s owner during outbox_emit');
+SELECT results_eq($$SELECT what, result FROM control WHERE what LIKE 'after%' ORDER BY what$$,
+                  $$VALUES ('after emit', 'outbox_tap_app 1'), ('after failed emit', 'outbox_tap_app')$$,
+                  'the caller is its own role again after outbox_emit, and after a failed one');
 
 -- Revoking the grant takes the ability away again.
 REVOKE EXECUTE ON FUNCTION ob.outbox_emit(text, text, text, jsonb, text, jsonb, text, bigint)

@@ -66,9 +66,16 @@ SELECT (outbox_emit('order', 'e', 't', '{}', event_id => 'dup-1')).aggregate_ver
 SELECT pg_temp.try($$SELECT outbox_emit('order', 'e2', 't', '{}', event_id => 'dup-1')$$);
 SELECT pg_temp.try($$SELECT outbox_emit('order', 'e2', 't', '{}', event_id => '')$$);
 
+-- A read-only transaction cannot emit (outbox_emit writes without SQL,
+-- so it checks this itself).
+BEGIN READ ONLY;
+SELECT pg_temp.try($$SELECT outbox_emit('order', 'ro', 't', '{}')$$);
+SELECT pg_temp.try($$SELECT * FROM outbox_emit_many(ARRAY[ROW('order', 'ro', 't', '{}', NULL, NULL, NULL, NULL)]::outbox_event[])$$);
+COMMIT;
+
 -- Nothing of the failed calls was written.
 SELECT aggregate_id, aggregate_version FROM outbox
- WHERE aggregate_id IN ('a', 'e', 'e2', 'v', 'small', 'a249') ORDER BY 1, 2;
+ WHERE aggregate_id IN ('a', 'e', 'e2', 'v', 'small', 'a249', 'ro') ORDER BY 1, 2;
 
 -- inbox_claim arguments.
 SELECT pg_temp.try($$SELECT inbox_claim(NULL, 'x')$$);

@@ -85,6 +85,12 @@ SELECT aggregate_version FROM outbox_emit('order', 'tr', 't', '{}');
 SELECT aggregate_version FROM outbox_emit_raw('order', 'tr', 't', 'x', headers => '{"tenant": "t1"}');
 SELECT aggregate_version FROM outbox_emit('order', 'tr', 't', '{}',
                                 headers => '{"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00"}');
+-- Trace header names match in any letter case, blanks around ignored: a
+-- caller's TraceParent or TRACESTATE is its trace context, never mixed
+-- with the session's.
+SELECT aggregate_version FROM outbox_emit('order', 'tr', 't', '{}',
+                                headers => '{"TraceParent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00"}');
+SELECT aggregate_version FROM outbox_emit('order', 'tr', 't', '{}', headers => '{" TRACESTATE": "congo=1"}');
 COMMIT;
 SELECT aggregate_version FROM outbox_emit('order', 'tr', 't', '{}');
 -- A tracestate without a traceparent is not sent (W3C Trace Context).
@@ -127,3 +133,64 @@ SELECT * FROM outbox_emit_many(ARRAY[
 	ROW('order', 'many-3', 'A', '{}', 'a/b', NULL, NULL, NULL)]::outbox_event[]);
 \set SHOW_CONTEXT never
 SELECT count(*) FROM outbox WHERE aggregate_id = 'many-3';
+
+-- Raw payloads in one call (outbox_emit_many_raw): text and bytea events,
+-- stored byte for byte, validated as outbox_emit_raw validates them.
+SELECT aggregate_version, topic
+  FROM outbox_emit_many_raw(ARRAY[
+	ROW('order', 'many-raw', 'T', '{"b": 1,   "a": 1.50}', NULL, NULL, NULL, NULL),
+	ROW('order', 'many-raw', 'N', NULL, 'orders.raw', '{"h": "1"}', 'many-raw-evt', NULL)]::outbox_event_text[]);
+SELECT aggregate_version, topic
+  FROM outbox_emit_many_raw(ARRAY[
+	ROW('order', 'many-raw', 'B', '\x00ff80c328'::bytea, NULL, NULL, NULL, NULL),
+	ROW('order', 'many-raw', 'E', ''::bytea, NULL, NULL, NULL, 9)]::outbox_event_bytea[]);
+SELECT aggregate_version, event_type, event_id = 'many-raw-evt' AS given_id, payload, payload_bytes, headers
+  FROM outbox WHERE aggregate_id = 'many-raw' ORDER BY aggregate_version;
+SET outbox.max_payload_bytes = 10;
+SELECT pg_temp.try($$SELECT * FROM outbox_emit_many_raw(ARRAY[
+	ROW('order', 'many-raw', 'T', 'éééééé', NULL, NULL, NULL, NULL)]::outbox_event_text[])$$);
+SELECT pg_temp.try($$SELECT * FROM outbox_emit_many_raw(ARRAY[
+	ROW('order', 'many-raw', 'B', '\x00010203040506070809'::bytea, NULL, NULL, NULL, NULL),
+	ROW('order', 'many-raw', 'B', '\x000102030405060708090a'::bytea, NULL, NULL, NULL, NULL)]::outbox_event_bytea[])$$);
+RESET outbox.max_payload_bytes;
+SELECT pg_temp.try($$SELECT * FROM outbox_emit_many_raw(ARRAY[
+	ROW('order', 'many-raw', 'T', 'x', NULL, '{"ID": "1"}', NULL, NULL)]::outbox_event_text[])$$);
+SELECT count(*) FROM outbox WHERE aggregate_id = 'many-raw';
+
+-- outbox_emit keeps the outbox's defaults per session, and forgets them when
+-- the table changes: the second event gets the new default.
+SELECT aggregate_version FROM outbox_emit('order', 'inval', 't', '{}');
+ALTER TABLE outbox ALTER COLUMN last_error SET DEFAULT 'changed';
+SELECT aggregate_version FROM outbox_emit('order', 'inval', 't', '{}');
+ALTER TABLE outbox ALTER COLUMN last_error DROP DEFAULT;
+SELECT aggregate_version FROM outbox_emit('order', 'inval', 't', '{}');
+SELECT aggregate_version, last_error FROM outbox WHERE aggregate_id = 'inval' ORDER BY 1;
+
+-- A JSON payload's size is its text's, computed without writing it: each
+-- of these fits a limit of exactly its octet_length(payload::text) and
+-- not one byte less (escapes, control characters, multibyte UTF-8,
+-- numbers as numeric writes them, nesting, empty containers, scalars).
+CREATE FUNCTION pg_temp.fits(j jsonb, n int) RETURNS text LANGUAGE plpgsql AS $$
+BEGIN
+	PERFORM set_config('outbox.max_payload_bytes', n::text, true);
+	PERFORM outbox_emit('order', 'size', 't', j);
+	RAISE EXCEPTION USING ERRCODE = 'P0001';	-- undo the emit
+EXCEPTION
+	WHEN SQLSTATE 'P0001' THEN RETURN 'fits';
+	WHEN program_limit_exceeded THEN RETURN 'too large';
+END
+$$;
+SELECT octet_length(j::text) AS bytes, pg_temp.fits(j, octet_length(j::text)),
+       pg_temp.fits(j, octet_length(j::text) - 1)
+  FROM (VALUES ('{"b": 1,   "a": 1.5e300}'::jsonb), ('{"a\"b\\c": "x\ny\tz\u0001\u001f\b\f\r/"}'),
+               ('["é", "€", "𝄞", -0.0, 1e-10, 123456789012345678901234567890.000]'),
+               ('{"a": {"b": [[], {}, [1, [2, {"c": null}]], true, false]}}'), ('[]'), ('{}'),
+               ('"just a string"'), ('12345'), ('true'), ('null'), ('[null]'),
+               ('{"": "", "k": ["", {"": {}}]}')) AS v(j);
+-- The same over every row of pg_settings and pg_proc as JSON: no mismatch.
+SELECT count(*) > 500 AS many_checked,
+       count(*) FILTER (WHERE pg_temp.fits(j, octet_length(j::text)) <> 'fits'
+                           OR pg_temp.fits(j, octet_length(j::text) - 1) <> 'too large') AS mismatched
+  FROM (SELECT to_jsonb(s) AS j FROM pg_settings s
+        UNION ALL SELECT to_jsonb(p) FROM (SELECT proname, proargnames, prosrc, proconfig, procost FROM pg_proc LIMIT 500) p) AS t;
+SELECT count(*) FROM outbox WHERE aggregate_id = 'size';
