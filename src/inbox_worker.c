@@ -43,6 +43,9 @@
 #include "lib/stringinfo.h"
 #include "mb/pg_wchar.h"
 #include "miscadmin.h"
+#if PG_VERSION_NUM >= 160000
+#include "nodes/miscnodes.h"
+#endif
 #include "pgstat.h"
 #include "postmaster/bgworker.h"
 #include "postmaster/interrupt.h"
@@ -221,7 +224,12 @@ static SPIPlanPtr subs_plan,
 			agg_flush_plan,
 			claim_plan,
 			claim_many_plan,
-			dead_letter_plan;
+			dead_letter_plan,
+			retention_plan;
+
+/* The database this worker applies, and its last inbox retention run. */
+static const char *worker_db = NULL;
+static TimestampTz last_retention = 0;
 
 /* ---------- settings ---------- */
 
@@ -462,7 +470,10 @@ rebalance_cb(rd_kafka_t *rk, rd_kafka_resp_err_t err,
 		rd_kafka_topic_partition_list_destroy(sub->pending_assign);
 	sub->pending_assign = NULL;
 	if (err == RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS)
+	{
 		sub->pending_assign = rd_kafka_topic_partition_list_copy(parts);
+		outbox_count(OC_INBOX_REBALANCES, 1);
+	}
 	else
 	{
 		rd_kafka_assign(rk, NULL);
@@ -676,6 +687,15 @@ prepare_plans(void)
 	dead_letter_plan = outbox_keep_plan(psprintf(
 										  "INSERT INTO %s.inbox_dead_letter (consumer, message, error, attempts) "
 										  "VALUES ($1, $2, $3, $4)", s), 4, tdl);
+	tdl[0] = INT4OID;
+	tdl[1] = INT4OID;
+	retention_plan = outbox_keep_plan(psprintf(
+										"DELETE FROM %s.inbox i USING ("
+										"SELECT consumer, event_id FROM %s.inbox "
+										"WHERE processed_at < pg_catalog.now() - pg_catalog.make_interval(secs => $1) "
+										"ORDER BY processed_at LIMIT $2 FOR UPDATE SKIP LOCKED) x "
+										"WHERE i.consumer = x.consumer AND i.event_id = x.event_id", s, s),
+									  2, tdl);
 	plans_nspid = nspid;
 	return true;
 }
@@ -947,9 +967,54 @@ parse_headers(const rd_kafka_message_t *m, MessageMeta *meta)
 	meta->headers = DirectFunctionCall1(jsonb_in, CStringGetDatum(json.data));
 }
 
-/* The payload as jsonb if it is JSON text, else 0. */
+/*
+ * JSON text as jsonb, or 0 if jsonb refuses it (a number beyond numeric's
+ * range): the payload is then NULL, as for any value that is not JSON, and
+ * payload_bytes has it.  Before PostgreSQL 16 there are no soft input
+ * errors: outside the careful path an error sends the batch to it, where a
+ * subtransaction catches it, so one such message never fails a batch.
+ */
 static Datum
-payload_jsonb(const rd_kafka_message_t *m)
+jsonb_or_null(char *text, bool careful)
+{
+#if PG_VERSION_NUM >= 160000
+	ErrorSaveContext escontext = {T_ErrorSaveContext};
+	Datum		result;
+
+	if (!DirectInputFunctionCallSafe(jsonb_in, text, InvalidOid, -1,
+									 (Node *) &escontext, &result))
+		return (Datum) 0;
+	return result;
+#else
+	MemoryContext cxt = CurrentMemoryContext;
+	ResourceOwner owner = CurrentResourceOwner;
+	volatile Datum result = (Datum) 0;
+
+	if (!careful)
+		return DirectFunctionCall1(jsonb_in, CStringGetDatum(text));
+	BeginInternalSubTransaction(NULL);
+	MemoryContextSwitchTo(cxt);
+	PG_TRY();
+	{
+		result = DirectFunctionCall1(jsonb_in, CStringGetDatum(text));
+		ReleaseCurrentSubTransaction();
+	}
+	PG_CATCH();
+	{
+		MemoryContextSwitchTo(cxt);
+		FlushErrorState();
+		RollbackAndReleaseCurrentSubTransaction();
+	}
+	PG_END_TRY();
+	MemoryContextSwitchTo(cxt);
+	CurrentResourceOwner = owner;
+	return result;
+#endif
+}
+
+/* The payload as jsonb if it is JSON text jsonb accepts, else 0. */
+static Datum
+payload_jsonb(const rd_kafka_message_t *m, bool careful)
 {
 	char	   *text = header_text(m->payload, m->len);
 	JsonLexContext *lex;
@@ -965,20 +1030,20 @@ payload_jsonb(const rd_kafka_message_t *m)
 	ok = (pg_parse_json(lex, &nullSemAction) == JSON_SUCCESS);
 	if (!ok)
 		return (Datum) 0;
-	/* Valid JSON can still be refused by jsonb (\u0000): an error here. */
-	return DirectFunctionCall1(jsonb_in, CStringGetDatum(text));
+	return jsonb_or_null(text, careful);
 }
 
 /* The inbox_message composite handed to the handler. */
 static Datum
-message_datum(InboxSub *sub, const rd_kafka_message_t *m, MessageMeta *meta)
+message_datum(InboxSub *sub, const rd_kafka_message_t *m, MessageMeta *meta,
+			  bool careful)
 {
 	Datum		values[14];
 	bool		nulls[14];
 	rd_kafka_timestamp_type_t tstype;
 	int64		ts = rd_kafka_message_timestamp(m, &tstype);
 	char	   *key = m->key ? header_text(m->key, m->key_len) : NULL;
-	Datum		payload = payload_jsonb(m);
+	Datum		payload = payload_jsonb(m, careful);
 	bytea	   *bytes = NULL;
 
 	memset(nulls, 0, sizeof(nulls));
@@ -1366,7 +1431,7 @@ apply_message(InboxSub *sub, PartState *ps, HTAB *aggs, FmgrInfo *flinfo,
 			return;
 		}
 	}
-	message = message_datum(sub, m, meta);
+	message = message_datum(sub, m, meta, pending == NULL);
 	if (pending != NULL)
 	{
 		PendingApply *pa = &pending->items[pending->n++];
@@ -1612,6 +1677,30 @@ pause_partition(InboxSub *sub, PartState *ps)
 	rd_kafka_topic_partition_list_destroy(tl);
 }
 
+/* Add a committed batch's outcome to the shared counters. */
+static void
+count_batch(PartState *parts, int nparts)
+{
+	int64		sums[6] = {0};
+
+	for (int i = 0; i < nparts; i++)
+	{
+		sums[0] += parts[i].applied;
+		sums[1] += parts[i].duplicates;
+		sums[2] += parts[i].gaps;
+		sums[3] += parts[i].errors;
+		sums[4] += parts[i].dead_lettered;
+		sums[5] += parts[i].skipped;
+	}
+	outbox_count(OC_INBOX_APPLIED, sums[0]);
+	outbox_count(OC_INBOX_DUPLICATES, sums[1]);
+	outbox_count(OC_INBOX_GAPS, sums[2]);
+	outbox_count(OC_INBOX_HANDLER_ERRORS, sums[3]);
+	outbox_count(OC_INBOX_DEAD_LETTERED, sums[4]);
+	outbox_count(OC_INBOX_SKIPPED, sums[5]);
+	outbox_count(OC_INBOX_BATCHES, 1);
+}
+
 /*
  * Apply a batch of messages in one transaction.  Returns the number of
  * messages applied or dropped as duplicates.
@@ -1698,6 +1787,7 @@ run_batch(InboxSub *sub, rd_kafka_message_t **msgs, int n, bool careful)
 											  parts[i].partition)->offset = parts[i].next_offset;
 	}
 	end_step();
+	count_batch(parts, nparts);
 
 	/* Stopped partitions wait; the rest of their messages come again. */
 	for (int i = 0; i < nparts; i++)
@@ -1818,9 +1908,44 @@ apply_batch(InboxSub *sub)
 		RESUME_INTERRUPTS();
 		MemoryContextSwitchTo(loop_context);
 		careful = true;
+		outbox_count(OC_INBOX_BATCH_FALLBACKS, 1);
 	}
 	destroy_batch();
 	return done;
+}
+
+/*
+ * Inbox retention (outbox.inbox_retention) of a database the publisher does
+ * not serve (where it does, the publisher runs it): worker 0, once a second,
+ * in transactions of outbox.retention_batch rows, for at most a tenth of a
+ * second.  Old claims are deleted whether the workers or inbox_claim() made
+ * them.
+ */
+static void
+inbox_retention(void)
+{
+	TimestampTz start = GetCurrentTimestamp();
+	uint64		deleted;
+	Datum		args[2];
+
+	if (worker_index != 0 || outbox_inbox_retention_s < 0 || plans_nspid == InvalidOid ||
+		(outbox_workers > 0 && strcmp(worker_db, outbox_database) == 0) ||
+		!TimestampDifferenceExceeds(last_retention, start, 1000))
+		return;
+	last_retention = start;
+	pgstat_report_activity(STATE_RUNNING, "inbox retention");
+	do
+	{
+		begin_step();
+		args[0] = Int32GetDatum(outbox_inbox_retention_s);
+		args[1] = Int32GetDatum(outbox_retention_batch);
+		if (SPI_execute_plan(retention_plan, args, NULL, false, 0) != SPI_OK_DELETE)
+			elog(ERROR, "inbox retention failed");
+		deleted = SPI_processed;
+		end_step();
+		outbox_count(OC_INBOX_RETENTION_DELETED, deleted);
+	} while (deleted >= (uint64) outbox_retention_batch &&
+			 !TimestampDifferenceExceeds(start, GetCurrentTimestamp(), 100));
 }
 
 /*
@@ -1853,6 +1978,7 @@ inbox_step(void)
 			return -1;
 		}
 	}
+	inbox_retention();
 
 	foreach(lc, subs)
 	{
@@ -1945,6 +2071,7 @@ inbox_worker_main(Datum main_arg)
 	BackgroundWorkerUnblockSignals();
 
 	db = inbox_database[0] ? inbox_database : outbox_database;
+	worker_db = db;
 	BackgroundWorkerInitializeConnection(db, NULL, 0);
 	/* Our own statements name everything qualified. */
 	SetConfigOption("search_path", "pg_catalog, pg_temp", PGC_SUSET, PGC_S_OVERRIDE);
@@ -1987,6 +2114,7 @@ inbox_worker_main(Datum main_arg)
 			AbortCurrentTransaction();
 			RESUME_INTERRUPTS();
 			failed = true;
+			outbox_count(OC_INBOX_WORKER_ERRORS, 1);
 		}
 		PG_END_TRY();
 		MemoryContextSwitchTo(loop_context);
