@@ -3,7 +3,10 @@
 # The embedded default: a throwaway PostgreSQL with the publisher, a mock
 # Kafka cluster on 127.0.0.1, a few business transactions that emit events
 # for two aggregates, and the events read back from Kafka in order with
-# their headers.  As root on a fresh Debian 12 machine it first installs the
+# their headers.  Then, in a separate section, the consumer half: database
+# "billing", where CREATE EXTENSION, a handler and inbox_subscribe give an
+# exactly-once handler; the inbox worker applies every event there once, in
+# version order, and an upstream replay applies nothing again.  As root on a fresh Debian 12 machine it first installs the
 # packages, builds and installs the extension.  Everything stops by itself.
 #
 # Usage: test/demo.sh [--real-kafka]
@@ -72,6 +75,7 @@ port = $PGPORT
 shared_preload_libraries = 'outbox'
 outbox.database = 'postgres'
 outbox.brokers = '$brokers'
+outbox.inbox_database = 'billing'
 EOF
 pg_ctl -D "$work/data" -l "$work/postgres.log" -w start >/dev/null
 
@@ -129,3 +133,63 @@ echo "== read back from Kafka (topic outbox.event.order)"
 psql -X -Atc "SELECT aggregate_id || E'\t' || max(aggregate_version) FROM outbox GROUP BY aggregate_id" >"$work/expect"
 "$tools/order_check" --brokers "$brokers" --topic outbox.event.order \
 	--expect "$work/expect" --print
+
+# ---------------------------------------------------------------------------
+# The consumer half: the inbox worker applies the topic to database
+# "billing", exactly once, through a handler that the role billing_app
+# subscribed (handlers never run as a superuser).
+# ---------------------------------------------------------------------------
+echo "== consumer database billing: CREATE EXTENSION, a handler, inbox_subscribe"
+createdb billing
+# (client_min_messages: CREATE EXTENSION warns that no publisher serves
+# "billing"; its events, if any, would wait: this database only consumes.)
+PGOPTIONS='-c client_min_messages=error' psql -q -X -v ON_ERROR_STOP=1 -d billing <<'EOF'
+CREATE EXTENSION outbox;
+CREATE ROLE billing_app;
+CREATE SCHEMA billing AUTHORIZATION billing_app;
+GRANT EXECUTE ON FUNCTION inbox_subscribe(text, text[], regprocedure) TO billing_app;
+SET ROLE billing_app;
+CREATE TABLE billing.invoices (order_id text PRIMARY KEY, total numeric, status text,
+                               versions bigint[] NOT NULL);
+EOF
+echo "   as billing_app:"
+cat >"$work/consumer.sql" <<'EOF'
+CREATE FUNCTION billing.apply_order_event(m inbox_message) RETURNS void
+LANGUAGE sql AS $$
+    INSERT INTO billing.invoices AS i (order_id, total, status, versions)
+    VALUES (m.aggregate_id, (m.payload ->> 'total')::numeric, m.event_type,
+            ARRAY[m.aggregate_version])
+    ON CONFLICT (order_id) DO UPDATE
+       SET status = excluded.status, versions = i.versions || m.aggregate_version
+$$;
+SELECT inbox_subscribe(consumer => 'billing', topics => ARRAY['outbox.event.order'],
+                       handler  => 'billing.apply_order_event(inbox_message)'::regprocedure);
+EOF
+sed 's/^/   /' "$work/consumer.sql"
+psql -q -X -v ON_ERROR_STOP=1 -d billing -o /dev/null -c 'SET ROLE billing_app' -f "$work/consumer.sql"
+
+# What "postgres" committed: per order, its versions in order, each once.
+expected=$(psql -X -Atc "SELECT string_agg(aggregate_id || ':' || vs, ' ' ORDER BY aggregate_id)
+	FROM (SELECT aggregate_id, array_agg(aggregate_version ORDER BY aggregate_version)::text AS vs
+	        FROM outbox GROUP BY 1) a")
+applied() {
+	psql -X -d billing -Atc "SELECT string_agg(order_id || ':' || versions::text, ' ' ORDER BY order_id)
+		FROM billing.invoices"
+}
+for _ in $(seq 300); do [ "$(applied)" = "$expected" ] && break; sleep 0.1; done
+
+echo "== upstream replay of order-1 (outbox_replay in postgres): dropped as duplicates in billing"
+replayed=$(psql -X -Atc "SELECT outbox_replay('order-1', 1)")
+for _ in $(seq 100); do
+	[ "$(psql -X -d billing -Atc 'SELECT coalesce(sum(duplicates), 0) FROM inbox_status')" -ge "$replayed" ] && break
+	sleep 0.1
+done
+psql -X -d billing -P pager=off -c "SELECT order_id, total, status, versions FROM billing.invoices ORDER BY 1"
+psql -X -d billing -P pager=off -c "SELECT consumer, topic, partition, lag, applied, duplicates, state
+	FROM inbox_status ORDER BY partition"
+if [ "$(applied)" = "$expected" ]; then
+	echo "exactly once: each committed event applied once, in version order ($expected); $replayed replayed, none applied again"
+else
+	echo "NOT exactly once: expected $expected, applied $(applied)" >&2
+	exit 1
+fi
