@@ -61,6 +61,7 @@
 #include "utils/builtins.h"
 #include "utils/guc.h"
 #include "utils/json.h"
+#include "utils/jsonb.h"
 #include "utils/lsyscache.h"
 #include "utils/memutils.h"
 #include "utils/snapmgr.h"
@@ -667,10 +668,16 @@ prepare_plans(void)
 	agg_read_plan = outbox_keep_plan(psprintf(
 									   "SELECT a.aggregate_id, a.last_version FROM %s.inbox_aggregate a "
 									   "WHERE a.consumer = $1 AND a.aggregate_id = ANY ($2)", s), 2, tarr);
+	/*
+	 * No ON CONFLICT: the version check has dropped the duplicates of
+	 * published events, and a plain insert descends the index once, not
+	 * twice.  A claim already there is a unique violation, which sends the
+	 * batch to the careful path (claim_plan, one by one).
+	 */
 	claim_many_plan = outbox_keep_plan(psprintf(
 										 "INSERT INTO %s.inbox (consumer, event_id) "
-										 "SELECT $1, u.id FROM pg_catalog.unnest($2) AS u(id) "
-										 "ON CONFLICT DO NOTHING RETURNING event_id", s), 2, tarr);
+										 "SELECT DISTINCT $1, u.id FROM pg_catalog.unnest($2) AS u(id) "
+										 "RETURNING event_id", s), 2, tarr);
 	agg_flush_plan = outbox_keep_plan(psprintf(
 										"INSERT INTO %s.inbox_aggregate AS a (consumer, aggregate_id, last_version) "
 										"SELECT $1, u.id, u.v FROM ROWS FROM (pg_catalog.unnest($2), pg_catalog.unnest($3)) AS u(id, v) "
@@ -913,37 +920,47 @@ header_text(const void *value, size_t size)
 	return pnstrdup((const char *) value, size);
 }
 
-/* The message's headers as jsonb, and the ones the publisher sets. */
+/* A jsonb string value (or null) of the header object being built. */
+static void
+push_jsonb_text(JsonbParseState **state, JsonbIteratorToken token, char *text)
+{
+	JsonbValue	v;
+
+	v.type = text ? jbvString : jbvNull;
+	if (text)
+	{
+		v.val.string.val = text;
+		v.val.string.len = strlen(text);
+	}
+	(void) pushJsonbValue(state, token, &v);
+}
+
+/*
+ * The message's headers as jsonb (built directly, not printed and parsed:
+ * the same object, a repeated name keeping its last value), and the ones
+ * the publisher sets.
+ */
 static void
 parse_headers(const rd_kafka_message_t *m, MessageMeta *meta)
 {
 	rd_kafka_headers_t *hdrs = NULL;
-	StringInfoData json;
+	JsonbParseState *state = NULL;
 	const char *name;
 	const void *value;
 	size_t		size;
-	bool		first = true;
 
 	memset(meta, 0, sizeof(*meta));
 	if (rd_kafka_message_headers(m, &hdrs) != RD_KAFKA_RESP_ERR_NO_ERROR)
 		return;
-	initStringInfo(&json);
-	appendStringInfoChar(&json, '{');
+	(void) pushJsonbValue(&state, WJB_BEGIN_OBJECT, NULL);
 	for (size_t i = 0; rd_kafka_header_get_all(hdrs, i, &name, &value, &size) == RD_KAFKA_RESP_ERR_NO_ERROR; i++)
 	{
 		char	   *v = header_text(value, size);
 
 		if (!pg_verifymbstr(name, strlen(name), true))
 			continue;
-		if (!first)
-			appendStringInfoChar(&json, ',');
-		first = false;
-		escape_json(&json, name);
-		appendStringInfoChar(&json, ':');
-		if (v == NULL)
-			appendStringInfoString(&json, "null");
-		else
-			escape_json(&json, v);
+		push_jsonb_text(&state, WJB_KEY, pstrdup(name));
+		push_jsonb_text(&state, WJB_VALUE, v);
 		if (v == NULL)
 			continue;
 		if (strcmp(name, "event_id") == 0 && v[0] != '\0')
@@ -963,8 +980,7 @@ parse_headers(const rd_kafka_message_t *m, MessageMeta *meta)
 				meta->aggregate_version = ver;
 		}
 	}
-	appendStringInfoChar(&json, '}');
-	meta->headers = DirectFunctionCall1(jsonb_in, CStringGetDatum(json.data));
+	meta->headers = JsonbPGetDatum(JsonbValueToJsonb(pushJsonbValue(&state, WJB_END_OBJECT, NULL)));
 }
 
 /*
@@ -1012,16 +1028,26 @@ jsonb_or_null(char *text, bool careful)
 #endif
 }
 
-/* The payload as jsonb if it is JSON text jsonb accepts, else 0. */
+/*
+ * The payload as jsonb if it is JSON text jsonb accepts, else 0.  On the
+ * fast path an object or array (what the publisher sends) is parsed once,
+ * by jsonb_in: if it is not JSON after all, the error sends the batch to the
+ * careful path, which checks first.
+ */
 static Datum
 payload_jsonb(const rd_kafka_message_t *m, bool careful)
 {
 	char	   *text = header_text(m->payload, m->len);
 	JsonLexContext *lex;
 	bool		ok;
+	const char *p;
 
 	if (text == NULL || m->payload == NULL)
 		return (Datum) 0;
+	for (p = text; *p == ' ' || *p == '\t' || *p == '\n' || *p == '\r'; p++)
+		;
+	if (!careful && (*p == '{' || *p == '['))
+		return DirectFunctionCall1(jsonb_in, CStringGetDatum(text));
 #if PG_VERSION_NUM >= 170000
 	lex = makeJsonLexContextCstringLen(NULL, text, strlen(text), GetDatabaseEncoding(), true);
 #else
