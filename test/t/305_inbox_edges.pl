@@ -65,6 +65,7 @@ if ($pg16 eq 'f')
 # version check: its claim conflicts on the fast path, the batch is applied
 # again carefully, and it is a duplicate while the others are applied.
 my $fallbacks = inbox_counter('batch_fallbacks');
+$node->safe_psql('consumer', 'GRANT EXECUTE ON FUNCTION inbox_claim(text, text) TO app');
 $node->safe_psql('consumer', "SET ROLE app; SELECT inbox_claim('billing', 'pre-claimed')");
 $node->safe_psql('postgres', qq{BEGIN;
 SELECT outbox_emit('edge', 'c', 'E', '{"n": 1}', topic => '$topic');
@@ -142,7 +143,9 @@ ok(defined wait_published($node, 60), 'producer: replayed again');
 ok($node->poll_query_until('consumer',
 		"SELECT value - $dups = 6 FROM outbox_counters() WHERE name = 'inbox_duplicates'"),
 	'without the claims the replay is still dropped, by version');
-my @p = consumer_verdict($node, "event_id <> 'pre-claimed'");
+# Aggregate c (1 and 3 applied, 2 claimed before) was checked above.
+$node->safe_psql('consumer', "DELETE FROM app.applied WHERE aggregate_id = 'c'");
+my @p = consumer_verdict($node, "aggregate_id <> 'c'");
 is_deeply(\@p, [], 'exactly once, in version order') or diag join("\n", @p);
 
 $node->stop;
