@@ -148,6 +148,29 @@ $node->safe_psql('consumer', "DELETE FROM app.applied WHERE aggregate_id = 'c'")
 my @p = consumer_verdict($node, "aggregate_id <> 'c'");
 is_deeply(\@p, [], 'exactly once, in version order') or diag join("\n", @p);
 
+# 5. A handler cannot leave the subscriber's role: RESET ROLE (back to the
+# worker's bootstrap superuser) and SET ROLE are refused inside the
+# security-restricted operation it runs in.
+$node->safe_psql('consumer', q{SET ROLE app;
+CREATE TABLE app.who (u text);
+CREATE FUNCTION app.escape(m inbox_message) RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
+	BEGIN
+		IF m.aggregate_version % 2 = 0 THEN RESET ROLE; ELSE SET ROLE postgres; END IF;
+	EXCEPTION WHEN OTHERS THEN
+		INSERT INTO app.who VALUES ('refused: ' || SQLERRM);
+		RETURN;
+	END;
+	INSERT INTO app.who VALUES (current_user);
+END $$;
+SELECT inbox_subscribe('escape', ARRAY['outbox.event.edge'], 'app.escape(inbox_message)'::regprocedure);});
+ok($node->poll_query_until('consumer', 'SELECT count(*) >= 100 FROM app.who'),
+	'the escaping handler ran');
+# (PostgreSQL names the user-id change first: "security-definer function".)
+like($node->safe_psql('consumer', q{SELECT string_agg(DISTINCT u, ' | ') FROM app.who}),
+	qr/^refused: cannot set parameter "role" within security-(definer function|restricted operation)$/,
+	'RESET ROLE and SET ROLE are refused: the handler stays the subscriber');
+
 $node->stop;
 $mk->stop;
 done_testing();
