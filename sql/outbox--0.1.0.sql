@@ -382,7 +382,7 @@ AS 'MODULE_PATHNAME', 'outbox_counters'
 LANGUAGE C VOLATILE STRICT;
 
 COMMENT ON FUNCTION @extschema@.outbox_counters() IS
-'publisher counters since server start; export as outbox_<name>_total';
+'publisher and inbox worker counters since server start; export as outbox_<name>_total';
 
 CREATE FUNCTION @extschema@.outbox_latency_histogram(OUT le_ms float8, OUT count bigint)
 RETURNS SETOF record

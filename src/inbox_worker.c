@@ -45,6 +45,9 @@
 #include "lib/stringinfo.h"
 #include "mb/pg_wchar.h"
 #include "miscadmin.h"
+#if PG_VERSION_NUM >= 160000
+#include "nodes/miscnodes.h"
+#endif
 #include "pgstat.h"
 #include "postmaster/bgworker.h"
 #include "postmaster/interrupt.h"
@@ -60,6 +63,7 @@
 #include "utils/builtins.h"
 #include "utils/guc.h"
 #include "utils/json.h"
+#include "utils/jsonb.h"
 #include "utils/lsyscache.h"
 #include "utils/memutils.h"
 #include "utils/snapmgr.h"
@@ -224,7 +228,11 @@ static SPIPlanPtr subs_plan,
 			agg_flush_plan,
 			claim_plan,
 			claim_many_plan,
-			dead_letter_plan;
+			dead_letter_plan,
+			retention_plan;
+
+/* When this worker last ran inbox retention. */
+static TimestampTz last_retention = 0;
 
 /* ---------- settings ---------- */
 
@@ -571,7 +579,10 @@ rebalance_cb(rd_kafka_t *rk, rd_kafka_resp_err_t err,
 		rd_kafka_topic_partition_list_destroy(sub->pending_assign);
 	sub->pending_assign = NULL;
 	if (err == RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS)
+	{
 		sub->pending_assign = rd_kafka_topic_partition_list_copy(parts);
+		outbox_count(OC_INBOX_REBALANCES, 1);
+	}
 	else
 	{
 		rd_kafka_assign(rk, NULL);
@@ -765,10 +776,16 @@ prepare_plans(void)
 	agg_read_plan = outbox_keep_plan(psprintf(
 									   "SELECT a.aggregate_id, a.last_version FROM %s.inbox_aggregate a "
 									   "WHERE a.consumer = $1 AND a.aggregate_id = ANY ($2)", s), 2, tarr);
+	/*
+	 * No ON CONFLICT: the version check has dropped the duplicates of
+	 * published events, and a plain insert descends the index once, not
+	 * twice.  A claim already there is a unique violation, which sends the
+	 * batch to the careful path (claim_plan, one by one).
+	 */
 	claim_many_plan = outbox_keep_plan(psprintf(
 										 "INSERT INTO %s.inbox (consumer, event_id) "
-										 "SELECT $1, u.id FROM pg_catalog.unnest($2) AS u(id) "
-										 "ON CONFLICT DO NOTHING RETURNING event_id", s), 2, tarr);
+										 "SELECT DISTINCT $1, u.id FROM pg_catalog.unnest($2) AS u(id) "
+										 "RETURNING event_id", s), 2, tarr);
 	agg_flush_plan = outbox_keep_plan(psprintf(
 										"INSERT INTO %s.inbox_aggregate AS a (consumer, aggregate_id, last_version) "
 										"SELECT $1, u.id, u.v FROM ROWS FROM (pg_catalog.unnest($2), pg_catalog.unnest($3)) AS u(id, v) "
@@ -785,6 +802,15 @@ prepare_plans(void)
 	dead_letter_plan = outbox_keep_plan(psprintf(
 										  "INSERT INTO %s.inbox_dead_letter (consumer, message, error, attempts) "
 										  "VALUES ($1, $2, $3, $4)", s), 4, tdl);
+	tdl[0] = INT4OID;
+	tdl[1] = INT4OID;
+	retention_plan = outbox_keep_plan(psprintf(
+										"DELETE FROM %s.inbox i USING ("
+										"SELECT consumer, event_id FROM %s.inbox "
+										"WHERE processed_at < pg_catalog.now() - pg_catalog.make_interval(secs => $1) "
+										"ORDER BY processed_at LIMIT $2 FOR UPDATE SKIP LOCKED) x "
+										"WHERE i.consumer = x.consumer AND i.event_id = x.event_id", s, s),
+									  2, tdl);
 	plans_nspid = nspid;
 	return true;
 }
@@ -1002,37 +1028,47 @@ header_text(const void *value, size_t size)
 	return pnstrdup((const char *) value, size);
 }
 
-/* The message's headers as jsonb, and the ones the publisher sets. */
+/* A jsonb string value (or null) of the header object being built. */
+static void
+push_jsonb_text(JsonbParseState **state, JsonbIteratorToken token, char *text)
+{
+	JsonbValue	v;
+
+	v.type = text ? jbvString : jbvNull;
+	if (text)
+	{
+		v.val.string.val = text;
+		v.val.string.len = strlen(text);
+	}
+	(void) pushJsonbValue(state, token, &v);
+}
+
+/*
+ * The message's headers as jsonb (built directly, not printed and parsed:
+ * the same object, a repeated name keeping its last value), and the ones
+ * the publisher sets.
+ */
 static void
 parse_headers(const rd_kafka_message_t *m, MessageMeta *meta)
 {
 	rd_kafka_headers_t *hdrs = NULL;
-	StringInfoData json;
+	JsonbParseState *state = NULL;
 	const char *name;
 	const void *value;
 	size_t		size;
-	bool		first = true;
 
 	memset(meta, 0, sizeof(*meta));
 	if (rd_kafka_message_headers(m, &hdrs) != RD_KAFKA_RESP_ERR_NO_ERROR)
 		return;
-	initStringInfo(&json);
-	appendStringInfoChar(&json, '{');
+	(void) pushJsonbValue(&state, WJB_BEGIN_OBJECT, NULL);
 	for (size_t i = 0; rd_kafka_header_get_all(hdrs, i, &name, &value, &size) == RD_KAFKA_RESP_ERR_NO_ERROR; i++)
 	{
 		char	   *v = header_text(value, size);
 
 		if (!pg_verifymbstr(name, strlen(name), true))
 			continue;
-		if (!first)
-			appendStringInfoChar(&json, ',');
-		first = false;
-		escape_json(&json, name);
-		appendStringInfoChar(&json, ':');
-		if (v == NULL)
-			appendStringInfoString(&json, "null");
-		else
-			escape_json(&json, v);
+		push_jsonb_text(&state, WJB_KEY, pstrdup(name));
+		push_jsonb_text(&state, WJB_VALUE, v);
 		if (v == NULL)
 			continue;
 		if (strcmp(name, "event_id") == 0 && v[0] != '\0')
@@ -1052,20 +1088,74 @@ parse_headers(const rd_kafka_message_t *m, MessageMeta *meta)
 				meta->aggregate_version = ver;
 		}
 	}
-	appendStringInfoChar(&json, '}');
-	meta->headers = DirectFunctionCall1(jsonb_in, CStringGetDatum(json.data));
+	meta->headers = JsonbPGetDatum(JsonbValueToJsonb(pushJsonbValue(&state, WJB_END_OBJECT, NULL)));
 }
 
-/* The payload as jsonb if it is JSON text, else 0. */
+/*
+ * JSON text as jsonb, or 0 if jsonb refuses it (a number beyond numeric's
+ * range): the payload is then NULL, as for any value that is not JSON, and
+ * payload_bytes has it.  Before PostgreSQL 16 there are no soft input
+ * errors: outside the careful path an error sends the batch to it, where a
+ * subtransaction catches it, so one such message never fails a batch.
+ */
 static Datum
-payload_jsonb(const rd_kafka_message_t *m)
+jsonb_or_null(char *text, bool careful)
+{
+#if PG_VERSION_NUM >= 160000
+	ErrorSaveContext escontext = {T_ErrorSaveContext};
+	Datum		result;
+
+	if (!DirectInputFunctionCallSafe(jsonb_in, text, InvalidOid, -1,
+									 (Node *) &escontext, &result))
+		return (Datum) 0;
+	return result;
+#else
+	MemoryContext cxt = CurrentMemoryContext;
+	ResourceOwner owner = CurrentResourceOwner;
+	volatile Datum result = (Datum) 0;
+
+	if (!careful)
+		return DirectFunctionCall1(jsonb_in, CStringGetDatum(text));
+	BeginInternalSubTransaction(NULL);
+	MemoryContextSwitchTo(cxt);
+	PG_TRY();
+	{
+		result = DirectFunctionCall1(jsonb_in, CStringGetDatum(text));
+		ReleaseCurrentSubTransaction();
+	}
+	PG_CATCH();
+	{
+		MemoryContextSwitchTo(cxt);
+		FlushErrorState();
+		RollbackAndReleaseCurrentSubTransaction();
+	}
+	PG_END_TRY();
+	MemoryContextSwitchTo(cxt);
+	CurrentResourceOwner = owner;
+	return result;
+#endif
+}
+
+/*
+ * The payload as jsonb if it is JSON text jsonb accepts, else 0.  On the
+ * fast path an object or array (what the publisher sends) is parsed once,
+ * by jsonb_in: if it is not JSON after all, the error sends the batch to the
+ * careful path, which checks first.
+ */
+static Datum
+payload_jsonb(const rd_kafka_message_t *m, bool careful)
 {
 	char	   *text = header_text(m->payload, m->len);
 	JsonLexContext *lex;
 	bool		ok;
+	const char *p;
 
 	if (text == NULL || m->payload == NULL)
 		return (Datum) 0;
+	for (p = text; *p == ' ' || *p == '\t' || *p == '\n' || *p == '\r'; p++)
+		;
+	if (!careful && (*p == '{' || *p == '['))
+		return DirectFunctionCall1(jsonb_in, CStringGetDatum(text));
 #if PG_VERSION_NUM >= 170000
 	lex = makeJsonLexContextCstringLen(NULL, text, strlen(text), GetDatabaseEncoding(), true);
 #else
@@ -1074,20 +1164,20 @@ payload_jsonb(const rd_kafka_message_t *m)
 	ok = (pg_parse_json(lex, &nullSemAction) == JSON_SUCCESS);
 	if (!ok)
 		return (Datum) 0;
-	/* Valid JSON can still be refused by jsonb (\u0000): an error here. */
-	return DirectFunctionCall1(jsonb_in, CStringGetDatum(text));
+	return jsonb_or_null(text, careful);
 }
 
 /* The inbox_message composite handed to the handler. */
 static Datum
-message_datum(InboxSub *sub, const rd_kafka_message_t *m, MessageMeta *meta)
+message_datum(InboxSub *sub, const rd_kafka_message_t *m, MessageMeta *meta,
+			  bool careful)
 {
 	Datum		values[14];
 	bool		nulls[14];
 	rd_kafka_timestamp_type_t tstype;
 	int64		ts = rd_kafka_message_timestamp(m, &tstype);
 	char	   *key = m->key ? header_text(m->key, m->key_len) : NULL;
-	Datum		payload = payload_jsonb(m);
+	Datum		payload = payload_jsonb(m, careful);
 	bytea	   *bytes = NULL;
 
 	memset(nulls, 0, sizeof(nulls));
@@ -1475,7 +1565,7 @@ apply_message(InboxSub *sub, PartState *ps, HTAB *aggs, FmgrInfo *flinfo,
 			return;
 		}
 	}
-	message = message_datum(sub, m, meta);
+	message = message_datum(sub, m, meta, pending == NULL);
 	if (pending != NULL)
 	{
 		PendingApply *pa = &pending->items[pending->n++];
@@ -1721,6 +1811,30 @@ pause_partition(InboxSub *sub, PartState *ps)
 	rd_kafka_topic_partition_list_destroy(tl);
 }
 
+/* Add a committed batch's outcome to the shared counters. */
+static void
+count_batch(PartState *parts, int nparts)
+{
+	int64		sums[6] = {0};
+
+	for (int i = 0; i < nparts; i++)
+	{
+		sums[0] += parts[i].applied;
+		sums[1] += parts[i].duplicates;
+		sums[2] += parts[i].gaps;
+		sums[3] += parts[i].errors;
+		sums[4] += parts[i].dead_lettered;
+		sums[5] += parts[i].skipped;
+	}
+	outbox_count(OC_INBOX_APPLIED, sums[0]);
+	outbox_count(OC_INBOX_DUPLICATES, sums[1]);
+	outbox_count(OC_INBOX_GAPS, sums[2]);
+	outbox_count(OC_INBOX_HANDLER_ERRORS, sums[3]);
+	outbox_count(OC_INBOX_DEAD_LETTERED, sums[4]);
+	outbox_count(OC_INBOX_SKIPPED, sums[5]);
+	outbox_count(OC_INBOX_BATCHES, 1);
+}
+
 /*
  * Apply a batch of messages in one transaction.  Returns the number of
  * messages applied or dropped as duplicates.
@@ -1807,6 +1921,7 @@ run_batch(InboxSub *sub, rd_kafka_message_t **msgs, int n, bool careful)
 											  parts[i].partition)->offset = parts[i].next_offset;
 	}
 	end_step();
+	count_batch(parts, nparts);
 
 	/* Stopped partitions wait; the rest of their messages come again. */
 	for (int i = 0; i < nparts; i++)
@@ -1927,9 +2042,44 @@ apply_batch(InboxSub *sub)
 		RESUME_INTERRUPTS();
 		MemoryContextSwitchTo(loop_context);
 		careful = true;
+		outbox_count(OC_INBOX_BATCH_FALLBACKS, 1);
 	}
 	destroy_batch();
 	return done;
+}
+
+/*
+ * Inbox retention (outbox.inbox_retention) of a database the publisher does
+ * not serve (where it does, the publisher runs it): worker 0, once a second,
+ * in transactions of outbox.retention_batch rows, for at most a tenth of a
+ * second.  Old claims are deleted whether the workers or inbox_claim() made
+ * them.
+ */
+static void
+inbox_retention(void)
+{
+	TimestampTz start = GetCurrentTimestamp();
+	uint64		deleted;
+	Datum		args[2];
+
+	if (worker_index != 0 || outbox_inbox_retention_s < 0 || plans_nspid == InvalidOid ||
+		(outbox_workers > 0 && outbox_database_stats(MyDatabaseId) != NULL) ||
+		!TimestampDifferenceExceeds(last_retention, start, 1000))
+		return;
+	last_retention = start;
+	pgstat_report_activity(STATE_RUNNING, "inbox retention");
+	do
+	{
+		begin_step();
+		args[0] = Int32GetDatum(outbox_inbox_retention_s);
+		args[1] = Int32GetDatum(outbox_retention_batch);
+		if (SPI_execute_plan(retention_plan, args, NULL, false, 0) != SPI_OK_DELETE)
+			elog(ERROR, "inbox retention failed");
+		deleted = SPI_processed;
+		end_step();
+		outbox_count(OC_INBOX_RETENTION_DELETED, deleted);
+	} while (deleted >= (uint64) outbox_retention_batch &&
+			 !TimestampDifferenceExceeds(start, GetCurrentTimestamp(), 100));
 }
 
 /*
@@ -1962,6 +2112,7 @@ inbox_step(void)
 			return -1;
 		}
 	}
+	inbox_retention();
 
 	foreach(lc, subs)
 	{
@@ -2134,6 +2285,7 @@ inbox_worker_main(Datum main_arg)
 			AbortCurrentTransaction();
 			RESUME_INTERRUPTS();
 			failed = true;
+			outbox_count(OC_INBOX_WORKER_ERRORS, 1);
 		}
 		PG_END_TRY();
 		MemoryContextSwitchTo(loop_context);

@@ -41,6 +41,16 @@ const char *const outbox_counter_names[OC_NUM_COUNTERS] = {
 	[OC_WORKER_ERRORS] = "worker_errors",
 	[OC_RETENTION_DELETED] = "retention_deleted",
 	[OC_INBOX_RETENTION_DELETED] = "inbox_retention_deleted",
+	[OC_INBOX_APPLIED] = "inbox_applied",
+	[OC_INBOX_DUPLICATES] = "inbox_duplicates",
+	[OC_INBOX_GAPS] = "inbox_gaps",
+	[OC_INBOX_HANDLER_ERRORS] = "inbox_handler_errors",
+	[OC_INBOX_DEAD_LETTERED] = "inbox_dead_lettered",
+	[OC_INBOX_SKIPPED] = "inbox_skipped",
+	[OC_INBOX_BATCHES] = "inbox_batches",
+	[OC_INBOX_BATCH_FALLBACKS] = "inbox_batch_fallbacks",
+	[OC_INBOX_REBALANCES] = "inbox_rebalances",
+	[OC_INBOX_WORKER_ERRORS] = "inbox_worker_errors",
 };
 
 const double outbox_latency_bounds_ms[OUTBOX_LATENCY_BUCKETS] = {

@@ -1,7 +1,7 @@
 /*-------------------------------------------------------------------------
  *
  * stats.h
- *	  Publisher counters kept in shared memory since server start.
+ *	  Publisher and inbox counters kept in shared memory since server start.
  *
  *-------------------------------------------------------------------------
  */
@@ -32,6 +32,17 @@ typedef enum OutboxCounter
 	OC_WORKER_ERRORS,
 	OC_RETENTION_DELETED,
 	OC_INBOX_RETENTION_DELETED,
+	/* The inbox workers' (src/inbox_worker.c), counted once committed. */
+	OC_INBOX_APPLIED,
+	OC_INBOX_DUPLICATES,
+	OC_INBOX_GAPS,
+	OC_INBOX_HANDLER_ERRORS,
+	OC_INBOX_DEAD_LETTERED,
+	OC_INBOX_SKIPPED,
+	OC_INBOX_BATCHES,
+	OC_INBOX_BATCH_FALLBACKS,
+	OC_INBOX_REBALANCES,
+	OC_INBOX_WORKER_ERRORS,
 	OC_NUM_COUNTERS
 } OutboxCounter;
 

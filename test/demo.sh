@@ -4,8 +4,12 @@
 # Kafka cluster on 127.0.0.1, a few business transactions that emit events
 # for two aggregates, and the events read back from Kafka in order with
 # their headers; then (a separate part) a second database, served by the
-# same publishers' launcher as soon as it has the extension.  As root on a
-# fresh Debian 12 machine it first installs the
+# same publishers' launcher as soon as it has the extension; then, in a
+# separate section, the consumer half: database "billing", where CREATE
+# EXTENSION, a handler and inbox_subscribe give an exactly-once handler; the
+# inbox worker applies every event there once, in version order, and an
+# upstream replay applies nothing again.  As root on a fresh Debian 12
+# machine it first installs the
 # packages, builds and installs the extension.  Everything stops by itself.
 #
 # Usage: test/demo.sh [--real-kafka]
@@ -73,6 +77,7 @@ unix_socket_directories = '$work'
 port = $PGPORT
 shared_preload_libraries = 'outbox'
 outbox.brokers = '$brokers'
+outbox.inbox_database = 'billing'
 EOF
 pg_ctl -D "$work/data" -l "$work/postgres.log" -w start >/dev/null
 
@@ -132,22 +137,80 @@ psql -X -Atc "SELECT aggregate_id || E'\t' || max(aggregate_version) FROM outbox
 	--expect "$work/expect" --print
 
 # ---- many databases (optional part): one cluster, two services' databases
-echo "== a second database, billing: the launcher serves every database with the extension"
+echo "== a second database, invoicing: the launcher serves every database with the extension"
 if [ -n "$real" ]; then "$tools/kafka_cluster" topic "$work/kafka" outbox.event.invoice 3; fi
-psql -q -X -v ON_ERROR_STOP=1 -c "CREATE DATABASE billing"
-psql -q -X -v ON_ERROR_STOP=1 -d billing -o /dev/null <<'EOF'
+psql -q -X -v ON_ERROR_STOP=1 -c "CREATE DATABASE invoicing"
+psql -q -X -v ON_ERROR_STOP=1 -d invoicing -o /dev/null <<'EOF'
 CREATE EXTENSION outbox;
 SELECT outbox_emit('invoice', 'invoice-1', 'InvoiceIssued', '{"order": "order-1", "amount": 10}');
 SELECT outbox_emit('invoice', 'invoice-1', 'InvoicePaid', '{"amount": 10}');
 EOF
 for _ in $(seq 100); do
-	[ "$(psql -X -d billing -Atc 'SELECT count(*) FROM outbox WHERE published_at IS NULL')" = 0 ] && break
+	[ "$(psql -X -d invoicing -Atc 'SELECT count(*) FROM outbox WHERE published_at IS NULL')" = 0 ] && break
 	sleep 0.1
 done
 echo "== the cluster's publishers, by database (outbox_workers())"
 psql -X -P pager=off -c "SELECT database, worker, pid IS NOT NULL AS running, state FROM outbox_workers() ORDER BY 1, 2"
-psql -X -P pager=off -d billing -c "SELECT publisher, pending_events FROM outbox_status"
+psql -X -P pager=off -d invoicing -c "SELECT publisher, pending_events FROM outbox_status"
 echo "== read back from Kafka (topic outbox.event.invoice)"
-printf 'invoice-1\t2\n' >"$work/expect_billing"
+printf 'invoice-1\t2\n' >"$work/expect_invoicing"
 "$tools/order_check" --brokers "$brokers" --topic outbox.event.invoice \
-	--expect "$work/expect_billing" --print
+	--expect "$work/expect_invoicing" --print
+
+# ---------------------------------------------------------------------------
+# The consumer half: the inbox worker applies the topic to database
+# "billing", exactly once, through a handler that the role billing_app
+# subscribed (handlers never run as a superuser).
+# ---------------------------------------------------------------------------
+echo "== consumer database billing: CREATE EXTENSION, a handler, inbox_subscribe"
+createdb billing
+psql -q -X -v ON_ERROR_STOP=1 -d billing <<'EOF'
+CREATE EXTENSION outbox;
+CREATE ROLE billing_app;
+CREATE SCHEMA billing AUTHORIZATION billing_app;
+GRANT EXECUTE ON FUNCTION inbox_subscribe(text, text[], regprocedure) TO billing_app;
+SET ROLE billing_app;
+CREATE TABLE billing.invoices (order_id text PRIMARY KEY, total numeric, status text,
+                               versions bigint[] NOT NULL);
+EOF
+echo "   as billing_app:"
+cat >"$work/consumer.sql" <<'EOF'
+CREATE FUNCTION billing.apply_order_event(m inbox_message) RETURNS void
+LANGUAGE sql AS $$
+    INSERT INTO billing.invoices AS i (order_id, total, status, versions)
+    VALUES (m.aggregate_id, (m.payload ->> 'total')::numeric, m.event_type,
+            ARRAY[m.aggregate_version])
+    ON CONFLICT (order_id) DO UPDATE
+       SET status = excluded.status, versions = i.versions || m.aggregate_version
+$$;
+SELECT inbox_subscribe(consumer => 'billing', topics => ARRAY['outbox.event.order'],
+                       handler  => 'billing.apply_order_event(inbox_message)'::regprocedure);
+EOF
+sed 's/^/   /' "$work/consumer.sql"
+psql -q -X -v ON_ERROR_STOP=1 -d billing -o /dev/null -c 'SET ROLE billing_app' -f "$work/consumer.sql"
+
+# What "postgres" committed: per order, its versions in order, each once.
+expected=$(psql -X -Atc "SELECT string_agg(aggregate_id || ':' || vs, ' ' ORDER BY aggregate_id)
+	FROM (SELECT aggregate_id, array_agg(aggregate_version ORDER BY aggregate_version)::text AS vs
+	        FROM outbox GROUP BY 1) a")
+applied() {
+	psql -X -d billing -Atc "SELECT string_agg(order_id || ':' || versions::text, ' ' ORDER BY order_id)
+		FROM billing.invoices"
+}
+for _ in $(seq 300); do [ "$(applied)" = "$expected" ] && break; sleep 0.1; done
+
+echo "== upstream replay of order-1 (outbox_replay in postgres): dropped as duplicates in billing"
+replayed=$(psql -X -Atc "SELECT outbox_replay('order-1', 1)")
+for _ in $(seq 100); do
+	[ "$(psql -X -d billing -Atc 'SELECT coalesce(sum(duplicates), 0) FROM inbox_status')" -ge "$replayed" ] && break
+	sleep 0.1
+done
+psql -X -d billing -P pager=off -c "SELECT order_id, total, status, versions FROM billing.invoices ORDER BY 1"
+psql -X -d billing -P pager=off -c "SELECT consumer, topic, partition, lag, applied, duplicates, state
+	FROM inbox_status ORDER BY partition"
+if [ "$(applied)" = "$expected" ]; then
+	echo "exactly once: each committed event applied once, in version order ($expected); $replayed replayed, none applied again"
+else
+	echo "NOT exactly once: expected $expected, applied $(applied)" >&2
+	exit 1
+fi

@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 #
-# test/bench/inbox.sh [EVENTS]       (BENCH_FSYNC=off: fsync = off)
+# test/bench/inbox.sh [EVENTS]       (BENCH_FSYNC=off: fsync = off;
+#                                     BENCH_PERF=FILE: perf record the worker;
+#                                     BENCH_HAND_EVENTS=N: the hand-written
+#                                     consumer's rate over its first N events)
 #
 # Inbox benchmark: events applied per second by one inbox worker with a
 # trivial handler (insert a row) against the hand-written consumer
@@ -31,7 +34,8 @@ if [ "$(id -u)" = 0 ]; then
 	chown postgres: "$work"
 	rc=0
 	timeout -k 30 900 runuser -u postgres -- env PATH="$PATH" BENCH_WORK="$work" \
-		BENCH_FSYNC="${BENCH_FSYNC:-on}" \
+		BENCH_FSYNC="${BENCH_FSYNC:-on}" BENCH_PERF="${BENCH_PERF:-}" \
+		BENCH_HAND_EVENTS="${BENCH_HAND_EVENTS:-}" \
 		bash "$0" "$events" || rc=$?
 	[ "$rc" = 0 ] && rm -rf "$work" || echo "inbox.sh: failed ($rc); logs in $work" >&2
 	exit "$rc"
@@ -90,6 +94,16 @@ total=$(psql -qXAt -d postgres -c 'SELECT count(*) FROM outbox WHERE published_a
 echo "topic bench: $total events, 10000 aggregates, 16 partitions; fsync ${BENCH_FSYNC:-on}"
 
 # The inbox worker: from subscription to the last event applied.
+# The worker's CPU time (user + system, in clock ticks) from /proc: on a
+# shared machine events per CPU second says more than events per second.
+cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+wpid=$(psql -qXAt -d consumer -c "SELECT pid FROM pg_stat_activity WHERE backend_type = 'outbox inbox worker'")
+cpu0=$(cpu_ticks "$wpid")
+perf_pid=
+if [ -n "${BENCH_PERF:-}" ]; then
+	perf record -g -o "$BENCH_PERF" -p "$wpid" >"$work/perf.log" 2>&1 &
+	perf_pid=$!
+fi
 t0=$(date +%s.%N)
 psql -qXAt -d consumer -c "SET ROLE bench" \
 	-c "SELECT inbox_subscribe('worker', ARRAY['bench'], 'apply_event(inbox_message)'::regprocedure)" >/dev/null
@@ -101,14 +115,18 @@ for _ in $(seq 6000); do
 	sleep 0.1
 done
 t1=$(date +%s.%N)
+[ -n "$perf_pid" ] && kill -INT "$perf_pid" && wait "$perf_pid" || true
+cpu_s=$(echo "($(cpu_ticks "$wpid") - $cpu0) / $(getconf CLK_TCK)" | bc -l)
 worker_rate=$(echo "$total / ($t1 - $first)" | bc -l)
 printf 'inbox worker (1, batch %s): %d events in %.2f s from the first applied (%.2f s from subscribing): %.0f events/s\n' \
 	"$(psql -qXAt -d consumer -c 'SHOW outbox.inbox_batch_size')" "$n" "$(echo "$t1 - $first" | bc -l)" \
 	"$(echo "$t1 - $t0" | bc -l)" "$worker_rate"
+printf 'inbox worker CPU: %.2f s (user + system), %.0f events per CPU second; load average %s\n' \
+	"$cpu_s" "$(echo "$n / $cpu_s" | bc -l)" "$(cut -d' ' -f1-3 /proc/loadavg)"
 
 # The hand-written consumer, one message per transaction.
 out=$("$bench/inbox_consumer" --dsn "dbname=consumer user=bench" --brokers "$brokers" \
-	--topic bench --group hand --events "$total" --max-seconds 600)
+	--topic bench --group hand --events "${BENCH_HAND_EVENTS:-$total}" --max-seconds 600)
 hand_rate=$(echo "$out" | awk '{print $6}')
 echo "hand-written consumer: $out"
 printf 'ratio: %.1fx\n' "$(echo "$worker_rate / $hand_rate" | bc -l)"

@@ -1,0 +1,176 @@
+# Inbox edges, on the mock: payloads jsonb refuses are applied with payload
+# NULL (payload_bytes has them) instead of failing the batch; the inbox
+# counters in outbox_counters() and the postgres_exporter queries of
+# docs/postgres_exporter.yml; inbox retention in the consumer database,
+# which the publisher does not serve (the inbox worker runs it there), and
+# a replay after it is still a duplicate.
+use strict;
+use warnings;
+
+use PostgreSQL::Test::Utils;
+use Test::More;
+use Time::HiRes qw(time sleep);
+
+use MockKafka;
+use OutboxTest;
+use InboxTest;
+
+my $dir = $PostgreSQL::Test::Utils::tmp_check;
+mkdir "$dir/mock";
+my $topic = 'outbox.event.edge';
+my $mk = MockKafka->start(dir => "$dir/mock", brokers => 1,
+	topics => ["$topic:1"], max_seconds => 600);
+my $node = inbox_node('inbox_edges', $mk);
+setup_consumer($node, 'billing', $topic);
+$node->safe_psql('consumer', 'UPDATE app.knobs SET fail = false');
+
+# An inbox counter of the consumer's server.
+sub inbox_counter
+{
+	my ($name) = @_;
+	return $node->safe_psql('consumer',
+		"SELECT value FROM outbox_counters() WHERE name = 'inbox_$name'");
+}
+
+# 1. Payloads: valid JSON jsonb refuses (a number beyond numeric's range,
+# \u0000), and bytes that are not JSON (one that starts like an object,
+# which the fast path parses directly), between two JSON events.
+$node->safe_psql('postgres', qq{
+SELECT outbox_emit('edge', 'a', 'E', '{"ok": 1}', topic => '$topic');
+SELECT outbox_emit_raw('edge', 'a', 'E', '{"n": 1e1000000}'::text, topic => '$topic');
+SELECT outbox_emit_raw('edge', 'a', 'E', '{"s": "\\u0000"}'::text, topic => '$topic');
+SELECT outbox_emit_raw('edge', 'a', 'E', 'not json'::text, topic => '$topic');
+SELECT outbox_emit_raw('edge', 'a', 'E', '{"not": json}'::text, topic => '$topic');
+SELECT outbox_emit('edge', 'a', 'E', '{"ok": 2}', topic => '$topic');
+});
+ok(defined wait_published($node, 60), 'producer: published');
+ok(defined wait_applied($node, 6, 60), 'all six applied')
+  or diag $node->safe_psql('consumer', 'SELECT * FROM inbox_status');
+is($node->safe_psql('consumer',
+		q{SELECT string_agg(version || ':' || coalesce(payload::text, 'NULL'), ' ' ORDER BY seq) FROM app.applied}),
+	'1:{"ok": 1} 2:NULL 3:NULL 4:NULL 5:NULL 6:{"ok": 2}',
+	'a payload jsonb refuses is NULL, in order with the others');
+is($node->safe_psql('consumer', q{SELECT errors || ' ' || state FROM inbox_status}),
+	'0 running', 'no handler error, the partition runs');
+is(inbox_counter('applied'), '6', 'counter inbox_applied');
+is(inbox_counter('handler_errors'), '0', 'counter inbox_handler_errors');
+my $pg16 = $node->safe_psql('consumer', q{SELECT current_setting('server_version_num')::int >= 160000});
+if ($pg16 eq 'f')
+{
+	cmp_ok(inbox_counter('batch_fallbacks'), '>=', 1,
+		'before PostgreSQL 16 the refused payload sent the batch to the careful path');
+}
+
+# An event already claimed (by inbox_claim(), before it arrives) passes the
+# version check: its claim conflicts on the fast path, the batch is applied
+# again carefully, and it is a duplicate while the others are applied.
+my $fallbacks = inbox_counter('batch_fallbacks');
+$node->safe_psql('consumer', 'GRANT EXECUTE ON FUNCTION inbox_claim(text, text) TO app');
+$node->safe_psql('consumer', "SET ROLE app; SELECT inbox_claim('billing', 'pre-claimed')");
+$node->safe_psql('postgres', qq{BEGIN;
+SELECT outbox_emit('edge', 'c', 'E', '{"n": 1}', topic => '$topic');
+SELECT outbox_emit('edge', 'c', 'E', '{"n": 2}', topic => '$topic', event_id => 'pre-claimed');
+SELECT outbox_emit('edge', 'c', 'E', '{"n": 3}', topic => '$topic');
+COMMIT});
+ok(defined wait_published($node, 60), 'producer: three more published');
+ok(defined wait_applied($node, 8, 60), 'the two not claimed before are applied');
+is($node->safe_psql('consumer', q{SELECT string_agg(version::text, ',' ORDER BY seq) FROM app.applied
+	WHERE aggregate_id = 'c'}), '1,3', 'the one claimed before is not applied');
+cmp_ok(inbox_counter('batch_fallbacks'), '>', $fallbacks, 'its claim sent the batch to the careful path');
+
+# 2. More events, then a replay: counters of applied and duplicates.
+$node->safe_psql('postgres', qq{SELECT outbox_emit('edge', 'b-' || (i % 10), 'E',
+	jsonb_build_object('n', i), topic => '$topic') FROM generate_series(1, 100) i});
+ok(defined wait_published($node, 60), 'producer: 100 more published');
+ok(defined wait_applied($node, 108, 60), '108 applied');
+my $dups = inbox_counter('duplicates');
+my $replayed = $node->safe_psql('postgres', q{SELECT outbox_replay('a', 1)});
+is($replayed, '6', 'aggregate a replayed');
+ok(defined wait_published($node, 60), 'producer: replay published');
+ok($node->poll_query_until('consumer',
+		"SELECT value - $dups = 6 FROM outbox_counters() WHERE name = 'inbox_duplicates'"),
+	'counter inbox_duplicates counts the replayed events');
+is(inbox_counter('applied'), '108', 'counter inbox_applied: nothing applied twice');
+cmp_ok(inbox_counter('batches'), '>=', 1, 'counter inbox_batches');
+cmp_ok(inbox_counter('rebalances'), '>=', 1, 'counter inbox_rebalances');
+is($node->safe_psql('consumer', 'SELECT sum(applied) FROM inbox_status'), '108',
+	'inbox_status agrees with the counter');
+
+# 3. The postgres_exporter queries run as a pg_monitor member and give
+# every metric they declare.
+my $yml = do
+{
+	local $/;
+	open my $fh, '<', "$ENV{TESTDIR}/docs/postgres_exporter.yml" or die $!;
+	<$fh>;
+};
+$node->safe_psql('consumer', 'CREATE ROLE monitor IN ROLE pg_monitor');
+my %sections;
+while ($yml =~ /^(\w+):\n  query: \|\n((?:    .*\n)+)  metrics:\n((?:    - .*\n)+)/mg)
+{
+	my ($name, $query, $metrics) = ($1, $2, $3);
+	# A histogram x is exported from columns x, x_bucket, x_count, x_sum.
+	my @declared = sort map { my ($m, $usage) = @$_;
+		$usage eq 'HISTOGRAM' ? ($m, "${m}_bucket", "${m}_count", "${m}_sum") : ($m) }
+	  map { [ /^(\w+): \{usage: (\w+)/ ] } $metrics =~ /^    - (.*)$/mg;
+	my $cols = $node->safe_psql('consumer', qq{SET ROLE monitor;
+		SELECT string_agg(k, ' ' ORDER BY k) FROM (SELECT DISTINCT k FROM ($query) q,
+			jsonb_object_keys(to_jsonb(q)) k) s});
+	is($cols, join(' ', @declared), "exporter query $name gives its declared metrics");
+	$sections{$name} = $query;
+}
+ok(exists $sections{outbox_inbox} && exists $sections{outbox_inbox_partition},
+	'the exporter file has the inbox queries');
+is($node->safe_psql('consumer', "SET ROLE monitor; SELECT applied_total FROM ($sections{outbox_inbox}) q"),
+	'108', 'exporter: outbox_inbox_applied_total');
+is($node->safe_psql('consumer',
+		"SET ROLE monitor; SELECT consumer || ' ' || partition || ' ' || applied_total || ' ' || lag FROM ($sections{outbox_inbox_partition}) q"),
+	'billing 0 108 0', 'exporter: outbox_inbox_partition_* per partition');
+
+# 4. Retention in the consumer database: the publisher serves "postgres",
+# so the inbox worker deletes the consumer's old claims.  A replay after
+# that is still dropped, by the aggregates' versions.
+my $claims = $node->safe_psql('consumer', 'SELECT count(*) FROM inbox');
+is($claims, '109', 'every event claimed (and the one claimed by hand)');
+$node->append_conf('postgresql.conf', "outbox.inbox_retention = '1s'\n");
+$node->reload;
+ok($node->poll_query_until('consumer', 'SELECT count(*) = 0 FROM inbox'),
+	'the inbox worker deleted the old claims of the consumer database');
+cmp_ok(inbox_counter('retention_deleted'), '>=', $claims, 'counter inbox_retention_deleted');
+$dups = inbox_counter('duplicates');
+$node->safe_psql('postgres', q{SELECT outbox_replay('a', 1)});
+ok(defined wait_published($node, 60), 'producer: replayed again');
+ok($node->poll_query_until('consumer',
+		"SELECT value - $dups = 6 FROM outbox_counters() WHERE name = 'inbox_duplicates'"),
+	'without the claims the replay is still dropped, by version');
+# Aggregate c (1 and 3 applied, 2 claimed before) was checked above.
+$node->safe_psql('consumer', "DELETE FROM app.applied WHERE aggregate_id = 'c'");
+my @p = consumer_verdict($node, "aggregate_id <> 'c'");
+is_deeply(\@p, [], 'exactly once, in version order') or diag join("\n", @p);
+
+# 5. A handler cannot leave the subscriber's role: RESET ROLE (back to the
+# worker's bootstrap superuser) and SET ROLE are refused inside the
+# security-restricted operation it runs in.
+$node->safe_psql('consumer', q{SET ROLE app;
+CREATE TABLE app.who (u text);
+CREATE FUNCTION app.escape(m inbox_message) RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
+	BEGIN
+		IF m.aggregate_version % 2 = 0 THEN RESET ROLE; ELSE SET ROLE postgres; END IF;
+	EXCEPTION WHEN OTHERS THEN
+		INSERT INTO app.who VALUES ('refused: ' || SQLERRM);
+		RETURN;
+	END;
+	INSERT INTO app.who VALUES (current_user);
+END $$;
+SELECT inbox_subscribe('escape', ARRAY['outbox.event.edge'], 'app.escape(inbox_message)'::regprocedure);});
+ok($node->poll_query_until('consumer', 'SELECT count(*) >= 100 FROM app.who'),
+	'the escaping handler ran');
+# (PostgreSQL names the user-id change first: "security-definer function".)
+like($node->safe_psql('consumer', q{SELECT string_agg(DISTINCT u, ' | ') FROM app.who}),
+	qr/^refused: cannot set parameter "role" within security-(definer function|restricted operation)$/,
+	'RESET ROLE and SET ROLE are refused: the handler stays the subscriber');
+
+$node->stop;
+$mk->stop;
+done_testing();
