@@ -65,6 +65,28 @@ bench=$(cd "$(dirname "$0")" && pwd)
 src=$(cd "$bench/../.." && pwd)
 tools=$src/test/tools
 
+# PgQ for section p (benchmark only, not a dependency of the extension or its
+# CI): Debian's postgresql-NN-pgq3, copied into pg_config's directories when
+# those are not the system's (a private installation).
+install_pgq() {
+	local share lib pkg f
+	share=$(pg_config --sharedir)
+	lib=$(pg_config --pkglibdir)
+	[ -f "$share/extension/pgq.control" ] && return 0
+	pkg=postgresql-$(pg_config --version | sed 's/^PostgreSQL \([0-9]*\).*/\1/')-pgq3
+	if ! dpkg-query -W -f '${Status}' "$pkg" 2>/dev/null | grep -q 'ok installed'; then
+		echo "run.sh: installing $pkg (PgQ, for the PgQ peer of section p only)" >&2
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -q "$pkg" >/dev/null ||
+			{ echo "run.sh: could not install $pkg: the PgQ peer will be skipped" >&2; return 0; }
+	fi
+	for f in $(dpkg -L "$pkg" | grep -E '/extension/pgq[-.]|/lib/pgq_[a-z]*\.so$'); do
+		case $f in
+			*/extension/*) [ -f "$share/extension/${f##*/}" ] || cp "$f" "$share/extension/" ;;
+			*.so) [ -f "$lib/${f##*/}" ] || cp "$f" "$lib/" ;;
+		esac
+	done
+}
+
 # ---------------------------------------------------------------- as root
 if [ "$(id -u)" = 0 ]; then
 	export PATH="$(pg_config --bindir):$PATH"
@@ -74,9 +96,10 @@ if [ "$(id -u)" = 0 ]; then
 	fi
 	make -s -C "$tools" >/dev/null
 	make -s -C "$bench" >/dev/null
+	[ "$real" = 1 ] || install_pgq
 	work=$(mktemp -d /tmp/outbox-bench.XXXXXX)
 	chown postgres: "$work"
-	if [ "$real" = 1 ]; then limit=1200; elif [ "$mode" = quick ]; then limit=600; else limit=2400; fi
+	if [ "$real" = 1 ]; then limit=1200; elif [ "$mode" = quick ]; then limit=900; else limit=3000; fi
 	git_rev=$(git -C "$src" rev-parse --short HEAD 2>/dev/null || echo unknown)
 	git_dirty=$(git -C "$src" status --porcelain -- src sql 2>/dev/null | wc -l)
 	so=$(pg_config --pkglibdir)/outbox.so
@@ -86,15 +109,22 @@ if [ "$(id -u)" = 0 ]; then
 	timeout -k 30 "$limit" runuser -u postgres -- env BENCH_WORK="$work" \
 		BENCH_GIT="$git_rev (src/ and sql/: $git_dirty uncommitted changes)" \
 		BENCH_SO="$so_info" BENCH_MOCK_NAGLE="${BENCH_MOCK_NAGLE:-0}" \
+		BENCH_PEERS_ONLY="${BENCH_PEERS_ONLY:-0}" \
 		BENCH_STARTED="$started" BENCH_LIMIT="$limit" \
 		bash "$bench/run.sh" $([ "$real" = 1 ] && echo real) "$mode" || rc=$?
 	if [ "$mode" = quick ]; then
-		out=${BENCH_OUT:-/tmp/outbox-bench$([ "$real" = 1 ] && echo -real)-quick}
+		out=${BENCH_OUT:-/tmp/outbox-bench$([ "$real" = 1 ] && echo -real || true)-quick}
 	else
 		out=${BENCH_OUT:-$src/docs}
 	fi
 	mkdir -p "$out"
-	if [ "$rc" = 0 ] && [ "$real" = 1 ] && [ -s "$work/out/benchmarks_real.md" ]; then
+	if [ "$rc" = 0 ] && [ "${BENCH_PEERS_ONLY:-0}" = 1 ] && [ -s "$work/out/peers.md" ]; then
+		out=${BENCH_OUT:-/tmp/outbox-bench-peers}
+		mkdir -p "$out"
+		cp "$work/out/peers.md" "$work/out/results.tsv" "$out/"
+		echo "run.sh: wrote $out/peers.md ($(($(date +%s) - started)) s)"
+		rm -rf "$work"
+	elif [ "$rc" = 0 ] && [ "$real" = 1 ] && [ -s "$work/out/benchmarks_real.md" ]; then
 		if [ "$mode" = quick ]; then
 			cp "$work/out/benchmarks_real.md" "$out/"
 			echo "run.sh: wrote $out/benchmarks_real.md ($(($(date +%s) - started)) s)"
@@ -139,6 +169,9 @@ if [ "$mode" = quick ]; then
 	RATES="1000 2000"
 	NAGLE_RELAY_N=5000
 	B_REPS=1           # repetitions of (b, 10,000 aggregates)
+	P_REPS=1           # repetitions of the peers' throughput runs (p)
+	P_LAT_S=4          # seconds per steady-load run of (p)
+	P_RATES="1000 2000"
 else
 	N=100000
 	EMIT_S=5
@@ -148,6 +181,9 @@ else
 	RATES="500 1000 2000 5000"
 	NAGLE_RELAY_N=20000
 	B_REPS=3
+	P_REPS=3
+	P_LAT_S=15
+	P_RATES="1000 2000 5000"
 fi
 B_AGGS="10000 10 1"   # aggregates of the throughput runs
 if [ "$real" = 1 ]; then
@@ -164,7 +200,7 @@ mock2_pid=
 relay_pid=
 kafka=    # the real cluster's directory (real mode)
 cleanup() {
-	[ -n "$relay_pid" ] && kill "$relay_pid" 2>/dev/null || true
+	[ -n "$relay_pid" ] && kill -CONT "$relay_pid" 2>/dev/null && kill "$relay_pid" 2>/dev/null || true
 	pg_ctl -D "$work/data" -m immediate stop >/dev/null 2>&1 || true
 	[ -n "$kafka" ] && "$tools/kafka_cluster" down "$kafka" >/dev/null 2>&1 || true
 	[ -n "$mock_pid" ] && kill "$mock_pid" 2>/dev/null || true
@@ -490,6 +526,18 @@ res git "${BENCH_GIT:-?}"
 res so "${BENCH_SO:-?}"
 res mode "$mode"
 res mock_nodelay "$([ "${BENCH_MOCK_NAGLE:-0}" = 1 ] && echo no || echo yes)"
+
+# section p (the peers: PgQ, logical decoding, ...), run after (e)
+. "$bench/peers.sh"
+if [ "${BENCH_PEERS_ONLY:-0}" = 1 ] && [ "$real" = 0 ]; then
+	# development aid: section p alone, its report in out/peers.md
+	restart_pg 1
+	set +u
+	peers_run
+	peers_report >"$out/peers.md"
+	say "done: $out/peers.md"
+	exit 0
+fi
 
 # ------------------------------------------------------------ a. emit cost
 # (mock only: the emit cost does not depend on the broker)
@@ -915,6 +963,10 @@ for w in 1 2 4; do
 done
 set_debug off
 
+# ------------------------------------------------------------------ p. peers
+restart_pg 1
+peers_run
+
 # ------------------------------------------- f. the mock as shipped (Nagle)
 say "f. the mock without the TCP_NODELAY shim"
 start_mock mock2 ""
@@ -1257,6 +1309,8 @@ EOF
 	echo "With the shim, for comparison: $(fmt "${R[b.ours.10000.eps]}")/s vs $(fmt "${R[b.relay.10000.eps]}")/s; at 2,000/s"
 	echo "$(lf d.ours.2000 2) / $(lf d.ours.2000 3) / $(lf d.ours.2000 4) ms vs $(lf d.relay.2000 2) / $(lf d.relay.2000 3) / $(lf d.relay.2000 4) ms."
 	echo
+
+	peers_report
 
 	echo "## Targets"
 	echo
