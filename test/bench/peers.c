@@ -23,8 +23,9 @@
  *		  SELECT pgq.finish_batch(batch_id);
  *
  *		each statement its own transaction.  run.sh sets the queue's
- *		queue_ticker_max_lag to 0, so a tick is made whenever new events
- *		exist (PgQ's default waits for 500 events or 3 s).  PgQ lets one
+ *		ticker_max_lag to 0 (pgq.set_queue_config), so a tick is made
+ *		whenever new events exist (PgQ's default waits for 500 events or
+ *		3 s).  PgQ lets one
  *		consumer hold one batch at a time, so this is stop-and-wait per batch.
  *
  *	peers logical --dsn DSN --brokers LIST --slot S --publication P
@@ -262,7 +263,7 @@ dr_cb(rd_kafka_t *rk, const rd_kafka_message_t *m, void *opaque)
 	(void) rk;
 	(void) opaque;
 	if (msg == NULL)
-		return;					/* a warm-up of the raw kind: none here */
+		return;					/* not ours: every message produce() sends has one */
 	outstanding--;
 	if (m->err)
 		fatal("delivery failed: %s (exiting unsettled: a restart re-sends)",

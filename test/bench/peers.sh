@@ -279,10 +279,14 @@ peer_throughput() {
 
 # Copy the median repetition's events/s (and all of them) to the base key.
 peer_median() { # base reps
-	local list="" r
-	for r in $(seq "$2"); do list="$list ${R[$1.r$r.eps]:-0}"; done
-	res "$1.eps" "$(tr ' ' '\n' <<<"$list" | sed '/^$/d' | sort -n | awk '{ x[NR] = $1 } END { print x[int((NR + 1) / 2)] }')"
-	res "$1.all" "$(tr ' ' '\n' <<<"$list" | sed '/^$/d' | xargs printf '%.0f, ' | sed 's/, $//')"
+	local list="" all="" r
+	# (a round that timed out has no figure: the median is over the others)
+	for r in $(seq "$2"); do
+		list="$list ${R[$1.r$r.eps]:-}"
+		all="$all${all:+, }$(fmt "${R[$1.r$r.eps]:-}" | sed 's/^-$/timed out/')"
+	done
+	res "$1.eps" "$(tr ' ' '\n' <<<"$list" | sed '/^$/d' | sort -n | awk '{ x[NR] = $1 } END { if (NR) print x[int((NR + 1) / 2)] }')"
+	res "$1.all" "$all"
 	list=""
 	for r in $(seq "$2"); do list="$list${list:+ | }r$r: ${R[$1.r$r.order_check]:-not run}"; done
 	res "$1.order_check" "$list"
