@@ -5,6 +5,7 @@
  *
  *	drain_wait --dsn DSN --table T [--exec SQL] [--interval-ms 20]
  *	           [--timeout-s 600]
+ *	drain_wait --dsn DSN --status-file F --events N [--exec SQL] ...
  *
  *	With --exec, first runs SQL (typically "BEGIN; <preload>; COMMIT") on
  *	its own connection; the clock starts when that returns, i.e. when the
@@ -28,6 +29,16 @@
  *	is how long --exec took (the preload itself).  N is
  *	the number of rows published since the commit.  Exit status 1 on
  *	timeout.
+ *
+ *	--status-file F --events N: for the peers (peers.c), which keep no
+ *	per-event state in the database.  Reads "settled=S last_settle=EPOCH"
+ *	from F before --exec, then polls F every --interval-ms until
+ *	settled >= S + N.  seconds is as above; table_seconds is last_settle
+ *	(when the final batch was finished or its position confirmed) minus
+ *	the commit time; first_ack_s is not known (printed as 0).
+ *
+ *	Both modes end the line with commit_epoch=E, the commit time (epoch
+ *	seconds, PostgreSQL's clock), for callers that start the clock earlier.
  *
  * test/bench/drain_wait.c
  *
@@ -66,6 +77,22 @@ now_s(void)
 	return (double) ts.tv_sec + (double) ts.tv_nsec / 1e9;
 }
 
+/* Read "settled=S last_settle=E" from a peer's status file (0 if absent). */
+static long
+read_status(const char *path, double *last)
+{
+	FILE	   *f = fopen(path, "r");
+	long		settled = 0;
+
+	*last = 0;
+	if (f == NULL)
+		return 0;
+	if (fscanf(f, "settled=%ld last_settle=%lf", &settled, last) != 2)
+		settled = 0;
+	fclose(f);
+	return settled;
+}
+
 static PGresult *
 query(PGconn *conn, const char *sql, ExecStatusType want)
 {
@@ -81,7 +108,11 @@ main(int argc, char **argv)
 {
 	const char *dsn = NULL,
 			   *table = NULL,
-			   *exec = NULL;
+			   *exec = NULL,
+			   *status_file = NULL;
+	long		want_events = 0,
+				base = 0;
+	double		last_settle = 0;
 	long		interval_ms = 20,
 				timeout_s = 600;
 	PGconn	   *conn;
@@ -103,6 +134,10 @@ main(int argc, char **argv)
 			dsn = val;
 		else if (strcmp(argv[i], "--table") == 0)
 			table = val;
+		else if (strcmp(argv[i], "--status-file") == 0)
+			status_file = val;
+		else if (strcmp(argv[i], "--events") == 0)
+			want_events = atol(val);
 		else if (strcmp(argv[i], "--exec") == 0)
 			exec = val;
 		else if (strcmp(argv[i], "--interval-ms") == 0)
@@ -113,8 +148,11 @@ main(int argc, char **argv)
 			fatal("unknown option \"%s\"", argv[i]);
 		i++;
 	}
-	if (dsn == NULL || table == NULL || interval_ms < 1 || timeout_s < 1)
-		fatal("usage: drain_wait --dsn DSN --table T [--exec SQL] [--interval-ms 20] [--timeout-s 600]");
+	if (dsn == NULL || (table == NULL) == (status_file == NULL) ||
+		(status_file != NULL && want_events < 1) || interval_ms < 1 || timeout_s < 1)
+		fatal("usage: drain_wait --dsn DSN {--table T | --status-file F --events N} [--exec SQL] [--interval-ms 20] [--timeout-s 600]");
+	if (status_file)
+		base = read_status(status_file, &last_settle);
 
 	conn = PQconnectdb(dsn);
 	if (PQstatus(conn) != CONNECTION_OK)
@@ -133,17 +171,23 @@ main(int argc, char **argv)
 	snprintf(commit_epoch, sizeof(commit_epoch), "%s", PQgetvalue(res, 0, 0));
 	PQclear(res);
 
-	snprintf(sql, sizeof(sql),
-			 "SELECT EXISTS (SELECT 1 FROM %s WHERE published_at IS NULL)", table);
+	if (table)
+		snprintf(sql, sizeof(sql),
+				 "SELECT EXISTS (SELECT 1 FROM %s WHERE published_at IS NULL)", table);
 	deadline = t0 + timeout_s;
 	for (;;)
 	{
 		double		before = now_s();
 		int			pending;
 
-		res = query(conn, sql, PGRES_TUPLES_OK);
-		pending = strcmp(PQgetvalue(res, 0, 0), "t") == 0;
-		PQclear(res);
+		if (status_file)
+			pending = read_status(status_file, &last_settle) < base + want_events;
+		else
+		{
+			res = query(conn, sql, PGRES_TUPLES_OK);
+			pending = strcmp(PQgetvalue(res, 0, 0), "t") == 0;
+			PQclear(res);
+		}
 		t1 = now_s();
 		if (!pending)
 			break;
@@ -164,6 +208,16 @@ main(int argc, char **argv)
 		}
 	}
 
+	if (status_file)
+	{
+		double		secs = t1 - t0;
+
+		printf("drain: events=%ld seconds=%.3f events_per_s=%.0f table_seconds=%.3f first_ack_s=0 exec_s=%.3f commit_epoch=%s\n",
+			   want_events, secs, secs > 0 ? want_events / secs : 0,
+			   last_settle - atof(commit_epoch), t0 - texec, commit_epoch);
+		PQfinish(conn);
+		return 0;
+	}
 	snprintf(sql, sizeof(sql),
 			 "SELECT count(*), "
 			 "coalesce(extract(epoch FROM max(published_at)) - %s, 0), "
@@ -175,9 +229,9 @@ main(int argc, char **argv)
 		long		n = atol(PQgetvalue(res, 0, 0));
 		double		secs = t1 - t0;
 
-		printf("drain: events=%ld seconds=%.3f events_per_s=%.0f table_seconds=%.3f first_ack_s=%.3f exec_s=%.3f\n",
+		printf("drain: events=%ld seconds=%.3f events_per_s=%.0f table_seconds=%.3f first_ack_s=%.3f exec_s=%.3f commit_epoch=%s\n",
 			   n, secs, secs > 0 ? n / secs : 0,
-			   atof(PQgetvalue(res, 0, 1)), atof(PQgetvalue(res, 0, 2)), t0 - texec);
+			   atof(PQgetvalue(res, 0, 1)), atof(PQgetvalue(res, 0, 2)), t0 - texec, commit_epoch);
 	}
 	PQclear(res);
 	PQfinish(conn);

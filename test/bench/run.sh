@@ -20,6 +20,10 @@
 #   d. emit-to-acknowledgement latency at steady 500/1,000/2,000/5,000
 #      events/s (pgbench --rate), from published_at - created_at per event
 #   e. 1, 2, 4 publisher workers on (b, 10,000 aggregates)
+#   p. the peers, in the same run: PgQ and logical-decoding relays
+#      (peers.c), the relay at LIMIT 100 / 1000 and raw librdkafka beside
+#      the extension; throughput (0 / 5 ms RTT, a 1,000-transaction
+#      backlog), CPU per event and latency at a steady rate (peers.sh)
 #   f. (b, 10,000 aggregates) and (d, 2,000/s) against the mock as shipped
 #      (Nagle's algorithm on its sockets; see nodelay.c)
 #
@@ -27,7 +31,7 @@
 # writes docs/benchmarks.md and docs/*.png (quick mode: into
 # /tmp/outbox-bench-quick/ unless BENCH_OUT is set, so the committed figures
 # always come from a full run).  The extension must be installed
-# (make && make install).  Full mode takes about 15 minutes, quick about 2.
+# (make && make install).  Full mode takes about 30 minutes, quick about 6.
 # Every step is bounded in time; the clusters and processes it started stop
 # when it exits.  The work directory (logs) is kept when a run fails.
 #
@@ -43,7 +47,10 @@
 # mode keeps that section.  About 5 minutes (more under load), quick about 3.
 #
 # Environment: BENCH_OUT (output directory), BENCH_MOCK_NAGLE=1 (run a-e
-# against the mock as shipped too, i.e. without the TCP_NODELAY shim).
+# against the mock as shipped too, i.e. without the TCP_NODELAY shim),
+# BENCH_PEERS_ONLY=1 (section p alone; writes peers.md into BENCH_OUT or
+# /tmp/outbox-bench-peers/).  As root, installs Debian's postgresql-15-pgq3
+# for the PgQ peer if it is missing (benchmark only; not a CI dependency).
 #
 set -euo pipefail
 
@@ -65,6 +72,28 @@ bench=$(cd "$(dirname "$0")" && pwd)
 src=$(cd "$bench/../.." && pwd)
 tools=$src/test/tools
 
+# PgQ for section p (benchmark only, not a dependency of the extension or its
+# CI): Debian's postgresql-NN-pgq3, copied into pg_config's directories when
+# those are not the system's (a private installation).
+install_pgq() {
+	local share lib pkg f
+	share=$(pg_config --sharedir)
+	lib=$(pg_config --pkglibdir)
+	[ -f "$share/extension/pgq.control" ] && return 0
+	pkg=postgresql-$(pg_config --version | sed 's/^PostgreSQL \([0-9]*\).*/\1/')-pgq3
+	if ! dpkg-query -W -f '${Status}' "$pkg" 2>/dev/null | grep -q 'ok installed'; then
+		echo "run.sh: installing $pkg (PgQ, for the PgQ peer of section p only)" >&2
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -q "$pkg" >/dev/null ||
+			{ echo "run.sh: could not install $pkg: the PgQ peer will be skipped" >&2; return 0; }
+	fi
+	for f in $(dpkg -L "$pkg" | grep -E '/extension/pgq[-.]|/lib/pgq_[a-z]*\.so$'); do
+		case $f in
+			*/extension/*) [ -f "$share/extension/${f##*/}" ] || cp "$f" "$share/extension/" ;;
+			*.so) [ -f "$lib/${f##*/}" ] || cp "$f" "$lib/" ;;
+		esac
+	done
+}
+
 # ---------------------------------------------------------------- as root
 if [ "$(id -u)" = 0 ]; then
 	export PATH="$(pg_config --bindir):$PATH"
@@ -74,9 +103,10 @@ if [ "$(id -u)" = 0 ]; then
 	fi
 	make -s -C "$tools" >/dev/null
 	make -s -C "$bench" >/dev/null
+	[ "$real" = 1 ] || install_pgq
 	work=$(mktemp -d /tmp/outbox-bench.XXXXXX)
 	chown postgres: "$work"
-	if [ "$real" = 1 ]; then limit=1200; elif [ "$mode" = quick ]; then limit=600; else limit=2400; fi
+	if [ "$real" = 1 ]; then limit=1200; elif [ "$mode" = quick ]; then limit=900; else limit=3000; fi
 	git_rev=$(git -C "$src" rev-parse --short HEAD 2>/dev/null || echo unknown)
 	git_dirty=$(git -C "$src" status --porcelain -- src sql 2>/dev/null | wc -l)
 	so=$(pg_config --pkglibdir)/outbox.so
@@ -86,15 +116,22 @@ if [ "$(id -u)" = 0 ]; then
 	timeout -k 30 "$limit" runuser -u postgres -- env BENCH_WORK="$work" \
 		BENCH_GIT="$git_rev (src/ and sql/: $git_dirty uncommitted changes)" \
 		BENCH_SO="$so_info" BENCH_MOCK_NAGLE="${BENCH_MOCK_NAGLE:-0}" \
+		BENCH_PEERS_ONLY="${BENCH_PEERS_ONLY:-0}" \
 		BENCH_STARTED="$started" BENCH_LIMIT="$limit" \
 		bash "$bench/run.sh" $([ "$real" = 1 ] && echo real) "$mode" || rc=$?
 	if [ "$mode" = quick ]; then
-		out=${BENCH_OUT:-/tmp/outbox-bench$([ "$real" = 1 ] && echo -real)-quick}
+		out=${BENCH_OUT:-/tmp/outbox-bench$([ "$real" = 1 ] && echo -real || true)-quick}
 	else
 		out=${BENCH_OUT:-$src/docs}
 	fi
 	mkdir -p "$out"
-	if [ "$rc" = 0 ] && [ "$real" = 1 ] && [ -s "$work/out/benchmarks_real.md" ]; then
+	if [ "$rc" = 0 ] && [ "${BENCH_PEERS_ONLY:-0}" = 1 ] && [ -s "$work/out/peers.md" ]; then
+		out=${BENCH_OUT:-/tmp/outbox-bench-peers}
+		mkdir -p "$out"
+		cp "$work/out/peers.md" "$work/out/results.tsv" "$out/"
+		echo "run.sh: wrote $out/peers.md ($(($(date +%s) - started)) s)"
+		rm -rf "$work"
+	elif [ "$rc" = 0 ] && [ "$real" = 1 ] && [ -s "$work/out/benchmarks_real.md" ]; then
 		if [ "$mode" = quick ]; then
 			cp "$work/out/benchmarks_real.md" "$out/"
 			echo "run.sh: wrote $out/benchmarks_real.md ($(($(date +%s) - started)) s)"
@@ -139,6 +176,9 @@ if [ "$mode" = quick ]; then
 	RATES="1000 2000"
 	NAGLE_RELAY_N=5000
 	B_REPS=1           # repetitions of (b, 10,000 aggregates)
+	P_REPS=1           # repetitions of the peers' throughput runs (p)
+	P_LAT_S=4          # seconds per steady-load run of (p)
+	P_RATES="1000 2000"
 else
 	N=100000
 	EMIT_S=5
@@ -148,6 +188,9 @@ else
 	RATES="500 1000 2000 5000"
 	NAGLE_RELAY_N=20000
 	B_REPS=3
+	P_REPS=3
+	P_LAT_S=12
+	P_RATES="1000 2000 5000"
 fi
 B_AGGS="10000 10 1"   # aggregates of the throughput runs
 if [ "$real" = 1 ]; then
@@ -156,7 +199,7 @@ if [ "$real" = 1 ]; then
 	if [ "$mode" = quick ]; then LAT_S=5 RATES=2000; else RATES="500 2000"; fi
 fi
 LAT_CLIENTS=8
-if [ "$mode" = quick ]; then DRAIN_TIMEOUT=60; else DRAIN_TIMEOUT=300; fi
+if [ "$mode" = quick ]; then DRAIN_TIMEOUT=60; else DRAIN_TIMEOUT=120; fi
 AGGS_MAIN=10000
 
 mock_pid=
@@ -164,7 +207,7 @@ mock2_pid=
 relay_pid=
 kafka=    # the real cluster's directory (real mode)
 cleanup() {
-	[ -n "$relay_pid" ] && kill "$relay_pid" 2>/dev/null || true
+	[ -n "$relay_pid" ] && kill -CONT "$relay_pid" 2>/dev/null && kill "$relay_pid" 2>/dev/null || true
 	pg_ctl -D "$work/data" -m immediate stop >/dev/null 2>&1 || true
 	[ -n "$kafka" ] && "$tools/kafka_cluster" down "$kafka" >/dev/null 2>&1 || true
 	[ -n "$mock_pid" ] && kill "$mock_pid" 2>/dev/null || true
@@ -325,13 +368,28 @@ stop_relay() {
 	RELAY_LINE=$(tail -n1 "$work/relay.out")
 }
 drain() { # table [exec-sql] -> $DRAIN_LINE
+	local rc=0
 	if [ $# -gt 1 ]; then
 		DRAIN_LINE=$("$bench/drain_wait" --dsn "$dsn" --table "$1" --exec "$2" \
-			--interval-ms 20 --timeout-s "$DRAIN_TIMEOUT")
+			--interval-ms 20 --timeout-s "$DRAIN_TIMEOUT") || rc=$?
 	else
 		DRAIN_LINE=$("$bench/drain_wait" --dsn "$dsn" --table "$1" --interval-ms 20 \
-			--timeout-s "$DRAIN_TIMEOUT")
+			--timeout-s "$DRAIN_TIMEOUT") || rc=$?
 	fi
+	[ "$rc" = 0 ] && return 0
+	[ "$1" = outbox ] || exit "$rc"
+	# A publisher stuck past the timeout: say where, drop its backlog (with the
+	# workers stopped: their open batch holds locks), and go on with the run.
+	stuck_n=$((${stuck_n:-0} + 1))
+	res "stuck.$stuck_n" "$(q -c "SELECT string_agg(state || ' / ' || coalesce(wait_event_type || ':' || wait_event, 'CPU')
+		|| ' / ' || left(query, 60), '; ') FROM pg_stat_activity WHERE backend_type = 'outbox publisher'")"
+	say "  !! nothing settled for $DRAIN_TIMEOUT s; the publisher: ${R[stuck.$stuck_n]}; dropping the backlog"
+	local w
+	w=$(q -c "SHOW outbox.workers")
+	restart_pg 0
+	q -c "TRUNCATE outbox, aggregate_publication"
+	restart_pg "$w"
+	DRAIN_LINE="events=0 seconds=timeout events_per_s= table_seconds= first_ack_s= exec_s="
 }
 warm_ours() { # topic: every worker's producer, connections and topic metadata ready
 	q -c "SELECT count(*) FROM generate_series(1, 64) i,
@@ -490,6 +548,18 @@ res git "${BENCH_GIT:-?}"
 res so "${BENCH_SO:-?}"
 res mode "$mode"
 res mock_nodelay "$([ "${BENCH_MOCK_NAGLE:-0}" = 1 ] && echo no || echo yes)"
+
+# section p (the peers: PgQ, logical decoding, ...), run after (e)
+. "$bench/peers.sh"
+if [ "${BENCH_PEERS_ONLY:-0}" = 1 ] && [ "$real" = 0 ]; then
+	# development aid: section p alone, its report in out/peers.md
+	restart_pg 1
+	set +u
+	peers_run
+	peers_report >"$out/peers.md"
+	say "done: $out/peers.md"
+	exit 0
+fi
 
 # ------------------------------------------------------------ a. emit cost
 # (mock only: the emit cost does not depend on the broker)
@@ -915,6 +985,10 @@ for w in 1 2 4; do
 done
 set_debug off
 
+# ------------------------------------------------------------------ p. peers
+restart_pg 1
+peers_run
+
 # ------------------------------------------- f. the mock as shipped (Nagle)
 say "f. the mock without the TCP_NODELAY shim"
 start_mock mock2 ""
@@ -993,8 +1067,10 @@ set +u
 
 Produced by \`test/bench/run.sh\` (${R[mode]} mode) on ${R[date]}; total run time ${R[total_s]} s.
 Do not edit by hand: run the benchmark again (as root: \`bash test/bench/run.sh\`,
-about 15 minutes; \`bash test/bench/run.sh quick\` checks the script in about 2 minutes
-and writes to /tmp/outbox-bench-quick/).
+about 30 minutes; \`bash test/bench/run.sh quick\` checks the script in about 6 minutes
+and writes to /tmp/outbox-bench-quick/).  The peers — PgQ, logical decoding, the polling
+relay and raw librdkafka beside the extension, every figure as a ratio to the extension and
+to the best peer — are in [section p](#p-peers-the-extension-beside-pgq-logical-decoding-the-polling-relay-and-raw-librdkafka).
 
 | | |
 |---|---|
@@ -1030,7 +1106,8 @@ the relay's latency.)  One relay process.  The **raw producer** (\`relay raw\`) 
 pre-built messages of the same shape (key, the five headers, the same ~95-byte payload)
 with librdkafka alone and waits for every ack (after a warm-up message).  Producer
 settings of both: librdkafka defaults plus \`enable.idempotence=true\` and
-\`partitioner=murmur2_random\`, as the extension.
+\`partitioner=murmur2_random\`, as the extension.  Section p adds the tools a user would
+pick instead: a PgQ relay and two logical-decoding relays (\`test/bench/peers.c\`).
 
 **The mock's Nagle stall.** librdkafka 2.0.2 sends one ProduceRequest per partition, and
 its mock broker never sets TCP_NODELAY on the connections it accepts (a real Kafka broker
@@ -1260,6 +1337,18 @@ EOF
 	echo "$(lf d.ours.2000 2) / $(lf d.ours.2000 3) / $(lf d.ours.2000 4) ms vs $(lf d.relay.2000 2) / $(lf d.relay.2000 3) / $(lf d.relay.2000 4) ms."
 	echo
 
+	peers_report
+
+	if [ -n "${stuck_n:-}" ]; then
+		echo "## Runs that timed out"
+		echo
+		echo "The extension's publisher settled nothing for $DRAIN_TIMEOUT s in $stuck_n run(s); the run went on after"
+		echo "dropping that backlog (their figures show as -).  What the publisher was doing (\`pg_stat_activity\`:"
+		echo "state / wait / query):"
+		echo
+		for i in $(seq "$stuck_n"); do echo "- \`${R[stuck.$i]}\`"; done
+		echo
+	fi
 	echo "## Targets"
 	echo
 	echo "| target | result | |"
