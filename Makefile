@@ -27,6 +27,10 @@ PG_CONFIG ?= pg_config
 PGXS := $(shell $(PG_CONFIG) --pgxs)
 include $(PGXS)
 
+# PGXS tracks no header dependencies: a struct changed in a header (say the
+# shared-memory layout) left stale objects that disagreed on its offsets.
+$(OBJS): $(wildcard src/*.h)
+
 # The TAP tests' own modules (MockKafka, OutboxTest, FaultTest); not in
 # PROVE_FLAGS, which is the user's (make ... PROVE_FLAGS=--verbose).
 PG_PROVE_FLAGS += -I ./test/perl

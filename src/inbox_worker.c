@@ -2246,6 +2246,8 @@ inbox_worker_main(Datum main_arg)
 	db = inbox_connect(main_arg);
 	/* Our own statements name everything qualified. */
 	SetConfigOption("search_path", "pg_catalog, pg_temp", PGC_SUSET, PGC_S_OVERRIDE);
+	/* Our statements are short: compiling them would take longer. */
+	SetConfigOption("jit", "off", PGC_SUSET, PGC_S_OVERRIDE);
 
 	subs_context = AllocSetContextCreate(TopMemoryContext, "inbox subscriptions",
 										 ALLOCSET_DEFAULT_SIZES);
