@@ -339,14 +339,7 @@ inbox_worker_init(void)
 
 	if (inbox_workers == 0)
 		return;
-	memset(&worker, 0, sizeof(worker));
-	worker.bgw_flags = BGWORKER_SHMEM_ACCESS | BGWORKER_BACKEND_DATABASE_CONNECTION;
-	worker.bgw_start_time = BgWorkerStart_RecoveryFinished;
-	worker.bgw_restart_time = 5;
-	snprintf(worker.bgw_library_name, BGW_MAXLEN, "outbox");
-	snprintf(worker.bgw_function_name, BGW_MAXLEN, "inbox_launcher_main");
-	snprintf(worker.bgw_type, BGW_MAXLEN, "outbox inbox launcher");
-	snprintf(worker.bgw_name, BGW_MAXLEN, "outbox inbox launcher");
+	outbox_bgworker_init(&worker, "inbox_launcher_main", "outbox inbox launcher", 5);
 	RegisterBackgroundWorker(&worker);
 }
 
@@ -374,13 +367,7 @@ start_database_inbox_worker(int e, int i, BackgroundWorkerHandle **handle)
 {
 	BackgroundWorker worker;
 
-	memset(&worker, 0, sizeof(worker));
-	worker.bgw_flags = BGWORKER_SHMEM_ACCESS | BGWORKER_BACKEND_DATABASE_CONNECTION;
-	worker.bgw_start_time = BgWorkerStart_RecoveryFinished;
-	worker.bgw_restart_time = BGW_NEVER_RESTART;
-	snprintf(worker.bgw_library_name, BGW_MAXLEN, "outbox");
-	snprintf(worker.bgw_function_name, BGW_MAXLEN, "inbox_worker_main");
-	snprintf(worker.bgw_type, BGW_MAXLEN, "outbox inbox worker");
+	outbox_bgworker_init(&worker, "inbox_worker_main", "outbox inbox worker", BGW_NEVER_RESTART);
 	snprintf(worker.bgw_name, BGW_MAXLEN, "outbox inbox worker %d of %s", i,
 			 NameStr(outbox_shared->databases[e].name));
 	worker.bgw_main_arg = UInt32GetDatum(((uint32) (e + 1) << 16) | (uint32) i);
@@ -481,13 +468,7 @@ start_inbox_worker(int i, BackgroundWorkerHandle **handle)
 {
 	BackgroundWorker worker;
 
-	memset(&worker, 0, sizeof(worker));
-	worker.bgw_flags = BGWORKER_SHMEM_ACCESS | BGWORKER_BACKEND_DATABASE_CONNECTION;
-	worker.bgw_start_time = BgWorkerStart_RecoveryFinished;
-	worker.bgw_restart_time = BGW_NEVER_RESTART;
-	snprintf(worker.bgw_library_name, BGW_MAXLEN, "outbox");
-	snprintf(worker.bgw_function_name, BGW_MAXLEN, "inbox_worker_main");
-	snprintf(worker.bgw_type, BGW_MAXLEN, "outbox inbox worker");
+	outbox_bgworker_init(&worker, "inbox_worker_main", "outbox inbox worker", BGW_NEVER_RESTART);
 	snprintf(worker.bgw_name, BGW_MAXLEN, "outbox inbox worker %d", i);
 	worker.bgw_main_arg = Int32GetDatum(i);
 	worker.bgw_notify_pid = MyProcPid;

@@ -194,14 +194,7 @@ outbox_launcher_init(void)
 
 	if (outbox_workers == 0)
 		return;
-	memset(&worker, 0, sizeof(worker));
-	worker.bgw_flags = BGWORKER_SHMEM_ACCESS | BGWORKER_BACKEND_DATABASE_CONNECTION;
-	worker.bgw_start_time = BgWorkerStart_RecoveryFinished;
-	worker.bgw_restart_time = 5;
-	snprintf(worker.bgw_library_name, BGW_MAXLEN, "outbox");
-	snprintf(worker.bgw_function_name, BGW_MAXLEN, "outbox_launcher_main");
-	snprintf(worker.bgw_type, BGW_MAXLEN, "outbox launcher");
-	snprintf(worker.bgw_name, BGW_MAXLEN, "outbox launcher");
+	outbox_bgworker_init(&worker, "outbox_launcher_main", "outbox launcher", 5);
 	RegisterBackgroundWorker(&worker);
 }
 
@@ -272,6 +265,24 @@ outbox_database_entry(Oid dboid)
 		}
 	}
 	return NULL;
+}
+
+/*
+ * Fill in a background worker of this library that connects to a database:
+ * function, type (also its name until the caller sets one) and restart time.
+ */
+void
+outbox_bgworker_init(BackgroundWorker *worker, const char *function,
+					 const char *type, int restart_time)
+{
+	memset(worker, 0, sizeof(*worker));
+	worker->bgw_flags = BGWORKER_SHMEM_ACCESS | BGWORKER_BACKEND_DATABASE_CONNECTION;
+	worker->bgw_start_time = BgWorkerStart_RecoveryFinished;
+	worker->bgw_restart_time = restart_time;
+	strlcpy(worker->bgw_library_name, "outbox", BGW_MAXLEN);
+	strlcpy(worker->bgw_function_name, function, BGW_MAXLEN);
+	strlcpy(worker->bgw_type, type, BGW_MAXLEN);
+	strlcpy(worker->bgw_name, type, BGW_MAXLEN);
 }
 
 /* The counters of a database, or NULL if the launcher has no entry for it. */
@@ -502,13 +513,7 @@ start_worker(int e, int i)
 	LauncherDatabase *ldb = &launcher_dbs[e];
 	BackgroundWorker worker;
 
-	memset(&worker, 0, sizeof(worker));
-	worker.bgw_flags = BGWORKER_SHMEM_ACCESS | BGWORKER_BACKEND_DATABASE_CONNECTION;
-	worker.bgw_start_time = BgWorkerStart_RecoveryFinished;
-	worker.bgw_restart_time = BGW_NEVER_RESTART;
-	snprintf(worker.bgw_library_name, BGW_MAXLEN, "outbox");
-	snprintf(worker.bgw_function_name, BGW_MAXLEN, "outbox_worker_main");
-	snprintf(worker.bgw_type, BGW_MAXLEN, "outbox publisher");
+	outbox_bgworker_init(&worker, "outbox_worker_main", "outbox publisher", BGW_NEVER_RESTART);
 	snprintf(worker.bgw_name, BGW_MAXLEN, "outbox publisher %d of %s", i, NameStr(db->name));
 	worker.bgw_main_arg = UInt32GetDatum(((uint32) e << 16) | (uint32) i);
 	worker.bgw_notify_pid = MyProcPid;
