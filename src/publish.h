@@ -149,6 +149,7 @@ extern Flight *publish_flights;
 extern void publish_produce_init(void);
 extern void publish_produce_start(void);
 extern void publish_check_producer_settings(void);
+extern bool publish_producer_outdated(void);
 extern void publish_ensure_producer(void);
 extern void publish_drop_producer(void);
 extern void publish_check_fatal(void);

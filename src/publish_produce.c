@@ -236,19 +236,47 @@ publish_drop_producer(void)
 	}
 }
 
+/* Since when the producer is built from outdated settings (0: it is not). */
+static TimestampTz producer_outdated_since = 0;
+
 /*
  * After a reload: a producer built from old Kafka settings (brokers,
- * properties, or the credentials file's content) is replaced.
+ * properties, or the credentials file's content) is replaced.  Destroying
+ * it would purge the messages in flight and send them all again, so it is
+ * replaced once they are reported (meanwhile nothing new is read), or after
+ * outbox.delivery_timeout if they never are (say the old brokers are gone).
  */
 void
 publish_check_producer_settings(void)
 {
-	if (publish_producer != NULL &&
-		outbox_kafka_config_fingerprint() != producer_fingerprint)
+	if (publish_producer == NULL)
 	{
-		ereport(LOG, (errmsg("outbox: Kafka settings changed, recreating the producer")));
-		publish_drop_producer();
+		producer_outdated_since = 0;
+		return;
 	}
+	if (producer_outdated_since == 0)
+	{
+		if (outbox_kafka_config_fingerprint() == producer_fingerprint)
+			return;
+		ereport(LOG,
+				(errmsg("outbox: Kafka settings changed, recreating the producer"),
+				 publish_flights != NULL ?
+				 errdetail("Once the messages in flight are reported.") : 0));
+		producer_outdated_since = GetCurrentTimestamp();
+	}
+	if (publish_flights != NULL &&
+		!TimestampDifferenceExceeds(producer_outdated_since, GetCurrentTimestamp(),
+									outbox_delivery_timeout_ms))
+		return;
+	producer_outdated_since = 0;
+	publish_drop_producer();
+}
+
+/* Is the producer to be replaced once its messages are reported? */
+bool
+publish_producer_outdated(void)
+{
+	return producer_outdated_since != 0;
 }
 
 /* After a fatal producer error: count it, log it, and start afresh. */

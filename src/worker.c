@@ -332,8 +332,12 @@ pipeline_step(void)
 	MemoryContextSwitchTo(loop_context);
 
 	publish_in_flight(&nevents, &nbytes);
-	/* A worker whose turn is over reads nothing more: it drains, then exits. */
-	if (!publish_slot->yield &&
+	/*
+	 * Nothing more is read by a worker whose turn is over (it drains, then
+	 * exits) or whose producer waits to be replaced (see
+	 * publish_check_producer_settings).
+	 */
+	if (!publish_slot->yield && !publish_producer_outdated() &&
 		nevents < outbox_batch_events && nbytes < outbox_batch_bytes &&
 		publish_hold_reading_ms() == 0 && !kafka_unreachable())
 	{
@@ -725,7 +729,7 @@ outbox_worker_main(Datum main_arg)
 		MemoryContextSwitchTo(loop_context);
 		publish_process_reload();
 		/* Also after a reload served while waiting for standbys. */
-		if (reloaded_in_batch)
+		if (reloaded_in_batch || publish_producer_outdated())
 		{
 			reloaded_in_batch = false;
 			publish_check_producer_settings();
