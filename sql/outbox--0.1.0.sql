@@ -45,13 +45,16 @@ CREATE TABLE @extschema@.outbox (
 	payload jsonb,
 	payload_bytes bytea,
 	created_at timestamptz NOT NULL DEFAULT pg_catalog.clock_timestamp(),
-	-- NULL while pending; set together with disposition (only the publisher
-	-- and the operator functions write them) when Kafka acknowledged the
-	-- event or a poison policy disposed of it.
-	published_at timestamptz,
+	-- The emitting top-level transaction: the publisher reads the events
+	-- committed since its last read as PgQ does, by the transactions a
+	-- snapshot sees that the previous one did not (docs/settling.md).
+	txid xid8 NOT NULL DEFAULT pg_catalog.pg_current_xact_id(),
+	-- Whether an event is published is not written per event: its
+	-- aggregate's last_published_version says it (see outbox_pending).
+	-- Only an event a poison policy or an operator disposed of otherwise
+	-- records it here: dead_lettered or skipped, and when.
 	disposition @extschema@.outbox_disposition,
-	kafka_partition integer,
-	kafka_offset bigint,
+	disposed_at timestamptz,
 	attempts integer NOT NULL DEFAULT 0,
 	last_error text,
 	-- Set by outbox_dead_letter(): the publisher sends the event to the
@@ -60,21 +63,13 @@ CREATE TABLE @extschema@.outbox (
 	CONSTRAINT outbox_position_unique UNIQUE (aggregate_id, aggregate_version)
 );
 
--- The publisher's work queue: pending rows only, in emit order.  Small,
--- because rows leave it as soon as they are published.
-CREATE INDEX outbox_pending_idx ON @extschema@.outbox (id)
-	WHERE published_at IS NULL;
+-- The publisher's reads: the events of the transactions committed since
+-- its previous read have txid at or above that read's snapshot's xmin.
+CREATE INDEX outbox_txid_idx ON @extschema@.outbox (txid);
 
--- No index on published_at: retention walks the primary key from the
--- oldest row, which is also roughly the oldest published, and an index
--- would cost every emit and every publication an index insert.
-
--- Every row is inserted once, updated once when published and deleted by
--- retention: a steady stream of dead tuples.  Vacuum after 1% (plus 1000
--- rows) has changed rather than the default 20%, so the pending index and
--- the heap stay small on a table that is mostly churn.  Analyze often too:
--- the pending fraction swings between 0 and 100% and the publisher's plans
--- depend on it.  Inserts also trigger vacuum (PG13+) to set visibility.
+-- Every row is inserted once and deleted by retention (nothing updates a
+-- published row): vacuum after 1% (plus 1000 rows) has changed rather than
+-- the default 20%, and after inserts (PG13+) to set visibility.
 ALTER TABLE @extschema@.outbox SET (
 	autovacuum_vacuum_scale_factor = 0.01,
 	autovacuum_vacuum_threshold = 1000,
@@ -99,8 +94,18 @@ CREATE TABLE @extschema@.aggregate_publication (
 	last_error text,
 	next_attempt_at timestamptz,
 	paused boolean NOT NULL DEFAULT false,
+	-- Set when the aggregate's pending events are to be read by its index
+	-- rather than from the stream of new commits (after a failure, an
+	-- operator's retry, skip or replay); the publisher clears it once a read
+	-- finds nothing pending.
+	catch_up boolean NOT NULL DEFAULT false,
 	updated_at timestamptz NOT NULL DEFAULT pg_catalog.clock_timestamp()
 );
+
+-- The aggregates the publisher reads by index, not from the stream: few.
+CREATE INDEX aggregate_publication_exception_idx
+	ON @extschema@.aggregate_publication (aggregate_id)
+	WHERE paused OR blocked_version IS NOT NULL OR next_attempt_at IS NOT NULL OR catch_up;
 
 -- Updated once per published batch of each aggregate: leave room for HOT
 -- updates (no indexed column changes) and vacuum it eagerly.
@@ -154,9 +159,21 @@ CREATE TABLE @extschema@.publisher_control (
 );
 INSERT INTO @extschema@.publisher_control DEFAULT VALUES;
 
+-- Per publisher worker: every event its snapshot sees is settled (its
+-- version at or below its aggregate's last_published_version, or disposed
+-- of) or belongs to an aggregate read by index (catch_up, backing off,
+-- blocked, paused).  A worker that starts reads what came after.  Not
+-- dumped: transaction ids mean nothing in another cluster, and without a
+-- horizon the publisher starts by reading every unsettled event.
+CREATE TABLE @extschema@.publisher_horizon (
+	worker integer PRIMARY KEY,
+	snapshot pg_snapshot NOT NULL,
+	updated_at timestamptz NOT NULL
+);
+
 REVOKE ALL ON @extschema@.outbox, @extschema@.aggregate_publication,
 	@extschema@.inbox, @extschema@.poison_policy,
-	@extschema@.publisher_control FROM PUBLIC;
+	@extschema@.publisher_control, @extschema@.publisher_horizon FROM PUBLIC;
 
 -- pg_dump must keep the data: pending events, versions, the inbox.  (The
 -- publisher_control row is created by this script; its state is not kept.)
@@ -458,6 +475,20 @@ LANGUAGE C VOLATILE STRICT;
 COMMENT ON FUNCTION @extschema@.outbox_check_publisher() IS
 'internal: WARNING if no publisher will serve this database (run by CREATE EXTENSION)';
 
+-- After an operator changed an aggregate's events or state: the publisher
+-- reads its pending events by index again (from last_published_version),
+-- and a settling of its messages in flight meanwhile records nothing (the
+-- row changed under it), so they are sent again in order.
+CREATE FUNCTION @extschema@.outbox_catch_up(aggregate_id text)
+RETURNS void
+LANGUAGE sql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+	INSERT INTO @extschema@.aggregate_publication AS p (aggregate_id, catch_up, updated_at)
+	VALUES ($1, true, pg_catalog.clock_timestamp())
+	ON CONFLICT (aggregate_id) DO UPDATE SET catch_up = true, updated_at = excluded.updated_at;
+$$;
+
 CREATE FUNCTION @extschema@.outbox_retry(aggregate_id text)
 RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
@@ -482,11 +513,14 @@ BEGIN
 	END IF;
 	UPDATE @extschema@.aggregate_publication p
 	   SET blocked_version = NULL, blocked_at = NULL, next_attempt_at = NULL,
-		   attempts = 0, updated_at = pg_catalog.clock_timestamp()
+		   attempts = 0, catch_up = true, updated_at = pg_catalog.clock_timestamp()
 	 WHERE p.aggregate_id = agg;
 	-- A fresh count of attempts before the poison policy applies again.
 	UPDATE @extschema@.outbox o SET attempts = 0
-	 WHERE o.aggregate_id = agg AND o.published_at IS NULL AND o.attempts > 0;
+	 WHERE o.aggregate_id = agg AND o.disposition IS NULL AND o.attempts > 0
+	   AND o.aggregate_version > coalesce((SELECT p.last_published_version
+											 FROM @extschema@.aggregate_publication p
+											WHERE p.aggregate_id = agg), 0);
 	RAISE LOG 'outbox: % retried aggregate "%"%', session_user, agg,
 		coalesce(' (was blocked at version ' || was_blocked || ')', '');
 	RETURN true;
@@ -517,9 +551,15 @@ BEGIN
 			HINT = 'It may have been deleted by retention (outbox.retention).';
 	END IF;
 	PERFORM @extschema@.outbox_lock_aggregate(agg);
-	SELECT o.id, o.aggregate_id, o.aggregate_version, o.disposition
+	-- Published: at or below its aggregate's last published version.
+	SELECT o.id, o.aggregate_id, o.aggregate_version,
+		   CASE WHEN o.disposition IS NOT NULL THEN o.disposition
+				WHEN o.aggregate_version <= coalesce((SELECT p.last_published_version
+														FROM @extschema@.aggregate_publication p
+													   WHERE p.aggregate_id = o.aggregate_id), 0)
+				THEN 'published'::@extschema@.outbox_disposition END
 	  INTO id, aggregate_id, aggregate_version, disposition
-	  FROM @extschema@.outbox o WHERE o.event_id = outbox_pending_event.event_id FOR UPDATE;
+	  FROM @extschema@.outbox o WHERE o.event_id = outbox_pending_event.event_id FOR UPDATE OF o;
 	already := disposition IS NOT DISTINCT FROM wanted;
 	IF already THEN
 		RAISE NOTICE 'event "%" is already %', event_id, action;
@@ -539,13 +579,18 @@ RETURNS void
 LANGUAGE sql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
-	INSERT INTO @extschema@.aggregate_publication AS p (aggregate_id, last_published_version, updated_at)
+	INSERT INTO @extschema@.aggregate_publication AS p (aggregate_id, last_published_version, catch_up, updated_at)
 	SELECT $1, CASE WHEN NOT EXISTS (SELECT 1 FROM @extschema@.outbox o
 									  WHERE o.aggregate_id OPERATOR(pg_catalog.=) $1
-									  AND o.published_at IS NULL
+									  AND o.disposition IS NULL
+									  AND o.aggregate_version OPERATOR(pg_catalog.>)
+										  coalesce((SELECT q.last_published_version
+													  FROM @extschema@.aggregate_publication q
+													 WHERE q.aggregate_id OPERATOR(pg_catalog.=) $1), 0)
 									  AND o.aggregate_version OPERATOR(pg_catalog.<) $2)
-					THEN $2 ELSE 0 END, pg_catalog.clock_timestamp()
+					THEN $2 ELSE 0 END, true, pg_catalog.clock_timestamp()
 	ON CONFLICT (aggregate_id) DO UPDATE SET
+		catch_up = true,
 		last_published_version = GREATEST(p.last_published_version, excluded.last_published_version),
 		blocked_version = CASE WHEN p.blocked_version OPERATOR(pg_catalog.=) $2 THEN NULL ELSE p.blocked_version END,
 		blocked_at = CASE WHEN p.blocked_version OPERATOR(pg_catalog.=) $2 THEN NULL ELSE p.blocked_at END,
@@ -571,7 +616,7 @@ BEGIN
 		RETURN false;
 	END IF;
 	UPDATE @extschema@.outbox o
-	   SET published_at = pg_catalog.clock_timestamp(), disposition = 'skipped',
+	   SET disposed_at = pg_catalog.clock_timestamp(), disposition = 'skipped',
 		   last_error = coalesce('skipped by ' || session_user || coalesce(': ' || reason, ''), o.last_error)
 	 WHERE o.id = ev.id;
 	PERFORM @extschema@.outbox_settled(ev.aggregate_id, ev.aggregate_version);
@@ -602,6 +647,7 @@ BEGIN
 	END IF;
 	UPDATE @extschema@.outbox o SET dead_letter_requested = true WHERE o.id = ev.id;
 	-- The publisher sends it to the dead-letter topic next, then goes on.
+	PERFORM @extschema@.outbox_catch_up(ev.aggregate_id);
 	UPDATE @extschema@.aggregate_publication p
 	   SET blocked_version = NULL, blocked_at = NULL, next_attempt_at = NULL,
 		   updated_at = pg_catalog.clock_timestamp()
@@ -649,15 +695,22 @@ BEGIN
 			DETAIL = pg_catalog.format('Its first retained version is %s; earlier versions were deleted by retention or never emitted.', lo),
 			HINT = pg_catalog.format('Replay from version %s to publish every retained version again.', lo);
 	END IF;
+	-- The settled events from that version on: published ones (at or below
+	-- last_published_version) and disposed ones.
+	SELECT pg_catalog.count(*) INTO n FROM @extschema@.outbox o
+	 WHERE o.aggregate_id = agg AND o.aggregate_version >= from_version
+	   AND (o.disposition IS NOT NULL
+			OR o.aggregate_version <= coalesce((SELECT p.last_published_version
+												  FROM @extschema@.aggregate_publication p
+												 WHERE p.aggregate_id = agg), 0));
 	UPDATE @extschema@.outbox o
-	   SET published_at = NULL, disposition = NULL, kafka_partition = NULL, kafka_offset = NULL,
-		   attempts = 0, dead_letter_requested = false
-	 WHERE o.aggregate_id = agg AND o.aggregate_version >= from_version AND o.published_at IS NOT NULL;
-	GET DIAGNOSTICS n = ROW_COUNT;
+	   SET disposition = NULL, disposed_at = NULL, attempts = 0, dead_letter_requested = false
+	 WHERE o.aggregate_id = agg AND o.aggregate_version >= from_version
+	   AND (o.disposition IS NOT NULL OR o.attempts <> 0 OR o.dead_letter_requested);
 	UPDATE @extschema@.aggregate_publication p
 	   SET last_published_version = LEAST(p.last_published_version, from_version - 1),
 		   blocked_version = NULL, blocked_at = NULL, next_attempt_at = NULL, attempts = 0,
-		   updated_at = pg_catalog.clock_timestamp()
+		   catch_up = true, updated_at = pg_catalog.clock_timestamp()
 	 WHERE p.aggregate_id = agg;
 	RAISE LOG 'outbox: % replays aggregate "%" from version % (% events queued again)',
 		session_user, agg, from_version, n;
@@ -731,8 +784,9 @@ BEGIN
 	END IF;
 	PERFORM @extschema@.outbox_check_arg('aggregate_id', agg);
 	PERFORM @extschema@.outbox_lock_aggregate(agg);
+	-- What it emitted while paused is read by index.
 	UPDATE @extschema@.aggregate_publication p
-	   SET paused = false, updated_at = pg_catalog.clock_timestamp()
+	   SET paused = false, catch_up = true, updated_at = pg_catalog.clock_timestamp()
 	 WHERE p.aggregate_id = agg AND p.paused;
 	changed := FOUND;
 	IF changed THEN
@@ -758,6 +812,7 @@ REVOKE ALL ON FUNCTION
 	@extschema@.outbox_retry(text),
 	@extschema@.outbox_pending_event(text, @extschema@.outbox_disposition),
 	@extschema@.outbox_settled(text, bigint),
+	@extschema@.outbox_catch_up(text),
 	@extschema@.outbox_skip(text, text),
 	@extschema@.outbox_dead_letter(text),
 	@extschema@.outbox_replay(text, bigint),
@@ -774,6 +829,35 @@ GRANT EXECUTE ON FUNCTION @extschema@.outbox_workers(), @extschema@.outbox_publi
 CREATE INDEX outbox_disposed_idx ON @extschema@.outbox (disposition)
 	WHERE disposition OPERATOR(pg_catalog.=) ANY (ARRAY['dead_lettered'::@extschema@.outbox_disposition,
 														 'skipped'::@extschema@.outbox_disposition]);
+
+-- The events not settled yet: above their aggregate's last published
+-- version and not disposed of.  Two parts, so that neither scans the whole
+-- table: events of transactions after the oldest publisher horizon (by the
+-- txid index), and older ones of aggregates read by index (the only ones
+-- that can still be pending there; see publisher_horizon).
+CREATE VIEW @extschema@.outbox_pending AS
+WITH h AS (
+	SELECT coalesce((SELECT pg_catalog.pg_snapshot_xmin(x.snapshot)
+					   FROM @extschema@.publisher_horizon x
+					  ORDER BY 1 LIMIT 1), '0'::xid8) AS xmin
+)
+SELECT o.*
+  FROM @extschema@.outbox o
+  LEFT JOIN @extschema@.aggregate_publication p ON p.aggregate_id OPERATOR(pg_catalog.=) o.aggregate_id
+ WHERE o.txid OPERATOR(pg_catalog.>=) (SELECT h.xmin FROM h)
+   AND o.aggregate_version OPERATOR(pg_catalog.>) coalesce(p.last_published_version, 0)
+   AND o.disposition IS NULL
+UNION ALL
+SELECT o.*
+  FROM @extschema@.aggregate_publication p
+  JOIN @extschema@.outbox o ON o.aggregate_id OPERATOR(pg_catalog.=) p.aggregate_id
+						   AND o.aggregate_version OPERATOR(pg_catalog.>) p.last_published_version
+ WHERE (p.paused OR p.blocked_version IS NOT NULL OR p.next_attempt_at IS NOT NULL OR p.catch_up)
+   AND o.txid OPERATOR(pg_catalog.<) (SELECT h.xmin FROM h)
+   AND o.disposition IS NULL;
+
+COMMENT ON VIEW @extschema@.outbox_pending IS
+'the events not yet published (acknowledged by Kafka), dead-lettered or skipped';
 
 CREATE VIEW @extschema@.outbox_aggregate_status AS
 SELECT coalesce(p.aggregate_id, q.aggregate_id) AS aggregate_id,
@@ -802,18 +886,17 @@ SELECT coalesce(p.aggregate_id, q.aggregate_id) AS aggregate_id,
 					pg_catalog.max(o.attempts) AS attempts,
 					(pg_catalog.array_agg(o.last_error ORDER BY o.aggregate_version)
 						FILTER (WHERE o.last_error IS NOT NULL))[1] AS last_error
-			   FROM @extschema@.outbox o
-			  WHERE o.published_at IS NULL
+			   FROM @extschema@.outbox_pending o
 			  GROUP BY o.aggregate_id) q ON q.aggregate_id OPERATOR(pg_catalog.=) p.aggregate_id;
 
 COMMENT ON VIEW @extschema@.outbox_aggregate_status IS
 'per aggregate: last emitted vs last published version, pending since, state, attempts, last error';
 
 CREATE VIEW @extschema@.outbox_status AS
-SELECT (SELECT pg_catalog.count(*) FROM @extschema@.outbox WHERE published_at IS NULL) AS pending_events,
-	   (SELECT pg_catalog.count(DISTINCT aggregate_id) FROM @extschema@.outbox WHERE published_at IS NULL) AS pending_aggregates,
-	   (SELECT pg_catalog.min(created_at) FROM @extschema@.outbox WHERE published_at IS NULL) AS oldest_pending_at,
-	   pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-) (SELECT pg_catalog.min(created_at) FROM @extschema@.outbox WHERE published_at IS NULL)
+SELECT (SELECT pg_catalog.count(*) FROM @extschema@.outbox_pending) AS pending_events,
+	   (SELECT pg_catalog.count(DISTINCT aggregate_id) FROM @extschema@.outbox_pending) AS pending_aggregates,
+	   (SELECT pg_catalog.min(created_at) FROM @extschema@.outbox_pending) AS oldest_pending_at,
+	   pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-) (SELECT pg_catalog.min(created_at) FROM @extschema@.outbox_pending)
 		   AS oldest_pending_age,
 	   (SELECT pg_catalog.count(*) FROM @extschema@.aggregate_publication WHERE blocked_version IS NOT NULL)
 		   AS blocked_aggregates,
@@ -837,8 +920,10 @@ SELECT (SELECT pg_catalog.count(*) FROM @extschema@.outbox WHERE published_at IS
 COMMENT ON VIEW @extschema@.outbox_status IS
 'one row: how far behind publishing is, what is stuck, whether a publisher serves this database and what each worker does';
 
-REVOKE ALL ON @extschema@.outbox_status, @extschema@.outbox_aggregate_status FROM PUBLIC;
-GRANT SELECT ON @extschema@.outbox_status, @extschema@.outbox_aggregate_status TO pg_monitor;
+REVOKE ALL ON @extschema@.outbox_status, @extschema@.outbox_aggregate_status,
+	@extschema@.outbox_pending FROM PUBLIC;
+GRANT SELECT ON @extschema@.outbox_status, @extschema@.outbox_aggregate_status,
+	@extschema@.outbox_pending TO pg_monitor;
 
 -- Say at once if no publisher will serve this database (not preloaded,
 -- outbox.workers = 0, or another outbox.database).

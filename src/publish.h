@@ -2,7 +2,7 @@
  *
  * publish.h
  *	  The publisher's private declarations, shared by its modules:
- *	  worker.c (the loop), publish_read.c, publish_durable.c,
+ *	  worker.c (the loop), publish_read.c, publish_stream.c, publish_durable.c,
  *	  publish_produce.c, publish_poison.c, publish_settle.c and
  *	  retention.c.  Nothing outside the publisher includes this.
  *
@@ -46,7 +46,10 @@ typedef struct BatchEvent
 	int			attempts;
 	char	   *last_error;
 	bool		dead_letter_requested;
-	TransactionId xmin;			/* the row version read: marks apply to it only */
+	TransactionId pub_xmin;		/* its aggregate_publication row as read */
+	bool		pub_row;		/* ... if there was one */
+	int64		owed;			/* the stream's delta that owes it (0: none) */
+	bool		maybe_more;		/* read by index, and the read was cut short */
 	EventAction action;
 	bool		produced;
 	bool		solo;			/* produced with nothing else in flight */
@@ -74,6 +77,14 @@ typedef struct BatchAggregate
 	int			unreported;		/* produced messages not yet reported */
 	bool		collected;		/* its outcome is in a settling transaction */
 	bool		settled;		/* ... which committed (or nothing to settle) */
+	/* From its first event: */
+	int64		owed;			/* the stream's delta that owes it (0: none) */
+	TransactionId pub_xmin;		/* progress applies only to this row version */
+	bool		pub_row;		/* ... or, if false, to no row */
+	bool		maybe_more;		/* may have more events than it read */
+	/* Its outcome, once collected: */
+	bool		complete;		/* every event read was settled */
+	bool		listed;			/* a failure made the database list it */
 } BatchAggregate;
 
 /*
@@ -101,24 +112,27 @@ typedef struct Flight
 } Flight;
 
 /*
- * What Kafka acknowledged but is not yet marked in the database: kept (in
- * its own memory context) when marking fails, and only the marking is
- * retried, so that an acknowledged event is never produced again by this
- * worker.
+ * What Kafka acknowledged but is not yet recorded in the database: kept
+ * (in its own memory context) when settling fails, and only the settling
+ * is retried, so that an acknowledged event is never produced again by
+ * this worker.  Progress is per aggregate (last_published_version, applied
+ * only to the row version read); only dead-lettered and skipped events
+ * are written per event.
  */
 typedef struct PendingMarks
 {
 	Oid			extension;		/* the rows' ids mean nothing in another one */
-	int			nmarks;
-	int64	   *ids;
-	TransactionId *xmins;
-	int32	   *partitions;
-	int64	   *offsets;
-	char	  **dispositions;
 	int			nprogress;
 	char	  **progress_ids;
 	int64	   *progress_versions;
+	TransactionId *progress_xmins;
+	bool	   *progress_rows;	/* false: no row when read (insert) */
+	int			ndisposed;
+	int64	   *disposed_ids;
+	char	  **disposed_actions;
+	char	  **disposed_aggregates;
 	int64		nsettled[EV_NUM_ACTIONS];
+	HTAB	   *applied;		/* aggregates whose progress was recorded */
 } PendingMarks;
 
 /* worker.c: the loop */
@@ -133,7 +147,26 @@ extern int	outbox_batch_events;
 extern int	outbox_batch_bytes;
 extern void publish_read_init(void);
 extern bool publish_lookup_extension(void);
-extern int	publish_fetch(Datum *args, Flight *f, int max_events, int64 max_bytes);
+extern int	publish_fetch(Flight *f, int nshares, int share, int max_events, int64 max_bytes);
+
+/* publish_stream.c: the stream of commits, diverted aggregates, the horizon */
+extern void publish_stream_start(void);
+extern void publish_stream_prepare(const char *schema);
+extern void publish_stream_reset(void);
+extern void publish_stream_begin(int nshares, int share);
+extern void publish_stream_store_horizon(void);
+extern const char *publish_stream_read_from(void);
+extern bool publish_stream_manifest_done(void);
+extern void publish_stream_new_delta(const char *snapshot, int64 *ids, int n);
+extern int	publish_stream_next_ids(int max, int64 **ids, int64 *seq);
+extern void publish_stream_ids_done(void);
+extern void publish_stream_owe(int64 seq);
+extern bool publish_stream_is_diverted(const char *aggregate_id);
+extern void publish_stream_divert(const char *aggregate_id, int64 seq);
+extern int	publish_stream_diverted_ready(char ***ids, int max);
+extern int64 publish_stream_undivert(const char *aggregate_id, bool release);
+extern void publish_stream_settled(const char *aggregate_id, int64 seq, bool covered);
+extern long publish_stream_diverted_count(void);
 
 /* publish_durable.c: publish only durable commits */
 extern int	outbox_standby_confirmations;
@@ -153,6 +186,8 @@ extern bool publish_producer_outdated(void);
 extern void publish_ensure_producer(void);
 extern void publish_drop_producer(void);
 extern void publish_check_fatal(void);
+extern HTAB *publish_aggregate_table(const char *name, Size entrysize, long nelem,
+									 MemoryContext cxt);
 extern Flight *publish_flight_begin(void);
 extern int	publish_produce_flight(Flight *f, TimestampTz deadline);
 extern void publish_flight_end(Flight *f);

@@ -82,22 +82,24 @@ publish_poison_prepare(const char *s)
 	 * A permanent error backs the aggregate off exponentially.  After
 	 * max_attempts the poison policy applies: block stops the aggregate at
 	 * that version until an operator acts; the others apply in the next
-	 * batch, at once (and back off again if even that fails).
+	 * batch, at once (and back off again if even that fails).  Either way
+	 * the aggregate is read by index from now on (catch_up) until a read
+	 * finds nothing pending: the stream skips a listed aggregate.
 	 */
 	fail_aggregate_plan = outbox_keep_plan(psprintf(
 												"INSERT INTO %s.aggregate_publication AS a "
 												"(aggregate_id, attempts, last_error, next_attempt_at, "
-												"blocked_version, blocked_at, updated_at) "
+												"blocked_version, blocked_at, catch_up, updated_at) "
 												"VALUES ($1, $2, $3, CASE WHEN $2 <> $4 THEN pg_catalog.clock_timestamp() + "
 												"pg_catalog.make_interval(secs => LEAST(60, 2 ^ ($2 - 1))) END, "
 												"CASE WHEN $2 >= $4 AND $6 THEN $5 END, "
 												"CASE WHEN $2 >= $4 AND $6 THEN pg_catalog.clock_timestamp() END, "
-												"pg_catalog.clock_timestamp()) "
+												"true, pg_catalog.clock_timestamp()) "
 												"ON CONFLICT (aggregate_id) DO UPDATE SET "
 												"attempts = excluded.attempts, last_error = excluded.last_error, "
 												"next_attempt_at = excluded.next_attempt_at, "
 												"blocked_version = excluded.blocked_version, "
-												"blocked_at = excluded.blocked_at, updated_at = excluded.updated_at", s),
+												"blocked_at = excluded.blocked_at, catch_up = true, updated_at = excluded.updated_at", s),
 									   6, fail_aggregate_types);
 
 	policy_plan = outbox_keep_plan(psprintf(

@@ -107,8 +107,8 @@ aggregate_match(const void *key1, const void *key2, Size keysize)
 }
 
 /* A hash table keyed by aggregate id (a char * as the entry's first field). */
-static HTAB *
-aggregate_table(const char *name, Size entrysize, long nelem, MemoryContext cxt)
+HTAB *
+publish_aggregate_table(const char *name, Size entrysize, long nelem, MemoryContext cxt)
 {
 	HASHCTL		hctl;
 
@@ -379,7 +379,7 @@ publish_flight_begin(void)
 
 	f->cxt = cxt;
 	f->generation = next_generation++;
-	f->aggregates = aggregate_table("outbox flight aggregates", sizeof(BatchAggregate),
+	f->aggregates = publish_aggregate_table("outbox flight aggregates", sizeof(BatchAggregate),
 									1024, cxt);
 	f->produced_at = GetCurrentTimestamp();
 	for (Flight *o = publish_flights; o != NULL; o = o->next)
@@ -815,11 +815,16 @@ take_aggregate(Flight *f, BatchAggregate *agg, int *naggregates)
 	agg->state = AGG_SKIPPED;
 	agg->settled = true;		/* nothing of it to settle */
 	if (*naggregates >= outbox_batch_aggregates)
+	{
+		/* Read by index in a later batch. */
+		publish_stream_divert(agg->aggregate_id, agg->owed);
 		return;
+	}
 	outbox_publish_locktag(&tag, agg->aggregate_id);
 	if (LockAcquire(&tag, ExclusiveLock, false, true) == LOCKACQUIRE_NOT_AVAIL)
 	{
 		outbox_count(OC_AGGREGATES_LOCK_SKIPPED, 1);
+		publish_stream_divert(agg->aggregate_id, agg->owed);
 		return;
 	}
 	agg->state = AGG_ACTIVE;
@@ -853,6 +858,12 @@ publish_produce_flight(Flight *f, TimestampTz deadline)
 			agg->destination = NULL;
 			agg->unreported = 0;
 			agg->collected = false;
+			agg->owed = ev->owed;
+			agg->pub_xmin = ev->pub_xmin;
+			agg->pub_row = ev->pub_row;
+			agg->maybe_more = ev->maybe_more;
+			agg->complete = false;
+			agg->listed = false;
 			take_aggregate(f, agg, &naggregates);
 		}
 		else

@@ -10,6 +10,7 @@
 
 #include "catalog/pg_type.h"
 #include "executor/spi.h"
+#include "utils/array.h"
 #include "utils/builtins.h"
 #include "utils/guc.h"
 #include "utils/memutils.h"
@@ -21,7 +22,18 @@ int			outbox_batch_events = 10000;
 int			outbox_batch_bytes = 16 * 1024 * 1024;
 
 static Oid	plans_nspid = InvalidOid;
+static SPIPlanPtr snapshot_plan = NULL;
+static SPIPlanPtr paused_plan = NULL;
+static SPIPlanPtr delta_plan = NULL;
+static SPIPlanPtr unsettled_plan = NULL;
 static SPIPlanPtr fetch_plan = NULL;
+static SPIPlanPtr listed_plan = NULL;
+static SPIPlanPtr held_plan = NULL;
+static SPIPlanPtr catch_up_plan = NULL;
+static SPIPlanPtr clear_plan = NULL;
+
+/* Most aggregates one read looks up by index. */
+#define CATCH_UP_AGGREGATES 1000
 
 /* Define this module's settings (from _PG_init). */
 void
@@ -65,33 +77,136 @@ extension_schema(Oid *nspid)
 	return SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2);
 }
 
+/* The columns of an event as copy_row() reads them, and the aggregate's row version. */
+#define EVENT_COLUMNS \
+	"o.id, o.event_id, o.aggregate_type, o.aggregate_id, o.aggregate_version, " \
+	"o.event_type, o.topic, o.headers, o.payload::text, o.created_at, o.attempts, " \
+	"o.last_error, o.dead_letter_requested, p.xmin, o.payload_bytes "
+
+/* An aggregate the publisher reads by index, not from the stream (p: its row). */
+#define LISTED(p) \
+	"coalesce(" p ".paused OR " p ".blocked_version IS NOT NULL OR " \
+	p ".next_attempt_at IS NOT NULL OR " p ".catch_up, false)"
+
+/* This worker's share of the buckets ($n: the number of shares, $n+1: ours). */
+#define SHARE(col, n, n1) \
+	"(" n " = 1 OR ((pg_catalog.hashtext(" col ") & 2147483647) %% %d) %% " n " = " n1 ")"
+
+/* Prepare the stream's plans for the extension in schema s (quoted). */
+static void
+prepare_read_plans(const char *s)
+{
+	Oid			delta_types[3] = {TEXTOID, INT4OID, INT4OID};
+	Oid			share_types[2] = {INT4OID, INT4OID};
+	Oid			fetch_types[1] = {INT8ARRAYOID};
+	Oid			listed_types[3] = {INT4OID, INT4OID, INT4OID};
+	Oid			held_types[1] = {TEXTARRAYOID};
+	Oid			catch_up_types[2] = {TEXTARRAYOID, INT4OID};
+	Oid			clear_types[2] = {TEXTARRAYOID, XIDARRAYOID};
+
+	snapshot_plan = outbox_keep_plan("SELECT pg_catalog.pg_current_snapshot()::text", 0, NULL);
+	paused_plan = outbox_keep_plan(psprintf("SELECT c.paused FROM %s.publisher_control c", s),
+								   0, NULL);
+
+	/*
+	 * A delta: the events of the transactions this snapshot sees and the
+	 * previous read's ($1) did not (those before its xmin it saw).
+	 */
+	delta_plan = outbox_keep_plan(psprintf(
+										   "SELECT o.id FROM %s.outbox o "
+										   "WHERE o.txid >= pg_catalog.pg_snapshot_xmin($1::pg_catalog.pg_snapshot) "
+										   "AND NOT pg_catalog.pg_visible_in_snapshot(o.txid, $1::pg_catalog.pg_snapshot) "
+										   "AND pg_catalog.pg_visible_in_snapshot(o.txid, (SELECT pg_catalog.pg_current_snapshot())) "
+										   "AND " SHARE("o.aggregate_id", "$2", "$3") " ORDER BY o.id",
+										   s, OUTBOX_PUBLISH_BUCKETS),
+								  3, delta_types);
+
+	/* Without a horizon (first start, after a restore): every unsettled event. */
+	unsettled_plan = outbox_keep_plan(psprintf(
+											   "SELECT o.id FROM %s.outbox o "
+											   "LEFT JOIN %s.aggregate_publication p ON p.aggregate_id = o.aggregate_id "
+											   "WHERE o.aggregate_version > coalesce(p.last_published_version, 0) "
+											   "AND o.disposition IS NULL "
+											   "AND " SHARE("o.aggregate_id", "$1", "$2") " ORDER BY o.id",
+											   s, s, OUTBOX_PUBLISH_BUCKETS),
+									  2, share_types);
+
+	/* A delta's events by id: the unsettled ones of aggregates not listed. */
+	fetch_plan = outbox_keep_plan(psprintf(
+										   "SELECT " EVENT_COLUMNS "FROM %s.outbox o "
+										   "LEFT JOIN %s.aggregate_publication p ON p.aggregate_id = o.aggregate_id "
+										   "WHERE o.id = ANY ($1) "
+										   "AND o.aggregate_version > coalesce(p.last_published_version, 0) "
+										   "AND o.disposition IS NULL AND NOT " LISTED("p") " ORDER BY o.id",
+										   s, s),
+								  1, fetch_types);
+
+	/* Listed aggregates that may be published now (catch_up, backoff over). */
+	listed_plan = outbox_keep_plan(psprintf(
+											"SELECT p.aggregate_id, p.xmin FROM %s.aggregate_publication p "
+											"WHERE (p.catch_up OR p.next_attempt_at IS NOT NULL) "
+											"AND NOT p.paused AND p.blocked_version IS NULL "
+											"AND (p.next_attempt_at IS NULL OR p.next_attempt_at <= pg_catalog.now()) "
+											"AND " SHARE("p.aggregate_id", "$1", "$2") " LIMIT $3",
+											s, OUTBOX_PUBLISH_BUCKETS),
+								   3, listed_types);
+
+	/* Of these aggregates, the ones listed and held (paused, blocked, backing off). */
+	held_plan = outbox_keep_plan(psprintf(
+										  "SELECT p.aggregate_id FROM %s.aggregate_publication p "
+										  "WHERE p.aggregate_id = ANY ($1) AND (p.paused OR p.blocked_version IS NOT NULL "
+										  "OR p.next_attempt_at > pg_catalog.now())", s),
+								 1, held_types);
+
+	/* Aggregates' unsettled events by index, each aggregate's in version order. */
+	catch_up_plan = outbox_keep_plan(psprintf(
+											  "SELECT " EVENT_COLUMNS "FROM %s.outbox o "
+											  "LEFT JOIN %s.aggregate_publication p ON p.aggregate_id = o.aggregate_id "
+											  "WHERE o.aggregate_id = ANY ($1) "
+											  "AND o.aggregate_version > coalesce(p.last_published_version, 0) "
+											  "AND o.disposition IS NULL "
+											  "AND NOT coalesce(p.paused OR p.blocked_version IS NOT NULL "
+											  "OR p.next_attempt_at > pg_catalog.now(), false) "
+											  "ORDER BY o.aggregate_id, o.aggregate_version LIMIT $2", s, s),
+									 2, catch_up_types);
+
+	/*
+	 * Listed aggregates a read found nothing pending for go back to the
+	 * stream, unless their row changed since (an operator, a failure).
+	 */
+	clear_plan = outbox_keep_plan(psprintf(
+										   "UPDATE %s.aggregate_publication p SET catch_up = false, "
+										   "next_attempt_at = NULL, updated_at = pg_catalog.clock_timestamp() "
+										   "FROM unnest($1, $2) AS u(id, x) "
+										   "WHERE p.aggregate_id = u.id AND p.xmin = u.x", s),
+								  2, clear_types);
+}
+
+/* Free the plans of the previous extension, if any. */
+static void
+free_read_plans(void)
+{
+	SPIPlanPtr *plans[] = {&snapshot_plan, &paused_plan, &delta_plan, &unsettled_plan,
+	&fetch_plan, &listed_plan, &held_plan, &catch_up_plan, &clear_plan};
+
+	for (int i = 0; i < lengthof(plans); i++)
+		if (*plans[i])
+		{
+			SPI_freeplan(*plans[i]);
+			*plans[i] = NULL;
+		}
+}
+
 /* Prepare every module's plans for the extension in schema (nspid). */
 static void
 prepare_plans(Oid nspid, const char *schema)
 {
 	const char *s = quote_identifier(schema);
-	Oid			fetch_types[3] = {INT4OID, INT4OID, INT4OID};
 
-	if (fetch_plan)
-		SPI_freeplan(fetch_plan);
-	fetch_plan = NULL;
+	free_read_plans();
 	plans_nspid = InvalidOid;
-
-	fetch_plan = outbox_keep_plan(psprintf(
-									   "SELECT o.id, o.event_id, o.aggregate_type, o.aggregate_id, "
-									   "o.aggregate_version, o.event_type, o.topic, o.headers, "
-									   "o.payload::text, o.created_at, o.attempts, o.last_error, "
-									   "o.dead_letter_requested, o.xmin, o.payload_bytes "
-									   "FROM %s.outbox o "
-									   "WHERE o.published_at IS NULL "
-									   "AND NOT coalesce((SELECT c.paused FROM %s.publisher_control c), false) "
-									   "AND ($2 = 1 OR ((pg_catalog.hashtext(o.aggregate_id) & 2147483647) %% %d) %% $2 = $3) "
-									   "AND NOT EXISTS (SELECT 1 FROM %s.aggregate_publication p "
-									   "WHERE p.aggregate_id = o.aggregate_id "
-									   "AND (p.paused OR p.blocked_version IS NOT NULL "
-									   "OR p.next_attempt_at > pg_catalog.now())) "
-									   "ORDER BY o.id LIMIT $1", s, s, OUTBOX_PUBLISH_BUCKETS, s),
-							  3, fetch_types);
+	prepare_read_plans(s);
+	publish_stream_prepare(s);
 	publish_settle_prepare(s);
 	publish_poison_prepare(s);
 	publish_retention_prepare(s);
@@ -153,7 +268,8 @@ copy_row(BatchEvent *ev, HeapTuple tup, TupleDesc desc)
 	ev->attempts = DatumGetInt32(SPI_getbinval(tup, desc, 11, &isnull));
 	ev->last_error = SPI_getvalue(tup, desc, 12);
 	ev->dead_letter_requested = DatumGetBool(SPI_getbinval(tup, desc, 13, &isnull));
-	ev->xmin = DatumGetTransactionId(SPI_getbinval(tup, desc, 14, &isnull));
+	ev->pub_xmin = DatumGetTransactionId(SPI_getbinval(tup, desc, 14, &isnull));
+	ev->pub_row = !isnull;
 	ev->action = EV_PUBLISH;
 	ev->produced = false;
 	ev->solo = false;
@@ -172,67 +288,363 @@ event_bytes(BatchEvent *ev)
 		(ev->last_error ? strlen(ev->last_error) : 0);
 }
 
+static void clear_caught_up(char **cand, int ncand, HTAB *caught, HTAB *listed);
+
+/* A flight's events as they are read. */
+typedef struct ReadState
+{
+	Flight	   *f;
+	int			size;			/* of f->events */
+	int			max_events;
+	int64		max_bytes;
+	HTAB	   *caught;			/* aggregates read by index this time */
+	HTAB	   *owed;			/* aggregates read from the stream this time */
+} ReadState;
+
+/* Is there room for another event? */
+static bool
+has_room(ReadState *rs)
+{
+	return rs->f->nevents < rs->max_events && rs->f->bytes < rs->max_bytes;
+}
+
+/* Add a fetched row to the flight, owed by delta seq (0: none). */
+static void
+add_row(ReadState *rs, HeapTuple tup, TupleDesc desc, int64 seq, bool maybe_more)
+{
+	Flight	   *f = rs->f;
+	MemoryContext oldcxt = MemoryContextSwitchTo(f->cxt);
+	BatchEvent *ev;
+
+	if (f->nevents == rs->size)
+	{
+		rs->size = Min(rs->max_events, rs->size * 2);
+		f->events = repalloc(f->events, sizeof(BatchEvent) * rs->size);
+	}
+	ev = &f->events[f->nevents];
+	copy_row(ev, tup, desc);
+	ev->owed = seq;
+	ev->maybe_more = maybe_more;
+	MemoryContextSwitchTo(oldcxt);
+	f->bytes += event_bytes(ev);
+	f->nevents++;
+}
+
+/* The text of column col of a fetched row (a palloc'd copy). */
+static char *
+row_text(HeapTuple tup, TupleDesc desc, int col)
+{
+	bool		isnull;
+
+	return TextDatumGetCString(SPI_getbinval(tup, desc, col, &isnull));
+}
+
+/* Add an aggregate id to a set; returns true if it was new. */
+static bool
+set_add(HTAB *set, const char *aggregate_id)
+{
+	bool		found;
+	char	   *key = (char *) aggregate_id;
+	char	  **entry = hash_search(set, &key, HASH_ENTER, &found);
+
+	if (!found)
+		*entry = pstrdup(aggregate_id);
+	return !found;
+}
+
+/* Is an aggregate id in a set? */
+static bool
+set_has(HTAB *set, const char *aggregate_id)
+{
+	char	   *key = (char *) aggregate_id;
+
+	return hash_search(set, &key, HASH_FIND, NULL) != NULL;
+}
+
+/* A text[] of n strings. */
+static Datum
+text_array_datum(char **v, int n)
+{
+	Datum	   *d = palloc(sizeof(Datum) * Max(n, 1));
+
+	for (int i = 0; i < n; i++)
+		d[i] = CStringGetTextDatum(v[i]);
+	return PointerGetDatum(construct_array(d, n, TEXTOID, -1, false, TYPALIGN_INT));
+}
+
 /*
- * Read a batch into the flight: the oldest pending events not of a busy
- * aggregate (one in flight, not settled yet: rows stay pending until then,
- * and are skipped here), at most max_events and, past the first, max_bytes
- * of them.  The query's LIMIT bounds the rows looked at, skipped ones
- * included.  A cursor, read in chunks sized by the bytes left, keeps the
- * rows in memory at once near that bound however large the events are.
- * Returns the number of events.
+ * The aggregates to read by index now: the diverted ones not in flight,
+ * and those the database lists that may be published (catch_up, backoff
+ * over), in a set; listed ones' row versions in listed_xmins.  Diverted
+ * ones the database holds (paused, blocked, backing off) are its now.
+ */
+static int
+catch_up_candidates(int nshares, int share, HTAB *set, HTAB *listed_xmins)
+{
+	char	  **div;
+	int			ndiv = publish_stream_diverted_ready(&div, CATCH_UP_AGGREGATES);
+	Datum		args[3];
+	int			n = 0;
+
+	if (ndiv > 0)
+	{
+		args[0] = text_array_datum(div, ndiv);
+		if (SPI_execute_plan(held_plan, args, NULL, true, 0) != SPI_OK_SELECT)
+			elog(ERROR, "could not read the held aggregates");
+		for (uint64 r = 0; r < SPI_processed; r++)
+			(void) publish_stream_undivert(row_text(SPI_tuptable->vals[r], SPI_tuptable->tupdesc, 1),
+										   true);
+		for (int i = 0; i < ndiv; i++)
+			if (publish_stream_is_diverted(div[i]) && set_add(set, div[i]))
+				n++;
+	}
+
+	args[0] = Int32GetDatum(nshares);
+	args[1] = Int32GetDatum(share);
+	args[2] = Int32GetDatum(CATCH_UP_AGGREGATES);
+	if (SPI_execute_plan(listed_plan, args, NULL, true, 0) != SPI_OK_SELECT)
+		elog(ERROR, "could not read the listed aggregates");
+	for (uint64 r = 0; r < SPI_processed; r++)
+	{
+		HeapTuple	tup = SPI_tuptable->vals[r];
+		char	   *id = row_text(tup, SPI_tuptable->tupdesc, 1);
+		bool		isnull;
+		TransactionId xmin = DatumGetTransactionId(SPI_getbinval(tup, SPI_tuptable->tupdesc,
+																 2, &isnull));
+
+		if (publish_aggregate_busy(id))
+			continue;
+		if (set_add(set, id))
+			n++;
+		*(TransactionId *) ((char *) hash_search(listed_xmins, &id, HASH_ENTER, NULL) +
+							sizeof(char *)) = xmin;
+	}
+	return n;
+}
+
+/*
+ * Read the catch-up candidates' unsettled events by index into the flight.
+ * A candidate found with nothing pending (when the read was not cut short)
+ * goes back to the stream: a diverted one is dropped, a listed one cleared
+ * unless its row changed.
+ */
+static void
+read_by_index(ReadState *rs, int nshares, int share)
+{
+	HTAB	   *set = publish_aggregate_table("outbox catch-up", sizeof(char *), 256,
+											  CurrentMemoryContext);
+	HTAB	   *listed = publish_aggregate_table("outbox listed", sizeof(char *) + sizeof(TransactionId),
+												 256, CurrentMemoryContext);
+	int			ncand = catch_up_candidates(nshares, share, set, listed);
+	char	  **cand;
+	int			i = 0;
+	HASH_SEQ_STATUS seq;
+	char	  **entry;
+	Datum		args[2];
+	bool		truncated;
+	int			limit = rs->max_events - rs->f->nevents;
+
+	if (ncand == 0 || limit <= 0)
+		return;
+	cand = palloc(sizeof(char *) * ncand);
+	hash_seq_init(&seq, set);
+	while ((entry = hash_seq_search(&seq)) != NULL)
+		cand[i++] = *entry;
+
+	args[0] = text_array_datum(cand, ncand);
+	args[1] = Int32GetDatum(limit);
+	if (SPI_execute_plan(catch_up_plan, args, NULL, true, 0) != SPI_OK_SELECT)
+		elog(ERROR, "could not read aggregates by index");
+	truncated = SPI_processed >= (uint64) limit;
+	{
+		SPITupleTable *tt = SPI_tuptable;
+		uint64		nrows = SPI_processed;
+		int64		owed = 0;
+
+		for (uint64 r = 0; r < nrows; r++)
+		{
+			char	   *id = row_text(tt->vals[r], tt->tupdesc, 4);
+
+			if (set_add(rs->caught, id))
+				owed = publish_stream_undivert(id, false);
+			add_row(rs, tt->vals[r], tt->tupdesc, owed, truncated);
+		}
+		SPI_freetuptable(tt);
+	}
+	if (!truncated)
+		clear_caught_up(cand, ncand, rs->caught, listed);
+	elog(DEBUG1, "outbox: read %d events of %d aggregates by index", rs->f->nevents, ncand);
+}
+
+/*
+ * Candidates a complete read found nothing pending for: diverted ones are
+ * dropped (paid), listed ones cleared (unless their row changed since).
+ */
+static void
+clear_caught_up(char **cand, int ncand, HTAB *caught, HTAB *listed)
+{
+	char	  **ids = palloc(sizeof(char *) * ncand);
+	Datum	   *xmins = palloc(sizeof(Datum) * ncand);
+	int			n = 0;
+	Datum		args[2];
+
+	for (int i = 0; i < ncand; i++)
+	{
+		char	   *key = cand[i];
+		char	   *entry;
+
+		if (set_has(caught, cand[i]))
+			continue;
+		(void) publish_stream_undivert(cand[i], true);
+		entry = hash_search(listed, &key, HASH_FIND, NULL);
+		if (entry != NULL)
+		{
+			ids[n] = cand[i];
+			xmins[n++] = TransactionIdGetDatum(*(TransactionId *) (entry + sizeof(char *)));
+		}
+	}
+	if (n == 0)
+		return;
+	args[0] = text_array_datum(ids, n);
+	args[1] = PointerGetDatum(construct_array(xmins, n, XIDOID, sizeof(TransactionId), true,
+											  TYPALIGN_INT));
+	if (SPI_execute_plan(clear_plan, args, NULL, false, 0) != SPI_OK_UPDATE)
+		elog(ERROR, "could not return aggregates to the stream");
+}
+
+/* Read a new delta's manifest (at the read's snapshot). */
+static void
+read_new_delta(int nshares, int share)
+{
+	const char *from = publish_stream_read_from();
+	char	   *snapshot;
+	int64	   *ids;
+	Datum		args[3];
+	int			rc;
+
+	if (SPI_execute_plan(snapshot_plan, NULL, NULL, true, 1) != SPI_OK_SELECT)
+		elog(ERROR, "could not take the stream's snapshot");
+	snapshot = SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1);
+	if (from != NULL)
+	{
+		args[0] = CStringGetTextDatum(from);
+		args[1] = Int32GetDatum(nshares);
+		args[2] = Int32GetDatum(share);
+		rc = SPI_execute_plan(delta_plan, args, NULL, true, 0);
+	}
+	else
+	{
+		args[0] = Int32GetDatum(nshares);
+		args[1] = Int32GetDatum(share);
+		rc = SPI_execute_plan(unsettled_plan, args, NULL, true, 0);
+	}
+	if (rc != SPI_OK_SELECT)
+		elog(ERROR, "could not read the stream");
+	ids = palloc(sizeof(int64) * Max(SPI_processed, 1));
+	for (uint64 r = 0; r < SPI_processed; r++)
+	{
+		bool		isnull;
+
+		ids[r] = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[r], SPI_tuptable->tupdesc,
+											 1, &isnull));
+	}
+	publish_stream_new_delta(snapshot, ids, (int) SPI_processed);
+	elog(DEBUG1, "outbox: delta of " UINT64_FORMAT " events at %s", SPI_processed, snapshot);
+	SPI_freetuptable(SPI_tuptable);
+}
+
+/*
+ * One row of the stream: into the flight, or, if its aggregate is in
+ * flight or diverted, diverted (read by index later); dropped if its
+ * aggregate was just read by index (that read saw it).
+ */
+static void
+stream_row(ReadState *rs, HeapTuple tup, TupleDesc desc, int64 seq)
+{
+	char	   *id = row_text(tup, desc, 4);
+
+	if (set_has(rs->caught, id))
+		return;
+	if (!has_room(rs) || publish_aggregate_busy(id) || publish_stream_is_diverted(id))
+	{
+		publish_stream_owe(seq);
+		publish_stream_divert(id, seq);
+		return;
+	}
+	if (set_add(rs->owed, id))
+		publish_stream_owe(seq);
+	add_row(rs, tup, desc, seq, false);
+}
+
+/* Read the stream's next events into the flight, a new delta if due. */
+static void
+read_stream(ReadState *rs, int nshares, int share)
+{
+	if (publish_stream_manifest_done())
+		read_new_delta(nshares, share);
+	while (has_room(rs))
+	{
+		int64	   *ids;
+		int64		seq;
+		int			room = rs->max_events - rs->f->nevents;
+		int			avg = rs->f->nevents > 0 ? Max(rs->f->bytes / rs->f->nevents, 1) : 1024;
+		int			want = (int) Max(1, Min(Min(room, 1000), (rs->max_bytes - rs->f->bytes) / avg + 1));
+		int			n = publish_stream_next_ids(want, &ids, &seq);
+		Datum		arg;
+
+		if (n == 0)
+			break;
+		{
+			Datum	   *d = palloc(sizeof(Datum) * n);
+
+			for (int i = 0; i < n; i++)
+				d[i] = Int64GetDatum(ids[i]);
+			arg = PointerGetDatum(construct_array(d, n, INT8OID, 8, FLOAT8PASSBYVAL,
+												  TYPALIGN_DOUBLE));
+		}
+		if (SPI_execute_plan(fetch_plan, &arg, NULL, true, 0) != SPI_OK_SELECT)
+			elog(ERROR, "could not read the stream's events");
+		for (uint64 r = 0; r < SPI_processed; r++)
+			stream_row(rs, SPI_tuptable->vals[r], SPI_tuptable->tupdesc, seq);
+		SPI_freetuptable(SPI_tuptable);
+		publish_stream_ids_done();
+	}
+}
+
+/*
+ * Read a batch into the flight (in the read transaction, with its
+ * snapshot): first aggregates to read by index (diverted, or listed by the
+ * database and free to go), then the stream of new commits, at most
+ * max_events and, past the first, max_bytes.  Returns the number of events,
+ * or 0 if publishing is paused as a whole.
  */
 int
-publish_fetch(Datum *args, Flight *f, int max_events, int64 max_bytes)
+publish_fetch(Flight *f, int nshares, int share, int max_events, int64 max_bytes)
 {
-	Portal		portal = SPI_cursor_open(NULL, fetch_plan, args, NULL, true);
-	int			size = Min(max_events, 1024);
-	BatchEvent *events = MemoryContextAlloc(f->cxt, sizeof(BatchEvent) * size);
-	int			n = 0;
-	int			skipped = 0;
-	int64		bytes = 0;
-	long		chunk = 16;
+	ReadState	rs;
+	bool		isnull;
 
-	while (n < max_events && bytes < max_bytes)
-	{
-		uint64		nrows;
+	if (SPI_execute_plan(paused_plan, NULL, NULL, true, 1) != SPI_OK_SELECT)
+		elog(ERROR, "could not read publisher_control");
+	if (SPI_processed > 0 &&
+		DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull)))
+		return 0;
 
-		SPI_cursor_fetch(portal, true, chunk);
-		nrows = SPI_processed;
-		for (uint64 r = 0; r < nrows && n < max_events && bytes < max_bytes; r++)
-		{
-			HeapTuple	tup = SPI_tuptable->vals[r];
-			MemoryContext oldcxt;
-			bool		isnull;
+	publish_stream_begin(nshares, share);
+	rs.f = f;
+	rs.size = Min(max_events, 1024);
+	rs.max_events = max_events;
+	rs.max_bytes = max_bytes;
+	rs.caught = publish_aggregate_table("outbox caught up", sizeof(char *), 256, CurrentMemoryContext);
+	rs.owed = publish_aggregate_table("outbox owed", sizeof(char *), 1024, CurrentMemoryContext);
+	f->events = MemoryContextAlloc(f->cxt, sizeof(BatchEvent) * rs.size);
+	f->nevents = 0;
+	f->bytes = 0;
 
-			if (publish_aggregate_busy(TextDatumGetCString(SPI_getbinval(tup, SPI_tuptable->tupdesc,
-																		  4, &isnull))))
-			{
-				skipped++;
-				continue;
-			}
-			oldcxt = MemoryContextSwitchTo(f->cxt);
-			if (n == size)
-			{
-				size = Min(max_events, size * 2);
-				events = repalloc(events, sizeof(BatchEvent) * size);
-			}
-			copy_row(&events[n], tup, SPI_tuptable->tupdesc);
-			MemoryContextSwitchTo(oldcxt);
-			bytes += event_bytes(&events[n]);
-			n++;
-		}
-		SPI_freetuptable(SPI_tuptable);
-		if (nrows < (uint64) chunk)
-			break;				/* no more pending events */
-		/* As many rows as the bytes left hold, at the average size so far. */
-		chunk = Max(1, Min(1000, (max_bytes - bytes) / Max(bytes / Max(n, 1), 1)));
-		chunk = Min(chunk, max_events - n);
-	}
-	SPI_cursor_close(portal);
-	f->events = events;
-	f->nevents = n;
-	f->bytes = bytes;
-	f->results = MemoryContextAllocZero(f->cxt, sizeof(DeliveryResult) * Max(n, 1));
-	elog(DEBUG1, "outbox: fetched %d events, skipped %d of busy aggregates", n, skipped);
-	return n;
+	read_by_index(&rs, nshares, share);
+	read_stream(&rs, nshares, share);
+	publish_stream_store_horizon();
+
+	f->results = MemoryContextAllocZero(f->cxt, sizeof(DeliveryResult) * Max(f->nevents, 1));
+	return f->nevents;
 }

@@ -31,8 +31,7 @@ static const char *const action_disposition[] = {
 	[EV_SKIP] = "skipped",
 };
 
-static SPIPlanPtr mark_plan = NULL;
-static SPIPlanPtr progress_plan = NULL;
+static SPIPlanPtr settle_plan = NULL;
 
 /* Held marks (see PendingMarks), in marks_context. */
 static MemoryContext marks_context = NULL;
@@ -64,49 +63,44 @@ publish_settle_start(void)
 void
 publish_settle_prepare(const char *s)
 {
-	Oid			mark_types[6] = {TIMESTAMPTZOID, INT8ARRAYOID, INT4ARRAYOID, INT8ARRAYOID,
-	TEXTARRAYOID, XIDARRAYOID};
-	Oid			progress_types[3] = {TIMESTAMPTZOID, TEXTARRAYOID, INT8ARRAYOID};
+	Oid			types[8] = {TIMESTAMPTZOID, TEXTARRAYOID, INT8ARRAYOID, XIDARRAYOID,
+	BOOLARRAYOID, INT8ARRAYOID, TEXTARRAYOID, TEXTARRAYOID};
 
-	if (mark_plan)
-	{
-		SPI_freeplan(mark_plan);
-		SPI_freeplan(progress_plan);
-	}
+	if (settle_plan)
+		SPI_freeplan(settle_plan);
 
 	/*
-	 * Rows are marked only as read (same xmin): an aggregate any of whose
-	 * rows changed since (an operator's replay, retry or skip while marking
-	 * was held) keeps all its rows pending, to be sent again in order.  The
-	 * same xmin also means still pending (rows are read pending), so the
-	 * update does not say "published_at IS NULL": that let the planner scan
-	 * the pending index as the outer side of a nested loop over the marks
-	 * whenever statistics said few rows were pending (test 123).
+	 * One statement per settling: each aggregate's progress, recorded only
+	 * on the row version read (a row an operator or a failure changed since
+	 * lists the aggregate: it is read again by index, from its progress),
+	 * or inserted if there was none; then the dispositions of dead-lettered
+	 * and skipped events of the aggregates recorded.  Returns those.
+	 * Published events are not written: progress says they are.  A listed
+	 * aggregate's backoff, once over and published, becomes catch_up: the
+	 * stream skipped its events meanwhile, and only a read by index that
+	 * finds nothing more returns it to the stream.
 	 */
-	mark_plan = outbox_keep_plan(psprintf(
-									  "WITH u AS (SELECT * FROM unnest($2, $3, $4, $5, $6) AS u(id, p, off, d, x)), "
-									  "changed AS (SELECT q.aggregate_id FROM u JOIN %s.outbox q ON q.id = u.id "
-									  "WHERE q.xmin <> u.x OR q.published_at IS NOT NULL) "
-									  "UPDATE %s.outbox o SET published_at = $1, disposition = u.d::%s.outbox_disposition, "
-									  "attempts = o.attempts + CASE WHEN u.d = 'skipped' THEN 0 ELSE 1 END, "
-									  "last_error = CASE WHEN u.d = 'published' THEN NULL ELSE o.last_error END, "
-									  "kafka_partition = NULLIF(u.p, -1), kafka_offset = NULLIF(u.off, -1) "
-									  "FROM u WHERE o.id = u.id AND o.xmin = u.x "
-									  "AND o.aggregate_id NOT IN (SELECT c.aggregate_id FROM changed c)", s, s, s),
-							 6, mark_types);
-
-	progress_plan = outbox_keep_plan(psprintf(
-										  "INSERT INTO %s.aggregate_publication AS a "
-										  "(aggregate_id, last_published_version, last_published_at, updated_at) "
-										  "SELECT u.id, u.v, $1, $1 FROM unnest($2, $3) AS u(id, v) "
-										  "WHERE NOT EXISTS (SELECT 1 FROM %s.outbox o WHERE o.aggregate_id = u.id "
-										  "AND o.aggregate_version <= u.v AND o.published_at IS NULL) "
-										  "ON CONFLICT (aggregate_id) DO UPDATE SET "
-										  "last_published_version = GREATEST(a.last_published_version, excluded.last_published_version), "
-										  "last_published_at = excluded.last_published_at, "
-										  "attempts = 0, last_error = NULL, next_attempt_at = NULL, "
-										  "updated_at = excluded.updated_at", s, s),
-								 3, progress_types);
+	settle_plan = outbox_keep_plan(psprintf(
+											"WITH u AS (SELECT * FROM unnest($2, $3, $4, $5) AS u(id, v, x, r)), "
+											"ins AS (INSERT INTO %s.aggregate_publication "
+											"(aggregate_id, last_published_version, last_published_at, updated_at) "
+											"SELECT u.id, u.v, $1, $1 FROM u WHERE NOT u.r "
+											"ON CONFLICT (aggregate_id) DO NOTHING RETURNING aggregate_id), "
+											"upd AS (UPDATE %s.aggregate_publication a SET "
+											"last_published_version = GREATEST(a.last_published_version, u.v), "
+											"last_published_at = $1, attempts = 0, last_error = NULL, "
+											"catch_up = a.catch_up OR a.next_attempt_at IS NOT NULL, "
+											"next_attempt_at = NULL, updated_at = $1 "
+											"FROM u WHERE u.r AND a.aggregate_id = u.id AND a.xmin = u.x "
+											"RETURNING a.aggregate_id), "
+											"done AS (SELECT aggregate_id FROM ins UNION ALL SELECT aggregate_id FROM upd), "
+											"disposed AS (UPDATE %s.outbox o SET disposition = d.action::%s.outbox_disposition, "
+											"disposed_at = $1, "
+											"attempts = o.attempts + CASE WHEN d.action = 'skipped' THEN 0 ELSE 1 END "
+											"FROM unnest($6, $7, $8) AS d(id, action, agg) "
+											"WHERE o.id = d.id AND d.agg IN (SELECT aggregate_id FROM done)) "
+											"SELECT aggregate_id FROM done", s, s, s, s),
+								   8, types);
 }
 
 /* A bigint[] for a plan argument. */
@@ -121,18 +115,7 @@ int8_array(int64 *v, int n)
 										   TYPALIGN_DOUBLE));
 }
 
-/* An integer[] for a plan argument. */
-static Datum
-int4_array(int32 *v, int n)
-{
-	Datum	   *d = palloc(sizeof(Datum) * Max(n, 1));
-
-	for (int i = 0; i < n; i++)
-		d[i] = Int32GetDatum(v[i]);
-	return PointerGetDatum(construct_array(d, n, INT4OID, 4, true, TYPALIGN_INT));
-}
-
-/* An xid[] of row versions, for the marking to compare with xmin. */
+/* An xid[] of row versions. */
 static Datum
 xid_array(TransactionId *v, int n)
 {
@@ -142,6 +125,17 @@ xid_array(TransactionId *v, int n)
 		d[i] = TransactionIdGetDatum(v[i]);
 	return PointerGetDatum(construct_array(d, n, XIDOID, sizeof(TransactionId), true,
 										   TYPALIGN_INT));
+}
+
+/* A boolean[] for a plan argument. */
+static Datum
+bool_array(bool *v, int n)
+{
+	Datum	   *d = palloc(sizeof(Datum) * Max(n, 1));
+
+	for (int i = 0; i < n; i++)
+		d[i] = BoolGetDatum(v[i]);
+	return PointerGetDatum(construct_array(d, n, BOOLOID, 1, true, TYPALIGN_CHAR));
 }
 
 /* A text[] for a plan argument. */
@@ -156,36 +150,39 @@ text_array(char **v, int n)
 }
 
 /*
- * Mark acknowledged events settled and advance their aggregates' progress.
- * Only rows still as read are marked: an aggregate with a row an operator
- * changed meanwhile (held marks: outbox_replay(), outbox_retry(),
- * outbox_skip()) is left pending and sent again, and progress covers only
- * versions with nothing pending up to them.
- * Returns the number of rows marked.
+ * Record the aggregates' progress and the dispositions of their
+ * dead-lettered and skipped events; note in pm->applied the aggregates
+ * recorded (the others changed meanwhile and are read again by index).
+ * Returns the number recorded.
  */
 static uint64
 apply_marks(PendingMarks *pm, TimestampTz now)
 {
-	Datum		args[6];
-	uint64		marked;
+	Datum		args[8];
+	uint64		n;
 
-	if (pm->nmarks == 0)
+	if (pm->nprogress == 0)
 		return 0;
 	args[0] = TimestampTzGetDatum(now);
-	args[1] = int8_array(pm->ids, pm->nmarks);
-	args[2] = int4_array(pm->partitions, pm->nmarks);
-	args[3] = int8_array(pm->offsets, pm->nmarks);
-	args[4] = text_array(pm->dispositions, pm->nmarks);
-	args[5] = xid_array(pm->xmins, pm->nmarks);
-	if (SPI_execute_plan(mark_plan, args, NULL, false, 0) != SPI_OK_UPDATE)
-		elog(ERROR, "could not mark events published");
-	marked = SPI_processed;
-
 	args[1] = text_array(pm->progress_ids, pm->nprogress);
 	args[2] = int8_array(pm->progress_versions, pm->nprogress);
-	if (SPI_execute_plan(progress_plan, args, NULL, false, 0) != SPI_OK_INSERT)
-		elog(ERROR, "could not record aggregate progress");
-	return marked;
+	args[3] = xid_array(pm->progress_xmins, pm->nprogress);
+	args[4] = bool_array(pm->progress_rows, pm->nprogress);
+	args[5] = int8_array(pm->disposed_ids, pm->ndisposed);
+	args[6] = text_array(pm->disposed_actions, pm->ndisposed);
+	args[7] = text_array(pm->disposed_aggregates, pm->ndisposed);
+	if (SPI_execute_plan(settle_plan, args, NULL, false, 0) != SPI_OK_SELECT)
+		elog(ERROR, "could not record the aggregates' progress");
+	n = SPI_processed;
+	for (uint64 r = 0; r < n; r++)
+	{
+		MemoryContext oldcxt = MemoryContextSwitchTo(marks_context);
+		char	   *id = SPI_getvalue(SPI_tuptable->vals[r], SPI_tuptable->tupdesc, 1);
+
+		(void) hash_search(pm->applied, &id, HASH_ENTER, NULL);
+		MemoryContextSwitchTo(oldcxt);
+	}
+	return n;
 }
 
 /* Count what a committed marking settled. */
@@ -199,15 +196,15 @@ count_settled(PendingMarks *pm, TimestampTz now)
 }
 
 /*
- * Retry marking what Kafka acknowledged after a marking failed, without
- * producing anything.  Returns the number of events marked.
+ * Retry recording what Kafka acknowledged after a settling failed, without
+ * producing anything.  Returns the number of aggregates settled.
  */
 int
 publish_retry_marks(void)
 {
 	TimestampTz now = GetCurrentTimestamp();
-	int			n = publish_pending_marks->nmarks;
-	uint64		marked = 0;
+	int			n = publish_pending_marks->nprogress;
+	uint64		applied = 0;
 	bool		same;
 
 	publish_set_state("marking published (retry)");
@@ -220,7 +217,10 @@ publish_retry_marks(void)
 	same = publish_lookup_extension() &&
 		get_extension_oid("outbox", true) == publish_pending_marks->extension;
 	if (same)
-		marked = apply_marks(publish_pending_marks, now);
+	{
+		applied = apply_marks(publish_pending_marks, now);
+		publish_stream_store_horizon();
+	}
 	PopActiveSnapshot();
 	SPI_finish();
 	CommitTransactionCommand();
@@ -229,20 +229,21 @@ publish_retry_marks(void)
 	{
 		count_settled(publish_pending_marks, now);
 		ereport(LOG,
-				(errmsg("outbox: marked " UINT64_FORMAT " acknowledged events published after marking had failed", marked),
-				 marked < (uint64) n
-				 ? errdetail("%d events changed meanwhile (an operator replayed, retried or settled them) were left to be sent again.",
-							 n - (int) marked) : 0));
+				(errmsg("outbox: recorded the progress of " UINT64_FORMAT " aggregates after settling had failed", applied),
+				 applied < (uint64) n
+				 ? errdetail("%d aggregates changed meanwhile (an operator replayed, retried or settled events) are read again.",
+							 n - (int) applied) : 0));
 	}
 	else
 	{
 		ereport(LOG,
-				(errmsg("outbox: dropped %d acknowledged events awaiting marking: the extension was dropped", n)));
+				(errmsg("outbox: dropped the progress of %d aggregates awaiting settling: the extension was dropped", n)));
+		publish_stream_reset();
 		n = 0;
 	}
+	release_collected();
 	MemoryContextReset(marks_context);
 	publish_pending_marks = NULL;
-	release_collected();
 	return n;
 }
 
@@ -255,27 +256,30 @@ new_marks(int nevents, int naggregates)
 	PendingMarks *pm = palloc0(sizeof(PendingMarks));
 
 	pm->extension = get_extension_oid("outbox", true);
-	pm->ids = palloc(sizeof(int64) * (nevents + 1));
-	pm->xmins = palloc(sizeof(TransactionId) * (nevents + 1));
-	pm->partitions = palloc(sizeof(int32) * (nevents + 1));
-	pm->offsets = palloc(sizeof(int64) * (nevents + 1));
-	pm->dispositions = palloc(sizeof(char *) * (nevents + 1));
 	pm->progress_ids = palloc(sizeof(char *) * (naggregates + 1));
 	pm->progress_versions = palloc(sizeof(int64) * (naggregates + 1));
+	pm->progress_xmins = palloc(sizeof(TransactionId) * (naggregates + 1));
+	pm->progress_rows = palloc(sizeof(bool) * (naggregates + 1));
+	pm->disposed_ids = palloc(sizeof(int64) * (nevents + 1));
+	pm->disposed_actions = palloc(sizeof(char *) * (nevents + 1));
+	pm->disposed_aggregates = palloc(sizeof(char *) * (nevents + 1));
+	pm->applied = publish_aggregate_table("outbox settled aggregates", sizeof(char *),
+										  Max(naggregates, 16), marks_context);
 	MemoryContextSwitchTo(oldcxt);
 	return pm;
 }
 
-/* Add one acknowledged (or skipped) event to the marks. */
+/* Add one acknowledged (dead-lettered, skipped) event of agg to the marks. */
 static void
-add_mark(PendingMarks *pm, BatchEvent *ev, DeliveryResult *r)
+add_mark(PendingMarks *pm, BatchAggregate *agg, BatchEvent *ev, DeliveryResult *r)
 {
-	pm->ids[pm->nmarks] = ev->id;
-	pm->xmins[pm->nmarks] = ev->xmin;
-	pm->partitions[pm->nmarks] = r->partition;
-	pm->offsets[pm->nmarks] = r->offset;
-	pm->dispositions[pm->nmarks] = (char *) action_disposition[ev->action];
-	pm->nmarks++;
+	if (ev->action != EV_PUBLISH)
+	{
+		pm->disposed_ids[pm->ndisposed] = ev->id;
+		pm->disposed_actions[pm->ndisposed] = (char *) action_disposition[ev->action];
+		pm->disposed_aggregates[pm->ndisposed] = agg->aggregate_id;
+		pm->ndisposed++;
+	}
 	pm->nsettled[ev->action]++;
 	if (ev->action == EV_PUBLISH)
 		outbox_observe_latency(r->acked_at - ev->created_at);
@@ -338,26 +342,33 @@ collect_aggregate(PendingMarks *pm, Flight *f, BatchAggregate *agg)
 	int64		last_acked = 0;
 	BatchEvent *failed = NULL;
 
+	agg->complete = true;
 	for (int i = agg->head; i >= 0; i = events[i].next)
 	{
 		DeliveryResult *r = &f->results[i];
 
 		if (!events[i].produced && !r->done)
-			break;				/* never sent: the aggregate stopped earlier */
+		{
+			agg->complete = false;	/* never sent: the aggregate stopped earlier */
+			break;
+		}
 		if (r->err != RD_KAFKA_RESP_ERR_NO_ERROR)
 		{
+			agg->complete = false;
 			failed = &events[i];
 			break;
 		}
-		add_mark(pm, &events[i], r);
+		add_mark(pm, agg, &events[i], r);
 		last_acked = events[i].version;
 	}
 	if (last_acked > 0)
 	{
-		pm->progress_ids[pm->nprogress] = MemoryContextStrdup(marks_context,
-															  agg->aggregate_id);
-		pm->progress_versions[pm->nprogress] = last_acked;
-		pm->nprogress++;
+		int			k = pm->nprogress++;
+
+		pm->progress_ids[k] = MemoryContextStrdup(marks_context, agg->aggregate_id);
+		pm->progress_versions[k] = last_acked;
+		pm->progress_xmins[k] = agg->pub_xmin;
+		pm->progress_rows[k] = agg->pub_row;
 	}
 	agg->collected = true;
 	if (failed != NULL && classify_failure(f, failed, agg->aggregate_id))
@@ -379,11 +390,34 @@ record_failures(BatchEvent **failures, Flight **failure_flights, int n)
 		if (failures[k]->retry_alone)
 			publish_note_size_error(failures[k], msg);
 		else
+		{
+			BatchAggregate *agg = hash_search(f->aggregates, &failures[k]->aggregate_id,
+											  HASH_FIND, NULL);
+
 			publish_record_failure(failures[k], msg);
+			/* The database lists it now: read by index after its backoff. */
+			if (agg != NULL)
+				agg->listed = true;
+		}
 	}
 }
 
-/* Release the aggregates collected (their settling committed or was dropped). */
+/* Was the aggregate's progress recorded by the settling that committed? */
+static bool
+progress_recorded(BatchAggregate *agg)
+{
+	PendingMarks *pm = publish_pending_marks;
+
+	return pm != NULL &&
+		hash_search(pm->applied, &agg->aggregate_id, HASH_FIND, NULL) != NULL;
+}
+
+/*
+ * Release the aggregates collected (their settling committed or was
+ * dropped) and tell the stream what became of them: covered (progress
+ * recorded for all it read, or listed by the database after a failure)
+ * or to be read again by index.
+ */
 static void
 release_collected(void)
 {
@@ -397,19 +431,36 @@ release_collected(void)
 		hash_seq_init(&seq, f->aggregates);
 		while ((agg = hash_seq_search(&seq)) != NULL)
 			if (agg->collected && !agg->settled)
+			{
+				bool		covered = agg->listed ||
+					(agg->complete && !agg->maybe_more && progress_recorded(agg));
+
+				publish_stream_settled(agg->aggregate_id, agg->owed, covered);
 				publish_aggregate_settled(f, agg);
+			}
 	}
 	publish_free_settled_flights();
 }
 
 /*
- * After an error in the loop: a settling that failed with marks keeps its
- * aggregates collected (busy) until publish_retry_marks() marks them; one
- * without marks only had failures to record, found again when re-sent.
+ * After an error in the loop: the failures recorded in the aborted settling
+ * are not; a settling that failed with progress keeps its aggregates
+ * collected (busy) until publish_retry_marks() records it; one without
+ * only had failures to record: its aggregates are read again by index.
  */
 void
 publish_settle_abort(void)
 {
+	for (Flight *f = publish_flights; f != NULL; f = f->next)
+	{
+		HASH_SEQ_STATUS seq;
+		BatchAggregate *agg;
+
+		hash_seq_init(&seq, f->aggregates);
+		while ((agg = hash_seq_search(&seq)) != NULL)
+			if (agg->collected && !agg->settled)
+				agg->listed = false;
+	}
 	if (publish_pending_marks == NULL)
 		release_collected();
 }
@@ -465,7 +516,7 @@ publish_settle_ready(void)
 	BatchEvent **failures;
 	Flight	  **failure_flights;
 	int			nfailures = 0;
-	int			nmarks;
+	int			nprogress = 0;
 	bool		applied;
 
 	if (!publish_settle_due(NULL))
@@ -508,28 +559,31 @@ publish_settle_ready(void)
 		}
 	}
 
-	if (pm->nmarks > 0)
+	if (pm->nprogress > 0)
 		publish_pending_marks = pm;
-	/* A dropped extension took the events with it: nothing to mark. */
+	/* A dropped extension took the events with it: nothing to record. */
 	applied = publish_lookup_extension() &&
 		get_extension_oid("outbox", true) == pm->extension;
 	if (applied)
 	{
-		apply_marks(pm, now);
+		nprogress = (int) apply_marks(pm, now);
 		record_failures(failures, failure_flights, nfailures);
+		publish_stream_store_horizon();
 	}
 
 	PopActiveSnapshot();
 	SPI_finish();
 	CommitTransactionCommand();
-	nmarks = pm->nmarks;
-	elog(DEBUG1, "outbox: settled %d marks and %d failures in %ld ms", nmarks, nfailures,
+	elog(DEBUG1, "outbox: settled %d aggregates and %d failures in %ld ms", nprogress, nfailures,
 		 TimestampDifferenceMilliseconds(GetCurrentStatementStartTimestamp(), GetCurrentTimestamp()));
 
 	if (applied)
 		count_settled(pm, now);
+	else
+		publish_stream_reset();
+	publish_pending_marks = pm;
+	release_collected();
 	MemoryContextReset(marks_context);
 	publish_pending_marks = NULL;
-	release_collected();
-	return nmarks + nfailures;
+	return pm->nprogress + nfailures;
 }

@@ -74,20 +74,23 @@ publish_retention_prepare(const char *s)
 	}
 
 	/*
-	 * Retention looks at the oldest settled rows only (primary key order is
-	 * emit order), so a call costs at most a batch of rows however young
-	 * the table is; it deletes only what the aggregate's progress already
-	 * covers, so that version assignment never needs a deleted row.  It
-	 * skips rows locked by others (outbox_replay() updates an aggregate's
-	 * rows in its own order): never waiting, it cannot deadlock with them.
+	 * Retention looks at the oldest rows only (primary key order is emit
+	 * order), so a call costs at most a batch of rows however large the
+	 * table; of those it deletes what is past outbox.retention and settled
+	 * (at or below its aggregate's progress, so that version
+	 * assignment never needs a deleted row).  Pending rows
+	 * older than everything else stay, and only retention_batch of them
+	 * would stop it.  It skips rows locked by others (outbox_replay()
+	 * updates an aggregate's rows in its own order): never waiting, it
+	 * cannot deadlock with them.
 	 */
 	retention_plan = outbox_keep_plan(psprintf(
 										   "DELETE FROM %s.outbox o USING ("
-										   "SELECT d.id FROM (SELECT id, aggregate_id, aggregate_version, published_at "
-										   "FROM %s.outbox WHERE published_at IS NOT NULL ORDER BY id LIMIT $2 "
+										   "SELECT d.id FROM (SELECT id, aggregate_id, aggregate_version, created_at "
+										   "FROM %s.outbox ORDER BY id LIMIT $2 "
 										   "FOR UPDATE SKIP LOCKED) d "
 										   "JOIN %s.aggregate_publication p ON p.aggregate_id = d.aggregate_id "
-										   "WHERE d.published_at < pg_catalog.now() - pg_catalog.make_interval(secs => $1) "
+										   "WHERE d.created_at < pg_catalog.now() - pg_catalog.make_interval(secs => $1) "
 										   "AND d.aggregate_version <= p.last_published_version) x "
 										   "WHERE o.id = x.id", s, s, s),
 								  2, retention_types);

@@ -251,7 +251,6 @@ test_fatal_error_hook(void)
 static int
 run_flight(int max_events, int64 max_bytes)
 {
-	Datum		fetch_args[3];
 	int			nshares;
 	int			share;
 	XLogRecPtr	visible_upto;
@@ -269,12 +268,8 @@ run_flight(int max_events, int64 max_bytes)
 	visible_upto = publish_wal_insert_end();
 
 	bucket_share(&nshares, &share);
-	/* The rows looked at: room for those of busy aggregates, skipped. */
-	fetch_args[0] = Int32GetDatum(Min(2 * outbox_batch_events, 2000000));
-	fetch_args[1] = Int32GetDatum(nshares);
-	fetch_args[2] = Int32GetDatum(share);
 	f = publish_flight_begin();
-	nevents = publish_fetch(fetch_args, f, max_events, max_bytes);
+	nevents = publish_fetch(f, nshares, share, max_events, max_bytes);
 	elog(DEBUG1, "outbox: fetched %d events in %ld ms", nevents,
 		 TimestampDifferenceMilliseconds(GetCurrentStatementStartTimestamp(), GetCurrentTimestamp()));
 	/* Release the snapshot: nothing below needs one. */
@@ -421,8 +416,8 @@ log_worker_error(void)
 	else
 		elog(DEBUG1, "outbox: publisher error (repeated): %s", edata->message);
 	if (publish_pending_marks != NULL)
-		set_problem(psprintf("marking %d acknowledged events failed (held, not sent again): %s",
-							 publish_pending_marks->nmarks, edata->message));
+		set_problem(psprintf("recording the progress of %d aggregates failed (held, not sent again): %s",
+							 publish_pending_marks->nprogress, edata->message));
 	else
 		set_problem(edata->detail
 					? psprintf("%s: %s", edata->message, edata->detail)
@@ -637,6 +632,7 @@ worker_setup(void)
 	loop_context = AllocSetContextCreate(TopMemoryContext, "outbox loop",
 										 ALLOCSET_DEFAULT_SIZES);
 	publish_settle_start();
+	publish_stream_start();
 	publish_produce_start();
 	slot->latch = MyLatch;
 	/* The others shrink their shares of the buckets. */
@@ -693,6 +689,8 @@ loop_turn(bool *failed)
 		log_worker_error();
 		AbortCurrentTransaction();
 		publish_settle_abort();
+		/* Read again from the horizon, as after a restart. */
+		publish_stream_reset();
 		RESUME_INTERRUPTS();
 		*failed = true;
 	}

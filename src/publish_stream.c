@@ -1,0 +1,447 @@
+/*-------------------------------------------------------------------------
+ *
+ * publish_stream.c
+ *	  Where the publisher is in the stream of commits: the deltas read (the
+ *	  transactions a snapshot sees that the previous read's did not, as PgQ
+ *	  batches are), what each still owes, the aggregates diverted from the
+ *	  stream to be read by index, and the horizon stored per worker.
+ *
+ * Nothing is written per event when Kafka acknowledges it: an event is
+ * published once its version is at or below its aggregate's
+ * last_published_version.  The stream only says where new events are.
+ *
+ * An aggregate of a delta is "owed" by the delta until its events read
+ * there are settled (their aggregate's progress committed), or it became
+ * one the database itself lists to be read by index (aggregate_publication:
+ * catch_up, backing off, blocked, paused).  An aggregate whose events
+ * could not be sent from the stream (one in flight, locked by an operator,
+ * over a batch's limit, refused for now) is diverted: kept here, still
+ * owed, and read later by the (aggregate_id, aggregate_version) index from
+ * its last published version, with the snapshot of the stream's read then.
+ *
+ * The horizon advances to a delta's snapshot once it and every older delta
+ * owe nothing: every event that snapshot sees is then settled or of an
+ * aggregate the database lists.  A worker that starts, or whose share of
+ * the buckets changed, reads again from the oldest stored horizon; what it
+ * reads that is settled already is dropped by the version check, so that
+ * costs reading, not re-sending.
+ *
+ * All of it lives in stream_context (worker lifetime); errors in the loop
+ * reset it to the horizon (publish_stream_reset), like a restart would.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "executor/spi.h"
+#include "utils/builtins.h"
+#include "utils/memutils.h"
+
+#include "outbox.h"
+#include "publish.h"
+
+/* A delta read from the stream, and what it still owes. */
+typedef struct Delta
+{
+	int64		seq;
+	char	   *snapshot;		/* pg_snapshot text of its read */
+	int			owed;			/* its aggregates not settled or listed yet */
+	bool		complete;		/* every event of it has been read */
+	struct Delta *next;			/* the next newer delta */
+} Delta;
+
+/* An aggregate diverted from the stream, to be read by index. */
+typedef struct Diverted
+{
+	char	   *aggregate_id;	/* hash key: must be first */
+	int64		owed;			/* the oldest delta that owes it (0: none) */
+} Diverted;
+
+static MemoryContext stream_context = NULL;
+
+/* Oldest first; the newest is the one whose manifest is being read. */
+static Delta *deltas_head = NULL;
+static Delta *deltas_tail = NULL;
+static int64 next_delta_seq = 1;
+
+/* The manifest of the newest delta: its events' ids in id order. */
+static int64 *manifest = NULL;
+static int	manifest_len = 0;
+static int	manifest_pos = 0;
+
+static HTAB *diverted = NULL;
+
+/*
+ * The snapshot the next delta starts from (the previous delta's, or the
+ * horizon after a reset); NULL before the first read without a horizon:
+ * then everything unsettled is read.
+ */
+static char *read_from = NULL;
+static bool started = false;
+static int	started_nshares = -1;
+static int	started_share = -1;
+
+/* The horizon reached, and the one stored. */
+static char *horizon = NULL;
+static char *horizon_stored = NULL;
+
+static SPIPlanPtr load_plan = NULL;
+static SPIPlanPtr store_plan = NULL;
+
+/* Set up this module's memory (in the worker, once). */
+void
+publish_stream_start(void)
+{
+	stream_context = AllocSetContextCreate(TopMemoryContext, "outbox stream",
+										   ALLOCSET_DEFAULT_SIZES);
+	diverted = publish_aggregate_table("outbox diverted aggregates", sizeof(Diverted),
+									   1024, stream_context);
+}
+
+/* Prepare this module's plans for the extension in schema s (quoted). */
+void
+publish_stream_prepare(const char *s)
+{
+	Oid			store_types[2] = {INT4OID, TEXTOID};
+	Oid			load_types[1] = {INT4OID};
+
+	if (load_plan)
+	{
+		SPI_freeplan(load_plan);
+		SPI_freeplan(store_plan);
+	}
+	/* Another extension (dropped and created again): start from its horizon. */
+	started = false;
+
+	/* Its own horizon, else the oldest (rows of other worker counts too). */
+	load_plan = outbox_keep_plan(psprintf(
+										  "SELECT h.snapshot::text FROM %s.publisher_horizon h "
+										  "ORDER BY h.worker = $1 DESC, pg_catalog.pg_snapshot_xmin(h.snapshot), "
+										  "pg_catalog.pg_snapshot_xmax(h.snapshot) LIMIT 1", s),
+								 1, load_types);
+	store_plan = outbox_keep_plan(psprintf(
+										   "INSERT INTO %s.publisher_horizon AS h (worker, snapshot, updated_at) "
+										   "VALUES ($1, $2::pg_catalog.pg_snapshot, pg_catalog.clock_timestamp()) "
+										   "ON CONFLICT (worker) DO UPDATE SET snapshot = excluded.snapshot, "
+										   "updated_at = excluded.updated_at", s),
+								  2, store_types);
+}
+
+/* Find the delta of a sequence number, or NULL (dropped by a reset). */
+static Delta *
+find_delta(int64 seq)
+{
+	for (Delta *d = deltas_head; d != NULL; d = d->next)
+		if (d->seq == seq)
+			return d;
+	return NULL;
+}
+
+/* Advance the horizon over the oldest deltas that owe nothing. */
+static void
+advance_horizon(void)
+{
+	while (deltas_head != NULL && deltas_head->complete && deltas_head->owed == 0)
+	{
+		Delta	   *d = deltas_head;
+
+		if (horizon)
+			pfree(horizon);
+		horizon = d->snapshot;
+		deltas_head = d->next;
+		if (deltas_head == NULL)
+			deltas_tail = NULL;
+		pfree(d);
+	}
+}
+
+/* One aggregate of delta seq is no longer owed (0: none owes it). */
+static void
+release_owed(int64 seq)
+{
+	Delta	   *d;
+
+	if (seq == 0 || (d = find_delta(seq)) == NULL)
+		return;
+	Assert(d->owed > 0);
+	d->owed--;
+	advance_horizon();
+}
+
+/*
+ * Forget the stream read since the horizon: the next read starts there.
+ * Flights in flight stay; what they owed is forgotten with the deltas.
+ */
+void
+publish_stream_reset(void)
+{
+	MemoryContext oldcxt;
+
+	if (stream_context == NULL)
+		return;
+	oldcxt = MemoryContextSwitchTo(stream_context);
+	while (deltas_head != NULL)
+	{
+		Delta	   *d = deltas_head;
+
+		deltas_head = d->next;
+		pfree(d->snapshot);
+		pfree(d);
+	}
+	deltas_tail = NULL;
+	if (manifest)
+		pfree(manifest);
+	manifest = NULL;
+	manifest_len = manifest_pos = 0;
+	{
+		HASH_SEQ_STATUS seq;
+		Diverted   *d;
+
+		hash_seq_init(&seq, diverted);
+		while ((d = hash_seq_search(&seq)) != NULL)
+			pfree(d->aggregate_id);
+	}
+	hash_destroy(diverted);
+	diverted = publish_aggregate_table("outbox diverted aggregates", sizeof(Diverted),
+									   1024, stream_context);
+	MemoryContextSwitchTo(oldcxt);
+	if (read_from)
+		pfree(read_from);
+	read_from = horizon ? MemoryContextStrdup(stream_context, horizon) : NULL;
+}
+
+/*
+ * In the read transaction: on the first read, or when this worker's share
+ * of the buckets changed, start from the stored horizon (its own, else the
+ * oldest: another worker's events may be ours now).
+ */
+void
+publish_stream_begin(int nshares, int share)
+{
+	Datum		arg = Int32GetDatum(publish_worker_index);
+
+	if (started && nshares == started_nshares && share == started_share)
+		return;
+	if (SPI_execute_plan(load_plan, &arg, NULL, true, 1) != SPI_OK_SELECT)
+		elog(ERROR, "could not read the publisher horizon");
+	if (horizon)
+		pfree(horizon);
+	horizon = NULL;
+	if (SPI_processed > 0)
+		horizon = MemoryContextStrdup(stream_context,
+									  SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1));
+	if (horizon_stored)
+		pfree(horizon_stored);
+	horizon_stored = NULL;
+	publish_stream_reset();
+	started = true;
+	started_nshares = nshares;
+	started_share = share;
+	elog(DEBUG1, "outbox: reading the stream from %s", read_from ? read_from : "the start");
+}
+
+/* Store the horizon reached, if it moved (in a transaction, with SPI). */
+void
+publish_stream_store_horizon(void)
+{
+	Datum		args[2];
+
+	if (horizon == NULL ||
+		(horizon_stored != NULL && strcmp(horizon, horizon_stored) == 0))
+		return;
+	args[0] = Int32GetDatum(publish_worker_index);
+	args[1] = CStringGetTextDatum(horizon);
+	if (SPI_execute_plan(store_plan, args, NULL, false, 0) != SPI_OK_INSERT)
+		elog(ERROR, "could not store the publisher horizon");
+	if (horizon_stored)
+		pfree(horizon_stored);
+	horizon_stored = MemoryContextStrdup(stream_context, horizon);
+}
+
+/* The snapshot the next delta starts from, or NULL: read everything unsettled. */
+const char *
+publish_stream_read_from(void)
+{
+	return read_from;
+}
+
+/* Is the newest delta's manifest read to its end (a new delta is due)? */
+bool
+publish_stream_manifest_done(void)
+{
+	return manifest_pos >= manifest_len;
+}
+
+/*
+ * A new delta was read at snapshot (its events' ids in id order, n of them,
+ * allocated in any context): it becomes the newest, and the next one
+ * starts from its snapshot.
+ */
+void
+publish_stream_new_delta(const char *snapshot, int64 *ids, int n)
+{
+	MemoryContext oldcxt = MemoryContextSwitchTo(stream_context);
+	Delta	   *d = palloc0(sizeof(Delta));
+
+	d->seq = next_delta_seq++;
+	d->snapshot = pstrdup(snapshot);
+	if (deltas_tail)
+		deltas_tail->next = d;
+	else
+		deltas_head = d;
+	deltas_tail = d;
+	if (manifest)
+		pfree(manifest);
+	manifest = palloc(sizeof(int64) * Max(n, 1));
+	memcpy(manifest, ids, sizeof(int64) * n);
+	manifest_len = n;
+	manifest_pos = 0;
+	if (read_from)
+		pfree(read_from);
+	read_from = pstrdup(snapshot);
+	MemoryContextSwitchTo(oldcxt);
+	d->complete = (n == 0);
+	advance_horizon();
+}
+
+/*
+ * The next ids of the manifest to read, at most max: *ids points into the
+ * manifest.  Returns their number; the newest delta is complete once it
+ * returned the last.  The delta they owe is *seq.
+ */
+int
+publish_stream_next_ids(int max, int64 **ids, int64 *seq)
+{
+	int			n = Min(max, manifest_len - manifest_pos);
+
+	*ids = manifest + manifest_pos;
+	*seq = deltas_tail ? deltas_tail->seq : 0;
+	manifest_pos += n;
+	return n;
+}
+
+/* Done with the ids publish_stream_next_ids() returned: maybe complete. */
+void
+publish_stream_ids_done(void)
+{
+	if (deltas_tail != NULL && manifest_pos >= manifest_len)
+	{
+		deltas_tail->complete = true;
+		advance_horizon();
+	}
+}
+
+/* An aggregate of delta seq went into a flight: the delta owes it. */
+void
+publish_stream_owe(int64 seq)
+{
+	Delta	   *d = find_delta(seq);
+
+	if (d != NULL)
+		d->owed++;
+}
+
+/* Is the aggregate diverted (its events are read by index, not the stream)? */
+bool
+publish_stream_is_diverted(const char *aggregate_id)
+{
+	return hash_search(diverted, &aggregate_id, HASH_FIND, NULL) != NULL;
+}
+
+/*
+ * Divert an aggregate owed by delta seq (0: none) from the stream: it is
+ * read by index later.  Diverted already, the older debt stays.
+ */
+void
+publish_stream_divert(const char *aggregate_id, int64 seq)
+{
+	Diverted   *d;
+	bool		found;
+	char	   *key = (char *) aggregate_id;
+
+	d = hash_search(diverted, &key, HASH_ENTER, &found);
+	if (!found)
+	{
+		d->aggregate_id = MemoryContextStrdup(stream_context, aggregate_id);
+		d->owed = seq;
+		return;
+	}
+	/* An older debt covers it (one forgotten by a reset covers nothing). */
+	if (d->owed == 0 || find_delta(d->owed) == NULL)
+		d->owed = seq;
+	else
+		release_owed(seq);
+}
+
+/*
+ * The diverted aggregates to read now (not in flight), at most max, as a
+ * palloc'd array in the current context.  Returns their number.
+ */
+int
+publish_stream_diverted_ready(char ***ids, int max)
+{
+	HASH_SEQ_STATUS seq;
+	Diverted   *d;
+	int			n = 0;
+
+	*ids = palloc(sizeof(char *) * Max(Min(max, hash_get_num_entries(diverted)), 1));
+	hash_seq_init(&seq, diverted);
+	while ((d = hash_seq_search(&seq)) != NULL)
+	{
+		if (n >= max)
+		{
+			hash_seq_term(&seq);
+			break;
+		}
+		if (!publish_aggregate_busy(d->aggregate_id))
+			(*ids)[n++] = d->aggregate_id;
+	}
+	return n;
+}
+
+/*
+ * A diverted aggregate leaves the list: it was read (its debt goes with its
+ * events: returned, to be owed by the flight), or nothing of it is pending,
+ * or the database lists it now (release: the debt is paid).
+ */
+int64
+publish_stream_undivert(const char *aggregate_id, bool release)
+{
+	char	   *key = (char *) aggregate_id;
+	Diverted   *d = hash_search(diverted, &key, HASH_FIND, NULL);
+	int64		seq;
+
+	if (d == NULL)
+		return 0;
+	seq = d->owed;
+	key = d->aggregate_id;
+	(void) hash_search(diverted, &key, HASH_REMOVE, NULL);
+	pfree(key);
+	if (release)
+	{
+		release_owed(seq);
+		return 0;
+	}
+	return seq;
+}
+
+/*
+ * An aggregate of a flight, owed by delta seq, is settled: covered (its
+ * progress committed, or the database lists it) pays the debt; otherwise
+ * (events not sent or not acknowledged) it is diverted, still owed.
+ */
+void
+publish_stream_settled(const char *aggregate_id, int64 seq, bool covered)
+{
+	if (covered)
+		release_owed(seq);
+	else
+		publish_stream_divert(aggregate_id, seq);
+}
+
+/* Diverted aggregates (for the worker's state). */
+long
+publish_stream_diverted_count(void)
+{
+	return diverted ? hash_get_num_entries(diverted) : 0;
+}
