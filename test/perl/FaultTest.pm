@@ -165,7 +165,7 @@ sub pending
 {
 	my ($node) = @_;
 	return $node->safe_psql('postgres',
-		'SELECT count(*) FROM outbox WHERE published_at IS NULL');
+		'SELECT count(*) FROM outbox_pending');
 }
 
 sub max_id
@@ -185,7 +185,7 @@ sub wait_backlog
 	while (time - $t0 < $timeout)
 	{
 		my $n = $node->safe_psql('postgres',
-			"SELECT count(*) FROM outbox WHERE published_at IS NULL AND id <= $id");
+			"SELECT count(*) FROM outbox_pending WHERE id <= $id");
 		return time - $t0 if $n == 0;
 		sleep 0.05;
 	}

@@ -55,13 +55,13 @@ sub wait_published
 	while (time - $t0 < $timeout)
 	{
 		my $pending = $node->safe_psql('postgres',
-			'SELECT count(*) FROM outbox WHERE published_at IS NULL');
+			'SELECT count(*) FROM outbox_pending');
 		return time - $t0 if $pending == 0;
 		sleep 0.1;
 	}
 	diag "still pending after ${timeout}s: "
 	  . $node->safe_psql('postgres',
-		'SELECT count(*) FROM outbox WHERE published_at IS NULL');
+		'SELECT count(*) FROM outbox_pending');
 	return undef;
 }
 

@@ -54,7 +54,7 @@ emit('poison-1', 'poison', 3);
 emit('good-1', 'good', 5);
 ok(poll_until(q{SELECT blocked_version = 1 FROM aggregate_publication WHERE aggregate_id = 'poison-1'}),
 	'block: the aggregate is blocked at version 1 after max_attempts');
-ok(poll_until(q{SELECT count(*) = 0 FROM outbox WHERE aggregate_id = 'good-1' AND published_at IS NULL}),
+ok(poll_until(q{SELECT count(*) = 0 FROM outbox_pending WHERE aggregate_id = 'good-1'}),
 	'block: other aggregates go on');
 is(psql(q{SELECT attempts || ' ' || (last_error LIKE 'INVALID_RECORD%') FROM outbox
 		  WHERE aggregate_id = 'poison-1' AND aggregate_version = 1}),
@@ -75,7 +75,7 @@ is(psql(q{SELECT count(*) FROM outbox WHERE aggregate_id = 'poison-1' AND publis
 # The operator retries once the cause is gone: everything goes out in order.
 cmp_ok(counter($node, 'polls'), '>', 0, 'fallback polls are counted (poll interval 500 ms)');
 is(psql(q{SELECT outbox_retry('poison-1')}), 't', 'outbox_retry unblocks');
-ok(poll_until(q{SELECT count(*) = 0 FROM outbox WHERE aggregate_id = 'poison-1' AND published_at IS NULL}),
+ok(poll_until(q{SELECT count(*) = 0 FROM outbox_pending WHERE aggregate_id = 'poison-1'}),
 	'after retry the aggregate is published');
 my $r = $mk->check(topics => ['poison'], expect => { 'poison-1' => 3 });
 is($r->{exit}, 0, 'block + retry: versions 1..3 in order') or diag $r->{output};
@@ -92,7 +92,7 @@ ok(poll_until(q{SELECT current_setting('outbox.poison_policy') = 'dead_letter'})
 	'dead_letter: the setting is reloaded');
 inject_permanent(2);
 emit('poison-2', 'poison', 3);
-ok(poll_until(q{SELECT count(*) = 0 FROM outbox WHERE aggregate_id = 'poison-2' AND published_at IS NULL}),
+ok(poll_until(q{SELECT count(*) = 0 FROM outbox_pending WHERE aggregate_id = 'poison-2'}),
 	'dead_letter: the aggregate continues');
 is(psql(q{SELECT string_agg(aggregate_version || ':' || disposition, ',' ORDER BY aggregate_version)
 		  FROM outbox WHERE aggregate_id = 'poison-2'}),
@@ -114,7 +114,7 @@ sleep 1;
 is(psql(q{SELECT count(*) FROM outbox WHERE aggregate_id = 'poison-3' AND published_at IS NOT NULL}),
 	'0', 'pause: nothing is published while publishing is paused');
 psql(q{SELECT outbox_resume()});
-ok(poll_until(q{SELECT count(*) = 0 FROM outbox WHERE aggregate_id = 'poison-3' AND published_at IS NULL}),
+ok(poll_until(q{SELECT count(*) = 0 FROM outbox_pending WHERE aggregate_id = 'poison-3'}),
 	'resume: publishing continues');
 is(psql(q{SELECT string_agg(disposition::text, ',' ORDER BY aggregate_version) FROM outbox WHERE aggregate_id = 'poison-3'}),
 	'dead_lettered,published', 'the operator-dead-lettered event went to the dead-letter topic');
@@ -124,7 +124,7 @@ psql(q{INSERT INTO poison_policy (aggregate_type, policy) VALUES ('skippy', 'ski
 inject_permanent(2);
 psql(q{SELECT count(outbox_emit('skippy', 'poison-4', 'E', jsonb_build_object('i', i), topic => 'poison'))
 	   FROM generate_series(1, 3) i});
-ok(poll_until(q{SELECT count(*) = 0 FROM outbox WHERE aggregate_id = 'poison-4' AND published_at IS NULL}),
+ok(poll_until(q{SELECT count(*) = 0 FROM outbox_pending WHERE aggregate_id = 'poison-4'}),
 	'skip: the aggregate continues');
 is(psql(q{SELECT string_agg(aggregate_version || ':' || disposition, ',' ORDER BY aggregate_version)
 		  FROM outbox WHERE aggregate_id = 'poison-4'}),
@@ -137,13 +137,13 @@ is($r->{inversions}, 0, 'skip/dead_letter: no inversion in the main topic') or d
 psql(q{SELECT outbox_pause('good-1')});
 emit('good-1', 'good', 2);
 sleep 1;
-is(psql(q{SELECT count(*) FROM outbox WHERE aggregate_id = 'good-1' AND published_at IS NULL}),
+is(psql(q{SELECT count(*) FROM outbox_pending WHERE aggregate_id = 'good-1'}),
 	'2', 'a paused aggregate waits');
 psql(q{SELECT outbox_resume('good-1')});
-ok(poll_until(q{SELECT count(*) = 0 FROM outbox WHERE aggregate_id = 'good-1' AND published_at IS NULL}),
+ok(poll_until(q{SELECT count(*) = 0 FROM outbox_pending WHERE aggregate_id = 'good-1'}),
 	'a resumed aggregate is published');
 is(psql(q{SELECT outbox_replay('good-1', 3)}), '5', 'replay queues versions 3..7 again');
-ok(poll_until(q{SELECT count(*) = 0 FROM outbox WHERE aggregate_id = 'good-1' AND published_at IS NULL}),
+ok(poll_until(q{SELECT count(*) = 0 FROM outbox_pending WHERE aggregate_id = 'good-1'}),
 	'replayed events are published');
 $r = $mk->check(topics => ['good'], expect => { 'good-1' => 7 });
 is($r->{exit}, 0, 'replay: consumers see 1..7 once after dropping re-deliveries') or diag $r->{output};
@@ -160,7 +160,7 @@ cmp_ok(counter($node, 'retention_deleted'), '>', 0, 'retention counted');
 cmp_ok(counter($node, 'inbox_retention_deleted'), '>=', 2, 'inbox retention counted');
 is(psql(q{SELECT aggregate_version FROM outbox_emit('order', 'good-1', 'E', '{}', topic => 'good')}),
 	'8', 'versions continue after retention deleted every row of the aggregate');
-ok(poll_until(q{SELECT count(*) = 0 FROM outbox WHERE published_at IS NULL}), 'and it is published');
+ok(poll_until(q{SELECT count(*) = 0 FROM outbox_pending}), 'and it is published');
 $r = $mk->check(topics => ['good'], expect => { 'good-1' => 8 });
 is($r->{exit}, 0, 'retention: order checker clean') or diag $r->{output};
 

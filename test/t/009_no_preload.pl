@@ -101,7 +101,7 @@ ok($pub->poll_query_until('postgres', q{SELECT publisher = 'running' FROM outbox
 	'outbox_status in outbox.database: running');
 $pub->safe_psql('postgres', q{SELECT outbox_emit('order', 'y', 'E', '{}')});
 ok(defined wait_published($pub, 120), 'the served database publishes');
-is($pub->safe_psql('other', 'SELECT count(*) FROM outbox WHERE published_at IS NULL'), '1',
+is($pub->safe_psql('other', 'SELECT count(*) FROM outbox_pending'), '1',
 	'the other database\'s event waits');
 
 $pub->stop;

@@ -105,7 +105,7 @@ wait_for(q{SELECT bool_and(problem IS NOT NULL) FROM outbox_workers()},
 is($node->safe_psql('postgres', 'SELECT publisher FROM outbox_status'), 'failing',
 	'outbox_status: failing');
 note 'problem: ' . $node->safe_psql('postgres', 'SELECT problem FROM outbox_workers()');
-is($node->safe_psql('postgres', q{SELECT count(*) FROM outbox WHERE published_at IS NULL}), '1',
+is($node->safe_psql('postgres', q{SELECT count(*) FROM outbox_pending}), '1',
 	'the event waits');
 
 write_creds("sasl.password=Marker7Secret\nclient.id=outbox-creds-test\n", 0600);

@@ -62,7 +62,7 @@ sub emit_in
 sub pending_in
 {
 	my ($db) = @_;
-	return $node->safe_psql($db, 'SELECT count(*) FROM outbox WHERE published_at IS NULL');
+	return $node->safe_psql($db, 'SELECT count(*) FROM outbox_pending');
 }
 
 sub published_in

@@ -36,7 +36,7 @@ ok($primary->poll_query_until('postgres',
 	q{SELECT state = 'waiting for standbys' FROM outbox_workers() WHERE worker = 0}),
 	'the publisher waits for a standby');
 sleep 2;
-is($primary->safe_psql('postgres', 'SELECT count(*) FROM outbox WHERE published_at IS NULL'),
+is($primary->safe_psql('postgres', 'SELECT count(*) FROM outbox_pending'),
 	'1', 'nothing published that no standby has');
 
 $standby->start;

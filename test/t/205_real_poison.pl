@@ -109,7 +109,7 @@ for my $kind (qw(big missing))
 		"block: $agg blocked at v2 after 2 attempts with the real error");
 	sleep 1;
 	is(q1(qq{SELECT string_agg(aggregate_version::text, ',' ORDER BY aggregate_version)
-		FROM outbox WHERE aggregate_id = '$agg' AND published_at IS NULL}),
+		FROM outbox_pending WHERE aggregate_id = '$agg'}),
 		'2,3', "block: $agg v3 waits behind v2");
 }
 like(q1(q{SELECT blocked_aggregates || ' ' || (SELECT string_agg(b->>'aggregate_id', ',' ORDER BY b->>'aggregate_id')
