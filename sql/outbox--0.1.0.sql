@@ -859,6 +859,20 @@ SELECT o.*
 COMMENT ON VIEW @extschema@.outbox_pending IS
 'the events not yet published (acknowledged by Kafka), dead-lettered or skipped';
 
+-- Every event with what became of it: pending, published (at or below its
+-- aggregate's last published version), dead_lettered or skipped.  Select
+-- by aggregate_id or event_id: the whole table is large.
+CREATE VIEW @extschema@.outbox_events AS
+SELECT o.*,
+	   CASE WHEN o.disposition IS NOT NULL THEN o.disposition::text
+			WHEN o.aggregate_version OPERATOR(pg_catalog.<=) coalesce(p.last_published_version, 0)
+			THEN 'published' ELSE 'pending' END AS state
+  FROM @extschema@.outbox o
+  LEFT JOIN @extschema@.aggregate_publication p ON p.aggregate_id OPERATOR(pg_catalog.=) o.aggregate_id;
+
+COMMENT ON VIEW @extschema@.outbox_events IS
+'every retained event and its state: pending, published, dead_lettered or skipped';
+
 CREATE VIEW @extschema@.outbox_aggregate_status AS
 SELECT coalesce(p.aggregate_id, q.aggregate_id) AS aggregate_id,
 	   GREATEST(q.last_pending_version, p.last_published_version) AS last_emitted_version,
@@ -921,7 +935,7 @@ COMMENT ON VIEW @extschema@.outbox_status IS
 'one row: how far behind publishing is, what is stuck, whether a publisher serves this database and what each worker does';
 
 REVOKE ALL ON @extschema@.outbox_status, @extschema@.outbox_aggregate_status,
-	@extschema@.outbox_pending FROM PUBLIC;
+	@extschema@.outbox_pending, @extschema@.outbox_events FROM PUBLIC;
 GRANT SELECT ON @extschema@.outbox_status, @extschema@.outbox_aggregate_status,
 	@extschema@.outbox_pending TO pg_monitor;
 
