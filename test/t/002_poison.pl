@@ -59,7 +59,7 @@ ok(poll_until(q{SELECT count(*) = 0 FROM outbox_pending WHERE aggregate_id = 'go
 is(psql(q{SELECT attempts || ' ' || (last_error LIKE 'INVALID_RECORD%') FROM outbox
 		  WHERE aggregate_id = 'poison-1' AND aggregate_version = 1}),
 	'2 true', 'block: attempts and error recorded on the event');
-is(psql(q{SELECT count(*) FROM outbox WHERE aggregate_id = 'poison-1' AND published_at IS NOT NULL}),
+is(psql(q{SELECT count(*) FROM outbox WHERE aggregate_id = 'poison-1' AND id NOT IN (SELECT id FROM outbox_pending)}),
 	'0', 'block: later versions wait behind the poison event');
 is(psql(q{SELECT blocked_aggregates || ' ' || (blocked->0->>'aggregate_id') || ' ' || (blocked->0->>'version')
 		  FROM outbox_status}),
@@ -69,7 +69,7 @@ is(psql(q{SELECT state || ' ' || gap || ' ' || attempts FROM outbox_aggregate_st
 cmp_ok(counter($node, 'delivery_errors_permanent'), '>=', 2, 'block: permanent errors counted');
 cmp_ok(counter($node, 'order_guard_stops'), '>=', 2, 'block: order protection fired');
 sleep 2;
-is(psql(q{SELECT count(*) FROM outbox WHERE aggregate_id = 'poison-1' AND published_at IS NOT NULL}),
+is(psql(q{SELECT count(*) FROM outbox WHERE aggregate_id = 'poison-1' AND id NOT IN (SELECT id FROM outbox_pending)}),
 	'0', 'block: stays blocked without an operator');
 
 # The operator retries once the cause is gone: everything goes out in order.
@@ -94,8 +94,8 @@ inject_permanent(2);
 emit('poison-2', 'poison', 3);
 ok(poll_until(q{SELECT count(*) = 0 FROM outbox_pending WHERE aggregate_id = 'poison-2'}),
 	'dead_letter: the aggregate continues');
-is(psql(q{SELECT string_agg(aggregate_version || ':' || disposition, ',' ORDER BY aggregate_version)
-		  FROM outbox WHERE aggregate_id = 'poison-2'}),
+is(psql(q{SELECT string_agg(aggregate_version || ':' || state, ',' ORDER BY aggregate_version)
+		  FROM outbox_events WHERE aggregate_id = 'poison-2'}),
 	'1:dead_lettered,2:published,3:published', 'dead_letter: the row records it');
 $r = $mk->check(topics => ['outbox.dead_letter'], opts => ['--print', '--any-start']);
 like($r->{output}, qr/key=poison-2 version=1/, 'dead_letter: the event is in the dead-letter topic');
@@ -111,12 +111,12 @@ emit('poison-3', 'poison', 2);
 my $ev = psql(q{SELECT event_id FROM outbox WHERE aggregate_id = 'poison-3' AND aggregate_version = 1});
 is(psql("SELECT outbox_dead_letter('$ev')"), 't', 'outbox_dead_letter queues a pending event');
 sleep 1;
-is(psql(q{SELECT count(*) FROM outbox WHERE aggregate_id = 'poison-3' AND published_at IS NOT NULL}),
+is(psql(q{SELECT count(*) FROM outbox WHERE aggregate_id = 'poison-3' AND id NOT IN (SELECT id FROM outbox_pending)}),
 	'0', 'pause: nothing is published while publishing is paused');
 psql(q{SELECT outbox_resume()});
 ok(poll_until(q{SELECT count(*) = 0 FROM outbox_pending WHERE aggregate_id = 'poison-3'}),
 	'resume: publishing continues');
-is(psql(q{SELECT string_agg(disposition::text, ',' ORDER BY aggregate_version) FROM outbox WHERE aggregate_id = 'poison-3'}),
+is(psql(q{SELECT string_agg(state, ',' ORDER BY aggregate_version) FROM outbox_events WHERE aggregate_id = 'poison-3'}),
 	'dead_lettered,published', 'the operator-dead-lettered event went to the dead-letter topic');
 
 # --- skip, chosen per aggregate type ---------------------------------------
@@ -126,8 +126,8 @@ psql(q{SELECT count(outbox_emit('skippy', 'poison-4', 'E', jsonb_build_object('i
 	   FROM generate_series(1, 3) i});
 ok(poll_until(q{SELECT count(*) = 0 FROM outbox_pending WHERE aggregate_id = 'poison-4'}),
 	'skip: the aggregate continues');
-is(psql(q{SELECT string_agg(aggregate_version || ':' || disposition, ',' ORDER BY aggregate_version)
-		  FROM outbox WHERE aggregate_id = 'poison-4'}),
+is(psql(q{SELECT string_agg(aggregate_version || ':' || state, ',' ORDER BY aggregate_version)
+		  FROM outbox_events WHERE aggregate_id = 'poison-4'}),
 	'1:skipped,2:published,3:published', 'skip: the row records it (policy from poison_policy)');
 is(counter($node, 'events_skipped'), '1', 'skip: counted');
 $r = $mk->check(topics => ['poison'], opts => ['--any-start', '--verbose']);

@@ -87,13 +87,8 @@ db_versions_contiguous($node, 'hot aggregates');
 note 'events per aggregate: ' . join ' ', split /\n/,
   $node->safe_psql('postgres',
 	q{SELECT aggregate_id || '=' || count(*) FROM outbox GROUP BY aggregate_id ORDER BY 1});
-is($node->safe_psql('postgres', q{
-	SELECT count(*) FROM (
-	  SELECT kafka_offset <= lag(kafka_offset) OVER w AS back,
-	         kafka_partition <> lag(kafka_partition) OVER w AS moved
-	    FROM outbox WINDOW w AS (PARTITION BY aggregate_id ORDER BY aggregate_version)) s
-	 WHERE back OR moved}),
-	'0', 'recorded Kafka offsets increase with the version within each aggregate');
+# Order and partition per aggregate in Kafka are the order checker's
+# (verdict below: inversions, split).
 # Both workers took part (the hot aggregates hash to both halves of the
 # bucket space unless all eight happen to land in one).
 my $per_worker = $node->safe_psql('postgres', qq{

@@ -96,7 +96,7 @@ my $t_first = time;
 while (time - $t_first < 60)
 {
 	# One snapshot of the event and its aggregate, once the failure is recorded.
-	my $state = q1(q{SELECT o.attempts, o.last_error, o.published_at IS NULL,
+	my $state = q1(q{SELECT o.attempts, o.last_error, o.id IN (SELECT id FROM outbox_pending),
 		'|', a.attempts, a.last_error IS NOT NULL,
 		a.next_attempt_at >= a.updated_at + interval '900 ms', a.blocked_version IS NULL
 		FROM outbox o JOIN aggregate_publication a USING (aggregate_id)
@@ -114,7 +114,7 @@ $agg //= '';
 note "event poison/2 after the first failure: $row";
 like($row, qr/^1\|MSG_SIZE_TOO_LARGE: .*\|t$/, 'event: attempts = 1, last_error names MSG_SIZE_TOO_LARGE, still pending');
 is($agg, '1|t|t|t', 'aggregate: attempts = 1, error recorded, backing off, not blocked');
-is(q1(q{SELECT count(*) FROM outbox WHERE aggregate_id = 'poison' AND published_at IS NOT NULL}),
+is(q1(q{SELECT count(*) FROM outbox WHERE aggregate_id = 'poison' AND id NOT IN (SELECT id FROM outbox_pending)}),
 	'1', 'nothing after the failed version was published');
 
 # Second failure: max_attempts = 2 blocks the aggregate at version 2.
@@ -136,8 +136,8 @@ emit('poison', 2);
 emit("other-$_", 20) for 1 .. 5;
 emit('poison', 2);
 my $backlog = max_id($node);
-ok(defined wait_until(qq{SELECT count(*) = 0 FROM outbox
-	WHERE aggregate_id <> 'poison' AND published_at IS NULL AND id <= $backlog}),
+ok(defined wait_until(qq{SELECT count(*) = 0 FROM outbox_pending
+	WHERE aggregate_id <> 'poison' AND id <= $backlog}),
 	'other aggregates published while "poison" is blocked');
 sleep 1;
 is(q1(q{SELECT string_agg(aggregate_version || ':' || attempts || ':' || (last_error IS NOT NULL), ' '
@@ -147,7 +147,7 @@ is(q1(q{SELECT string_agg(aggregate_version || ':' || attempts || ':' || (last_e
 ok(stop_load($load, 300), 'emitters finished without errors');
 ok(defined wait_until(q{SELECT count(*) = 0 FROM outbox_pending WHERE aggregate_type = 'load'}),
 	'the whole load was published while "poison" is blocked');
-cmp_ok(q1(q{SELECT count(*) FROM outbox WHERE aggregate_type = 'load' AND published_at IS NOT NULL}),
+cmp_ok(q1(q{SELECT count(*) FROM outbox WHERE aggregate_type = 'load' AND id NOT IN (SELECT id FROM outbox_pending)}),
 	'>', 5000, 'the load kept being published throughout');
 is(q1(q{SELECT count(*) FROM outbox_pending WHERE aggregate_id = 'poison'}),
 	'5', 'the blocked aggregate is not published (v2..v6 pending)');
@@ -163,9 +163,12 @@ is(q1(q{SELECT outbox_retry('poison')}), 't', 'outbox_retry unblocks the aggrega
 my $recover = wait_published($node, 120);
 ok(defined $recover, 'unblocked: the aggregate is published');
 $recover = time - $t_unblock if defined $recover;
-is(q1(q{SELECT attempts, last_error IS NULL, disposition FROM outbox
+is(q1(q{SELECT attempts, state FROM outbox_events
 	WHERE aggregate_id = 'poison' AND aggregate_version = 2}),
-	'1|t|published', 'published event: one attempt since the retry, error cleared');
+	'0|published', 'published event: no failed attempt since the retry');
+is(q1(q{SELECT attempts, last_error IS NULL, catch_up FROM aggregate_publication
+	WHERE aggregate_id = 'poison'}),
+	'0|t|f', 'the aggregate: attempts and error cleared, back on the stream');
 ok($node->log_contains(qr/outbox: \S+ retried aggregate "poison" \(was blocked at version 2\)/),
 	'the retry is logged');
 db_versions_contiguous($node, 'permanent error');

@@ -26,6 +26,7 @@ $node->safe_psql('postgres', q{
 	CREATE ROLE outbox_worker LOGIN;
 	GRANT SELECT, UPDATE, DELETE ON outbox TO outbox_worker;
 	GRANT SELECT, INSERT, UPDATE ON aggregate_publication TO outbox_worker;
+	GRANT SELECT, INSERT, UPDATE ON publisher_horizon TO outbox_worker;
 	GRANT SELECT, DELETE ON inbox TO outbox_worker;
 	GRANT SELECT ON poison_policy, publisher_control TO outbox_worker;
 });
@@ -39,7 +40,7 @@ $node->safe_psql('postgres',
 
 ok($node->poll_query_until('postgres', q{
 	SELECT count(*) > 0 FROM outbox_status, jsonb_array_elements(workers) w
-	 WHERE w->>'problem' ~ 'marking [0-9]+ acknowledged events failed.*permission denied'}),
+	 WHERE w->>'problem' ~ 'recording the progress of [0-9]+ aggregates failed.*permission denied'}),
 	'outbox_status shows the marking failure');
 note $node->safe_psql('postgres', 'SELECT workers FROM outbox_status');
 
@@ -62,7 +63,7 @@ is($node->safe_psql('postgres',
 	'every aggregate\'s progress recorded');
 $r = $mk->check(topics => ['outbox.event.mark'], expect => expect_file($node, "$dir/expect2"));
 is($r->{messages}, 200, 'still each event once in Kafka');
-ok($node->log_contains(qr/marked \d+ acknowledged events published after marking had failed/),
+ok($node->log_contains(qr/recorded the progress of \d+ of \d+ held aggregates after settling had failed/),
 	'the retry is logged');
 
 $node->stop;

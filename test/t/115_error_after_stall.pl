@@ -30,6 +30,7 @@ $node->safe_psql('postgres', q{
 	CREATE ROLE outbox_worker LOGIN;
 	GRANT SELECT, UPDATE, DELETE ON outbox TO outbox_worker;
 	GRANT SELECT, INSERT, UPDATE ON aggregate_publication TO outbox_worker;
+	GRANT SELECT, INSERT, UPDATE ON publisher_horizon TO outbox_worker;
 	GRANT SELECT, DELETE ON inbox TO outbox_worker;
 	GRANT SELECT ON poison_policy, publisher_control TO outbox_worker;
 });
@@ -46,7 +47,7 @@ $node->safe_psql('postgres', 'REVOKE INSERT ON aggregate_publication FROM outbox
 $node->safe_psql('postgres',
 	q{SELECT outbox_emit('stall', 's-' || g, 'E', '{}') FROM generate_series(1, 60) g});
 ok($node->poll_query_until('postgres', q{
-	SELECT problem LIKE 'marking % acknowledged events failed%' FROM outbox_workers() WHERE worker = 0}),
+	SELECT problem LIKE 'recording the progress of % aggregates failed%' FROM outbox_workers() WHERE worker = 0}),
 	'the settling of the acknowledged aggregates failed');
 ok($node->poll_query_until('postgres', q{
 	SELECT value >= 1 FROM outbox_counters() WHERE name = 'delivery_timeouts'}),
