@@ -289,6 +289,8 @@ event_bytes(BatchEvent *ev)
 }
 
 static void clear_caught_up(char **cand, int ncand, HTAB *caught, HTAB *listed);
+struct ReadState;
+static void mark_maybe_more(struct ReadState *rs, int from);
 
 /* A flight's events as they are read. */
 typedef struct ReadState
@@ -306,6 +308,24 @@ static bool
 has_room(ReadState *rs)
 {
 	return rs->f->nevents < rs->max_events && rs->f->bytes < rs->max_bytes;
+}
+
+/*
+ * How many rows to fetch next: as many as the bytes left hold at the
+ * average size so far (16 before the first), at most 1000, so that the rows
+ * in memory at once stay near outbox.batch_bytes however large the events.
+ */
+static int
+chunk_size(ReadState *rs)
+{
+	int64		room = rs->max_events - rs->f->nevents;
+	int64		n;
+
+	if (rs->f->nevents == 0)
+		n = 16;
+	else
+		n = (rs->max_bytes - rs->f->bytes) / Max(rs->f->bytes / rs->f->nevents, 1) + 1;
+	return (int) Max(1, Min(Min(room, 1000), n));
 }
 
 /* Add a fetched row to the flight, owed by delta seq (0: none). */
@@ -443,6 +463,9 @@ read_by_index(ReadState *rs, int nshares, int share)
 	Datum		args[2];
 	bool		truncated;
 	int			limit = rs->max_events - rs->f->nevents;
+	int			nbefore = rs->f->nevents;
+	int64		owed = 0;
+	Portal		portal;
 
 	if (ncand == 0 || limit <= 0)
 		return;
@@ -453,27 +476,49 @@ read_by_index(ReadState *rs, int nshares, int share)
 
 	args[0] = text_array_datum(cand, ncand);
 	args[1] = Int32GetDatum(limit);
-	if (SPI_execute_plan(catch_up_plan, args, NULL, true, 0) != SPI_OK_SELECT)
-		elog(ERROR, "could not read aggregates by index");
-	truncated = SPI_processed >= (uint64) limit;
+	portal = SPI_cursor_open(NULL, catch_up_plan, args, NULL, true);
+	truncated = false;
+	for (;;)
 	{
-		SPITupleTable *tt = SPI_tuptable;
-		uint64		nrows = SPI_processed;
-		int64		owed = 0;
-
-		for (uint64 r = 0; r < nrows; r++)
+		SPI_cursor_fetch(portal, true, chunk_size(rs));
+		for (uint64 r = 0; r < SPI_processed; r++)
 		{
-			char	   *id = row_text(tt->vals[r], tt->tupdesc, 4);
+			HeapTuple	tup = SPI_tuptable->vals[r];
+			char	   *id = row_text(tup, SPI_tuptable->tupdesc, 4);
 
+			if (!has_room(rs))
+			{
+				/* Cut short: what was not read stays listed or diverted. */
+				truncated = true;
+				break;
+			}
 			if (set_add(rs->caught, id))
 				owed = publish_stream_undivert(id, false);
-			add_row(rs, tt->vals[r], tt->tupdesc, owed, truncated);
+			add_row(rs, tup, SPI_tuptable->tupdesc, owed, false);
 		}
-		SPI_freetuptable(tt);
+		if (SPI_processed == 0 || truncated)
+			break;
+		SPI_freetuptable(SPI_tuptable);
 	}
+	SPI_cursor_close(portal);
+	/* The LIMIT reached means as much as a cut. */
+	truncated = truncated || rs->f->nevents - nbefore >= limit;
+	if (truncated)
+		mark_maybe_more(rs, nbefore);
 	if (!truncated)
 		clear_caught_up(cand, ncand, rs->caught, listed);
 	elog(DEBUG1, "outbox: read %d events of %d aggregates by index", rs->f->nevents, ncand);
+}
+
+/*
+ * A read by index was cut short: each aggregate it read may have more
+ * (read again by index once settled).
+ */
+static void
+mark_maybe_more(struct ReadState *rs, int from)
+{
+	for (int i = from; i < rs->f->nevents; i++)
+		rs->f->events[i].maybe_more = true;
 }
 
 /*
@@ -586,10 +631,7 @@ read_stream(ReadState *rs, int nshares, int share)
 	{
 		int64	   *ids;
 		int64		seq;
-		int			room = rs->max_events - rs->f->nevents;
-		int			avg = rs->f->nevents > 0 ? Max(rs->f->bytes / rs->f->nevents, 1) : 1024;
-		int			want = (int) Max(1, Min(Min(room, 1000), (rs->max_bytes - rs->f->bytes) / avg + 1));
-		int			n = publish_stream_next_ids(want, &ids, &seq);
+		int			n = publish_stream_next_ids(chunk_size(rs), &ids, &seq);
 		Datum		arg;
 
 		if (n == 0)
