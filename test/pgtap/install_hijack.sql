@@ -189,6 +189,7 @@ INSERT INTO trap.publisher_horizon (worker, snapshot, updated_at)
 SELECT trap.outbox_replay('o-0', 1);
 SELECT trap.outbox_catch_up('o-2');
 SELECT * FROM trap.outbox_pending;
+SELECT * FROM trap.outbox_events;
 SELECT trap.outbox_replay('o-2', 1);
 SELECT * FROM trap.outbox_status;
 SELECT * FROM trap.outbox_aggregate_status;

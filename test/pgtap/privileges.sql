@@ -20,7 +20,7 @@ CREATE ROLE outbox_tap_reader NOLOGIN IN ROLE pg_read_all_settings;
 CREATE ROLE outbox_tap_monitor NOLOGIN IN ROLE pg_monitor;
 GRANT USAGE ON SCHEMA ob TO outbox_tap_monitor;
 
-SELECT plan(181);
+SELECT plan(187);
 
 -- Catalog: what PUBLIC and the roles were granted.
 
@@ -28,7 +28,7 @@ SELECT table_privs_are('ob', t, 'public', ARRAY[]::text[],
                        format('PUBLIC has no privilege on %s', t))
   FROM unnest(ARRAY['outbox', 'aggregate_publication', 'inbox', 'poison_policy',
                     'publisher_control', 'publisher_horizon', 'outbox_status',
-                    'outbox_aggregate_status', 'outbox_pending']) AS t;
+                    'outbox_aggregate_status', 'outbox_pending', 'outbox_events']) AS t;
 -- Whatever tables and views are added later.
 SELECT is_empty($$SELECT c.relname, a.privilege_type
                     FROM pg_class c, aclexplode(c.relacl) a
@@ -47,11 +47,11 @@ SELECT is_empty($$SELECT oid::regprocedure FROM pg_proc
 SELECT table_privs_are('ob', t, 'outbox_tap_app', ARRAY[]::text[],
                        format('the application role has no privilege on %s', t))
   FROM unnest(ARRAY['outbox', 'aggregate_publication', 'inbox', 'poison_policy',
-                    'publisher_control', 'publisher_horizon', 'outbox_pending']) AS t;
+                    'publisher_control', 'publisher_horizon', 'outbox_pending', 'outbox_events']) AS t;
 SELECT table_privs_are('ob', t, 'pg_monitor', ARRAY[]::text[],
                        format('pg_monitor has no privilege on %s', t))
   FROM unnest(ARRAY['outbox', 'aggregate_publication', 'inbox', 'poison_policy',
-                    'publisher_control', 'publisher_horizon']) AS t;
+                    'publisher_control', 'publisher_horizon', 'outbox_events']) AS t;
 SELECT table_privs_are('ob', t, 'pg_monitor', ARRAY['SELECT'],
                        format('pg_monitor can only SELECT from %s', t))
   FROM unnest(ARRAY['outbox_status', 'outbox_aggregate_status', 'outbox_pending']) AS t;
@@ -112,7 +112,8 @@ UPDATE direct SET stmt = 'UPDATE ob.publisher_horizon SET updated_at = now()'
 INSERT INTO direct VALUES
 	('outbox_status', 'SELECT', 'SELECT * FROM ob.outbox_status', 'view'),
 	('outbox_aggregate_status', 'SELECT', 'SELECT * FROM ob.outbox_aggregate_status', 'view'),
-	('outbox_pending', 'SELECT', 'SELECT * FROM ob.outbox_pending', 'view');
+	('outbox_pending', 'SELECT', 'SELECT * FROM ob.outbox_pending', 'view'),
+	('outbox_events', 'SELECT', 'SELECT * FROM ob.outbox_events', 'view');
 -- The operator functions.
 CREATE TEMP TABLE operator_calls (f text, stmt text);
 INSERT INTO operator_calls VALUES
@@ -227,6 +228,8 @@ SELECT lives_ok($$SELECT * FROM ob.outbox_pending$$,
                 'a pg_monitor member can read outbox_pending');
 SELECT throws_ok($$SELECT * FROM ob.outbox$$, '42501', 'permission denied for table outbox',
                  'a pg_monitor member cannot read the outbox itself');
+SELECT throws_ok($$SELECT * FROM ob.outbox_events$$, '42501', 'permission denied for view outbox_events',
+                 'a pg_monitor member cannot read outbox_events (every payload)');
 SELECT throws_ok($$SELECT * FROM ob.publisher_horizon$$, '42501', 'permission denied for table publisher_horizon',
                  'a pg_monitor member cannot read publisher_horizon');
 SELECT throws_ok($$SELECT ob.outbox_catch_up('o-1')$$, '42501',

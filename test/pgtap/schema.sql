@@ -5,7 +5,7 @@ BEGIN;
 CREATE SCHEMA ob;
 CREATE EXTENSION outbox SCHEMA ob;
 
-SELECT plan(187);
+SELECT plan(188);
 
 -- Extension
 
@@ -27,7 +27,8 @@ SELECT tables_are('ob', ARRAY['outbox', 'aggregate_publication', 'inbox', 'inbox
                               'poison_policy', 'publisher_control', 'publisher_horizon', 'inbox_subscription',
                               'inbox_offset', 'inbox_aggregate', 'inbox_dead_letter'],
                   'the extension creates exactly these tables');
-SELECT views_are('ob', ARRAY['outbox_status', 'outbox_aggregate_status', 'outbox_pending', 'inbox_status'],
+SELECT views_are('ob', ARRAY['outbox_status', 'outbox_aggregate_status', 'outbox_pending',
+                             'outbox_events', 'inbox_status'],
                  'the extension creates exactly these views');
 
 SELECT columns_are('ob', 'outbox', ARRAY[
@@ -54,6 +55,12 @@ SELECT is((SELECT array_agg(attname::text || ' ' || format_type(atttypid, atttyp
           (SELECT array_agg(attname::text || ' ' || format_type(atttypid, atttypmod) ORDER BY attnum)
              FROM pg_attribute WHERE attrelid = 'ob.outbox'::regclass AND attnum > 0 AND NOT attisdropped),
           'outbox_pending has the columns of outbox, in order');
+SELECT is((SELECT array_agg(attname::text || ' ' || format_type(atttypid, atttypmod) ORDER BY attnum)
+             FROM pg_attribute WHERE attrelid = 'ob.outbox_events'::regclass AND attnum > 0),
+          (SELECT array_agg(attname::text || ' ' || format_type(atttypid, atttypmod) ORDER BY attnum)
+             FROM pg_attribute WHERE attrelid = 'ob.outbox'::regclass AND attnum > 0 AND NOT attisdropped)
+          || ARRAY['state text'],
+          'outbox_events has the columns of outbox, then state');
 
 -- Column types and nullability: one test per column and property.
 SELECT col_type_is('ob', t, c, ty, format('%s.%s is %s', t, c, ty))

@@ -13,13 +13,14 @@ CREATE FUNCTION pg_temp.publish(agg text, v bigint) RETURNS bigint LANGUAGE sql 
 	   SET last_published_version = GREATEST(p.last_published_version, excluded.last_published_version)
 	RETURNING p.last_published_version
 $$;
--- Each event: pending (listed by outbox_pending) or settled, and how.
+-- Each event: pending (listed by outbox_pending) or settled, and how
+-- (outbox_events' state must agree).
 CREATE TEMP VIEW event_state AS
-SELECT o.aggregate_id, o.aggregate_version, o.event_id, o.disposition,
+SELECT o.aggregate_id, o.aggregate_version, o.event_id, o.state, o.disposition,
        o.disposed_at IS NOT NULL AS disposed,
        o.id IN (SELECT q.id FROM ob.outbox_pending q) AS pending,
        o.attempts, o.dead_letter_requested AS dl
-  FROM ob.outbox o;
+  FROM ob.outbox_events o;
 
 SELECT aggregate_version FROM outbox_emit('order', 'op-1', 'A', '{}', event_id => 'op-1-a');
 SELECT aggregate_version FROM outbox_emit('order', 'op-1', 'B', '{}', event_id => 'op-1-b');
@@ -80,10 +81,10 @@ UPDATE outbox SET disposition = 'dead_lettered', disposed_at = now(), attempts =
  WHERE event_id = 'op-1-c';
 SELECT pg_temp.publish('op-1', 3);
 UPDATE aggregate_publication SET catch_up = false WHERE aggregate_id = 'op-1';
-SELECT aggregate_version, disposition, disposed, pending, attempts, dl
+SELECT aggregate_version, state, disposition, disposed, pending, attempts, dl
   FROM event_state WHERE aggregate_id = 'op-1' ORDER BY 1;
 SELECT outbox_replay('op-1', 2);
-SELECT aggregate_version, disposition, disposed, pending, attempts, dl
+SELECT aggregate_version, state, disposition, disposed, pending, attempts, dl
   FROM event_state WHERE aggregate_id = 'op-1' ORDER BY 1;
 SELECT last_published_version, catch_up FROM aggregate_publication WHERE aggregate_id = 'op-1';
 SELECT outbox_replay('op-1', 2);
