@@ -6,7 +6,7 @@ BEGIN;
 CREATE SCHEMA ob;
 CREATE EXTENSION outbox SCHEMA ob;
 
-SELECT plan(59);
+SELECT plan(60);
 
 -- The returned composite is the inserted row.
 
@@ -23,12 +23,14 @@ SELECT is((SELECT topic FROM r1), 'outbox.event.order',
           'the default topic is outbox.event.{aggregate_type}');
 SELECT is((SELECT id FROM r1), (SELECT max(id) FROM ob.outbox), 'the returned id is the row''s identity');
 SELECT results_eq(
-	$$SELECT aggregate_type, aggregate_id, event_type, payload, headers, published_at,
-	         disposition, attempts, kafka_partition, kafka_offset, last_error
+	$$SELECT aggregate_type, aggregate_id, event_type, payload, headers, disposed_at,
+	         disposition, attempts, last_error, txid = pg_current_xact_id()
 	    FROM ob.outbox WHERE id = (SELECT id FROM r1)$$,
 	$$VALUES ('order', 'c-1', 'OrderCreated', '{"total": 1}'::jsonb, NULL::jsonb,
-	          NULL::timestamptz, NULL::ob.outbox_disposition, 0, NULL::int, NULL::bigint, NULL::text)$$,
-	'the stored row is pending, with the given values');
+	          NULL::timestamptz, NULL::ob.outbox_disposition, 0, NULL::text, true)$$,
+	'the stored row has the given values, not disposed of, and this transaction''s txid');
+SELECT results_eq($$SELECT id FROM ob.outbox_pending$$, $$SELECT id FROM r1$$,
+                  'the emitted event is pending');
 
 CREATE TEMP TABLE r2 AS
 	SELECT * FROM ob.outbox_emit('order', 'c-1', 'OrderPaid', NULL, topic => 'orders.v1',

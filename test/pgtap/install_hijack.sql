@@ -34,6 +34,8 @@ INSERT INTO trap_functions VALUES
 	('to_jsonb', 'record', 'jsonb'),
 	('pg_extension_config_dump', 'text, text', 'void'),
 	('hashtext', 'text', 'integer'),
+	('pg_current_xact_id', '', 'xid8'),
+	('pg_snapshot_xmin', 'pg_snapshot', 'xid8'),
 	('text', 'uuid', 'text');
 DO $$
 DECLARE
@@ -91,7 +93,8 @@ INSERT INTO trap_operators VALUES
 	('-', 'timestamptz', 'timestamptz', 'interval'), ('=', 'boolean', 'boolean', 'boolean'),
 	-- An enum compared with a literal: a better match than anyenum = anyenum.
 	('=', 'anyenum', 'text', 'boolean'), ('<>', 'anyenum', 'text', 'boolean'),
-	('=', 'text', 'text[]', 'boolean'), ('=', 'name', 'name', 'boolean');
+	('=', 'text', 'text[]', 'boolean'), ('=', 'name', 'name', 'boolean'),
+	('>=', 'xid8', 'xid8', 'boolean'), ('<', 'xid8', 'xid8', 'boolean');
 DO $$
 DECLARE
 	o record;
@@ -109,7 +112,7 @@ END
 $$;
 RESET ROLE;
 
-SELECT plan(11);
+SELECT plan(12);
 
 -- Control: the traps are better matches than pg_catalog's.  An unqualified
 -- num_nonnulls in a CHECK, bound under the search_path CREATE EXTENSION
@@ -175,9 +178,18 @@ SELECT trap.outbox_skip('e-1', 'hijack test');
 SELECT trap.outbox_dead_letter('e-3');
 SELECT trap.outbox_pause('o-0'), trap.outbox_resume('o-0');
 SELECT trap.outbox_pause(), trap.outbox_resume();
-UPDATE trap.outbox SET published_at = clock_timestamp(), disposition = 'published'
- WHERE aggregate_id = 'o-0';
+-- Published as the publisher records it, under a horizon (so that both
+-- parts of outbox_pending run).
+INSERT INTO trap.aggregate_publication AS p (aggregate_id, last_published_version)
+	VALUES ('o-0', 4)
+	ON CONFLICT (aggregate_id) DO UPDATE
+	SET last_published_version = GREATEST(p.last_published_version, excluded.last_published_version);
+INSERT INTO trap.publisher_horizon (worker, snapshot, updated_at)
+	VALUES (1, pg_current_snapshot(), clock_timestamp());
 SELECT trap.outbox_replay('o-0', 1);
+SELECT trap.outbox_catch_up('o-2');
+SELECT * FROM trap.outbox_pending;
+SELECT * FROM trap.outbox_events;
 SELECT trap.outbox_replay('o-2', 1);
 SELECT * FROM trap.outbox_status;
 SELECT * FROM trap.outbox_aggregate_status;
@@ -196,6 +208,8 @@ SELECT results_eq($$SELECT aggregate_id, state FROM trap.outbox_aggregate_status
 SELECT is_empty($$SELECT what, run_as FROM trap.fired$$,
                 'no planted function, aggregate or operator ran');
 SELECT is((SELECT count(*) FROM trap.outbox), 9::bigint, 'every event is in the outbox');
+SELECT is((SELECT string_agg(event_id, ',' ORDER BY event_id) FROM trap.outbox_pending WHERE event_id LIKE 'e-%'),
+          'e-2,e-3,e-4,e-5,e-6,e-7,e-8', 'outbox_pending lists all but the skipped event');
 
 SELECT * FROM finish();
 ROLLBACK;

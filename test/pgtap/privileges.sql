@@ -20,14 +20,15 @@ CREATE ROLE outbox_tap_reader NOLOGIN IN ROLE pg_read_all_settings;
 CREATE ROLE outbox_tap_monitor NOLOGIN IN ROLE pg_monitor;
 GRANT USAGE ON SCHEMA ob TO outbox_tap_monitor;
 
-SELECT plan(157);
+SELECT plan(187);
 
 -- Catalog: what PUBLIC and the roles were granted.
 
 SELECT table_privs_are('ob', t, 'public', ARRAY[]::text[],
                        format('PUBLIC has no privilege on %s', t))
   FROM unnest(ARRAY['outbox', 'aggregate_publication', 'inbox', 'poison_policy',
-                    'publisher_control', 'outbox_status', 'outbox_aggregate_status']) AS t;
+                    'publisher_control', 'publisher_horizon', 'outbox_status',
+                    'outbox_aggregate_status', 'outbox_pending', 'outbox_events']) AS t;
 -- Whatever tables and views are added later.
 SELECT is_empty($$SELECT c.relname, a.privilege_type
                     FROM pg_class c, aclexplode(c.relacl) a
@@ -46,14 +47,14 @@ SELECT is_empty($$SELECT oid::regprocedure FROM pg_proc
 SELECT table_privs_are('ob', t, 'outbox_tap_app', ARRAY[]::text[],
                        format('the application role has no privilege on %s', t))
   FROM unnest(ARRAY['outbox', 'aggregate_publication', 'inbox', 'poison_policy',
-                    'publisher_control']) AS t;
+                    'publisher_control', 'publisher_horizon', 'outbox_pending', 'outbox_events']) AS t;
 SELECT table_privs_are('ob', t, 'pg_monitor', ARRAY[]::text[],
                        format('pg_monitor has no privilege on %s', t))
   FROM unnest(ARRAY['outbox', 'aggregate_publication', 'inbox', 'poison_policy',
-                    'publisher_control']) AS t;
+                    'publisher_control', 'publisher_horizon', 'outbox_events']) AS t;
 SELECT table_privs_are('ob', t, 'pg_monitor', ARRAY['SELECT'],
                        format('pg_monitor can only SELECT from %s', t))
-  FROM unnest(ARRAY['outbox_status', 'outbox_aggregate_status']) AS t;
+  FROM unnest(ARRAY['outbox_status', 'outbox_aggregate_status', 'outbox_pending']) AS t;
 
 SELECT function_privs_are('ob', 'outbox_emit',
                           ARRAY['text', 'text', 'text', 'jsonb', 'text', 'jsonb', 'text', 'bigint'],
@@ -75,6 +76,8 @@ SELECT function_privs_are('ob', 'outbox_latency_histogram', ARRAY[]::text[],
                           'public', ARRAY[]::text[], 'PUBLIC cannot execute outbox_latency_histogram');
 SELECT function_privs_are('ob', 'outbox_test_fatal_error', ARRAY[]::text[],
                           'public', ARRAY[]::text[], 'PUBLIC cannot execute outbox_test_fatal_error');
+SELECT function_privs_are('ob', 'outbox_catch_up', ARRAY['text'],
+                          'public', ARRAY[]::text[], 'PUBLIC cannot execute outbox_catch_up');
 SELECT function_privs_are('ob', 'uuid_v7', ARRAY[]::text[],
                           'public', ARRAY['EXECUTE'], 'PUBLIC can execute uuid_v7');
 SELECT function_privs_are('ob', 'outbox_counters', ARRAY[]::text[],
@@ -92,7 +95,7 @@ CREATE TEMP TABLE direct (t text, op text, stmt text, kind text DEFAULT 'table')
 INSERT INTO direct (t, op, stmt)
 SELECT t, op, format(s, t)
   FROM unnest(ARRAY['outbox', 'aggregate_publication', 'inbox', 'poison_policy',
-                    'publisher_control']) AS t,
+                    'publisher_control', 'publisher_horizon']) AS t,
        (VALUES ('SELECT', 'SELECT * FROM ob.%I'),
                ('INSERT', 'INSERT INTO ob.%I DEFAULT VALUES'),
                ('UPDATE', 'UPDATE ob.%I SET last_error = NULL'),
@@ -104,9 +107,13 @@ UPDATE direct SET stmt = 'UPDATE ob.poison_policy SET policy = ''skip'''
  WHERE t = 'poison_policy' AND op = 'UPDATE';
 UPDATE direct SET stmt = 'UPDATE ob.publisher_control SET paused = true'
  WHERE t = 'publisher_control' AND op = 'UPDATE';
+UPDATE direct SET stmt = 'UPDATE ob.publisher_horizon SET updated_at = now()'
+ WHERE t = 'publisher_horizon' AND op = 'UPDATE';
 INSERT INTO direct VALUES
 	('outbox_status', 'SELECT', 'SELECT * FROM ob.outbox_status', 'view'),
-	('outbox_aggregate_status', 'SELECT', 'SELECT * FROM ob.outbox_aggregate_status', 'view');
+	('outbox_aggregate_status', 'SELECT', 'SELECT * FROM ob.outbox_aggregate_status', 'view'),
+	('outbox_pending', 'SELECT', 'SELECT * FROM ob.outbox_pending', 'view'),
+	('outbox_events', 'SELECT', 'SELECT * FROM ob.outbox_events', 'view');
 -- The operator functions.
 CREATE TEMP TABLE operator_calls (f text, stmt text);
 INSERT INTO operator_calls VALUES
@@ -121,7 +128,8 @@ INSERT INTO operator_calls VALUES
 	('outbox_test_fatal_error', $$SELECT ob.outbox_test_fatal_error()$$),
 	('outbox_workers', $$SELECT * FROM ob.outbox_workers()$$),
 	('outbox_publisher', $$SELECT * FROM ob.outbox_publisher()$$),
-	('outbox_check_publisher', $$SELECT ob.outbox_check_publisher()$$);
+	('outbox_check_publisher', $$SELECT ob.outbox_check_publisher()$$),
+	('outbox_catch_up', $$SELECT ob.outbox_catch_up('o-1')$$);
 GRANT SELECT ON operator_calls TO PUBLIC;
 GRANT SELECT ON direct TO PUBLIC;
 -- The outbox settings a superuser sees.
@@ -216,8 +224,17 @@ SELECT lives_ok($$SELECT * FROM ob.outbox_publisher()$$, 'a pg_monitor member ca
 SELECT lives_ok($$SELECT * FROM ob.outbox_status$$, 'a pg_monitor member can read outbox_status');
 SELECT lives_ok($$SELECT * FROM ob.outbox_aggregate_status$$,
                 'a pg_monitor member can read outbox_aggregate_status');
+SELECT lives_ok($$SELECT * FROM ob.outbox_pending$$,
+                'a pg_monitor member can read outbox_pending');
 SELECT throws_ok($$SELECT * FROM ob.outbox$$, '42501', 'permission denied for table outbox',
                  'a pg_monitor member cannot read the outbox itself');
+SELECT throws_ok($$SELECT * FROM ob.outbox_events$$, '42501', 'permission denied for view outbox_events',
+                 'a pg_monitor member cannot read outbox_events (every payload)');
+SELECT throws_ok($$SELECT * FROM ob.publisher_horizon$$, '42501', 'permission denied for table publisher_horizon',
+                 'a pg_monitor member cannot read publisher_horizon');
+SELECT throws_ok($$SELECT ob.outbox_catch_up('o-1')$$, '42501',
+                 'permission denied for function outbox_catch_up',
+                 'a pg_monitor member cannot call outbox_catch_up');
 SELECT throws_ok($$SELECT ob.outbox_emit('order', 'o-1', 'Created', '{}')$$, '42501',
                  'permission denied for function outbox_emit',
                  'a pg_monitor member cannot emit');

@@ -5,7 +5,7 @@ BEGIN;
 CREATE SCHEMA ob;
 CREATE EXTENSION outbox SCHEMA ob;
 
-SELECT plan(169);
+SELECT plan(188);
 
 -- Extension
 
@@ -24,22 +24,22 @@ SELECT throws_ok('ALTER EXTENSION outbox SET SCHEMA public', '0A000',
 -- Tables
 
 SELECT tables_are('ob', ARRAY['outbox', 'aggregate_publication', 'inbox', 'inbox_consumer',
-                              'poison_policy', 'publisher_control', 'inbox_subscription',
+                              'poison_policy', 'publisher_control', 'publisher_horizon', 'inbox_subscription',
                               'inbox_offset', 'inbox_aggregate', 'inbox_dead_letter'],
                   'the extension creates exactly these tables');
-SELECT views_are('ob', ARRAY['outbox_status', 'outbox_aggregate_status', 'inbox_status'],
+SELECT views_are('ob', ARRAY['outbox_status', 'outbox_aggregate_status', 'outbox_pending',
+                             'outbox_events', 'inbox_status'],
                  'the extension creates exactly these views');
 
 SELECT columns_are('ob', 'outbox', ARRAY[
 	'id', 'event_id', 'aggregate_type', 'aggregate_id', 'aggregate_version',
-	'event_type', 'topic', 'headers', 'payload', 'payload_bytes', 'created_at', 'published_at',
-	'disposition', 'kafka_partition', 'kafka_offset', 'attempts', 'last_error',
-	'dead_letter_requested'],
-	'outbox has the expected columns');
+	'event_type', 'topic', 'headers', 'payload', 'payload_bytes', 'created_at', 'txid',
+	'disposition', 'disposed_at', 'attempts', 'last_error', 'dead_letter_requested'],
+	'outbox has the expected columns (nothing per published event)');
 SELECT columns_are('ob', 'aggregate_publication', ARRAY[
 	'aggregate_id', 'last_published_version', 'last_published_at',
 	'blocked_version', 'blocked_at', 'attempts', 'last_error',
-	'next_attempt_at', 'paused', 'updated_at'],
+	'next_attempt_at', 'paused', 'catch_up', 'updated_at'],
 	'aggregate_publication has the expected columns');
 SELECT columns_are('ob', 'inbox', ARRAY['consumer', 'event_id', 'processed_at'],
 	'inbox has the expected columns');
@@ -47,6 +47,20 @@ SELECT columns_are('ob', 'poison_policy', ARRAY['topic', 'aggregate_type', 'poli
 	'poison_policy has the expected columns');
 SELECT columns_are('ob', 'publisher_control', ARRAY['singleton', 'paused', 'changed_at', 'changed_by'],
 	'publisher_control has the expected columns');
+SELECT columns_are('ob', 'publisher_horizon', ARRAY['worker', 'snapshot', 'updated_at'],
+	'publisher_horizon has the expected columns');
+-- outbox_pending lists outbox rows: the same columns, in the same order.
+SELECT is((SELECT array_agg(attname::text || ' ' || format_type(atttypid, atttypmod) ORDER BY attnum)
+             FROM pg_attribute WHERE attrelid = 'ob.outbox_pending'::regclass AND attnum > 0),
+          (SELECT array_agg(attname::text || ' ' || format_type(atttypid, atttypmod) ORDER BY attnum)
+             FROM pg_attribute WHERE attrelid = 'ob.outbox'::regclass AND attnum > 0 AND NOT attisdropped),
+          'outbox_pending has the columns of outbox, in order');
+SELECT is((SELECT array_agg(attname::text || ' ' || format_type(atttypid, atttypmod) ORDER BY attnum)
+             FROM pg_attribute WHERE attrelid = 'ob.outbox_events'::regclass AND attnum > 0),
+          (SELECT array_agg(attname::text || ' ' || format_type(atttypid, atttypmod) ORDER BY attnum)
+             FROM pg_attribute WHERE attrelid = 'ob.outbox'::regclass AND attnum > 0 AND NOT attisdropped)
+          || ARRAY['state text'],
+          'outbox_events has the columns of outbox, then state');
 
 -- Column types and nullability: one test per column and property.
 SELECT col_type_is('ob', t, c, ty, format('%s.%s is %s', t, c, ty))
@@ -62,10 +76,9 @@ SELECT col_type_is('ob', t, c, ty, format('%s.%s is %s', t, c, ty))
 	('outbox', 'payload', 'jsonb'),
 	('outbox', 'payload_bytes', 'bytea'),
 	('outbox', 'created_at', 'timestamp with time zone'),
-	('outbox', 'published_at', 'timestamp with time zone'),
+	('outbox', 'txid', 'xid8'),
 	('outbox', 'disposition', 'ob.outbox_disposition'),
-	('outbox', 'kafka_partition', 'integer'),
-	('outbox', 'kafka_offset', 'bigint'),
+	('outbox', 'disposed_at', 'timestamp with time zone'),
 	('outbox', 'attempts', 'integer'),
 	('outbox', 'last_error', 'text'),
 	('outbox', 'dead_letter_requested', 'boolean'),
@@ -85,7 +98,11 @@ SELECT col_type_is('ob', t, c, ty, format('%s.%s is %s', t, c, ty))
 	('aggregate_publication', 'last_error', 'text'),
 	('aggregate_publication', 'next_attempt_at', 'timestamp with time zone'),
 	('aggregate_publication', 'paused', 'boolean'),
+	('aggregate_publication', 'catch_up', 'boolean'),
 	('aggregate_publication', 'updated_at', 'timestamp with time zone'),
+	('publisher_horizon', 'worker', 'integer'),
+	('publisher_horizon', 'snapshot', 'pg_snapshot'),
+	('publisher_horizon', 'updated_at', 'timestamp with time zone'),
 	('inbox', 'consumer', 'text'),
 	('inbox', 'event_id', 'text'),
 	('inbox', 'processed_at', 'timestamp with time zone')) AS v(t, c, ty)
@@ -105,10 +122,9 @@ SELECT CASE WHEN nn THEN col_not_null('ob', t, c, format('%s.%s is NOT NULL', t,
 	('outbox', 'payload', false),
 	('outbox', 'payload_bytes', false),
 	('outbox', 'created_at', true),
-	('outbox', 'published_at', false),
+	('outbox', 'txid', true),
 	('outbox', 'disposition', false),
-	('outbox', 'kafka_partition', false),
-	('outbox', 'kafka_offset', false),
+	('outbox', 'disposed_at', false),
 	('outbox', 'attempts', true),
 	('outbox', 'last_error', false),
 	('outbox', 'dead_letter_requested', true),
@@ -122,7 +138,11 @@ SELECT CASE WHEN nn THEN col_not_null('ob', t, c, format('%s.%s is NOT NULL', t,
 	('aggregate_publication', 'blocked_version', false),
 	('aggregate_publication', 'attempts', true),
 	('aggregate_publication', 'paused', true),
+	('aggregate_publication', 'catch_up', true),
 	('aggregate_publication', 'updated_at', true),
+	('publisher_horizon', 'worker', true),
+	('publisher_horizon', 'snapshot', true),
+	('publisher_horizon', 'updated_at', true),
 	('inbox', 'consumer', true),
 	('inbox', 'event_id', true),
 	('inbox', 'processed_at', true)) AS v(t, c, nn)
@@ -139,12 +159,16 @@ SELECT col_default_is('ob', 'outbox', 'created_at', 'clock_timestamp()',
 SELECT col_default_is('ob', 'outbox', 'attempts', '0', 'outbox.attempts defaults to 0');
 SELECT col_default_is('ob', 'outbox', 'dead_letter_requested', 'false',
                       'outbox.dead_letter_requested defaults to false');
-SELECT col_hasnt_default('ob', 'outbox', 'published_at', 'outbox.published_at has no default');
+SELECT col_default_is('ob', 'outbox', 'txid', 'pg_current_xact_id()',
+                      'outbox.txid defaults to the emitting top-level transaction');
+SELECT col_hasnt_default('ob', 'outbox', 'disposed_at', 'outbox.disposed_at has no default');
 SELECT col_hasnt_default('ob', 'outbox', 'aggregate_version', 'outbox.aggregate_version has no default');
 SELECT col_default_is('ob', 'aggregate_publication', 'last_published_version', '0',
                       'aggregate_publication.last_published_version defaults to 0');
 SELECT col_default_is('ob', 'aggregate_publication', 'paused', 'false',
                       'aggregate_publication.paused defaults to false');
+SELECT col_default_is('ob', 'aggregate_publication', 'catch_up', 'false',
+                      'aggregate_publication.catch_up defaults to false');
 SELECT col_default_is('ob', 'inbox', 'processed_at', 'now()',
                       'inbox.processed_at defaults to now()');
 
@@ -155,6 +179,7 @@ SELECT col_is_pk('ob', 'aggregate_publication', 'aggregate_id',
 SELECT col_is_pk('ob', 'inbox', ARRAY['consumer', 'event_id'],
                  'inbox primary key is (consumer, event_id)');
 SELECT col_is_pk('ob', 'publisher_control', 'singleton', 'publisher_control primary key is singleton');
+SELECT col_is_pk('ob', 'publisher_horizon', 'worker', 'publisher_horizon primary key is worker');
 SELECT col_is_unique('ob', 'outbox', 'event_id', 'outbox.event_id is unique');
 SELECT col_is_unique('ob', 'poison_policy', 'topic', 'poison_policy.topic is unique');
 SELECT col_is_unique('ob', 'poison_policy', 'aggregate_type', 'poison_policy.aggregate_type is unique');
@@ -187,12 +212,16 @@ CREATE FUNCTION pg_temp.ins(cols text, vals text) RETURNS text LANGUAGE sql AS $
 $$;
 SELECT lives_ok(pg_temp.ins('', $$'e-ok', 't', 'a', 1, 'E', 'x'$$),
                 'a direct insert of a valid pending row works');
-SELECT throws_ok(pg_temp.ins('published_at, disposition', $$'e-1', 't', 'a', 2, 'E', 'x', now(), 'sent'$$),
+SELECT is((SELECT txid FROM ob.outbox WHERE event_id = 'e-ok'), pg_current_xact_id(),
+          'its txid is the inserting transaction''s');
+SELECT throws_ok(pg_temp.ins('disposed_at, disposition', $$'e-1', 't', 'a', 2, 'E', 'x', now(), 'sent'$$),
                  '22P02', 'invalid input value for enum ob.outbox_disposition: "sent"',
                  'an unknown disposition is rejected');
-SELECT lives_ok(pg_temp.ins('published_at, disposition', format($$'e-%s', 't', 'a', %s, 'E', 'x', now(), %L$$, i + 1, i + 1, d)),
-                format('disposition %s with published_at is accepted', d))
-  FROM unnest(ARRAY['published', 'dead_lettered', 'skipped']) WITH ORDINALITY AS u(d, i);
+SELECT lives_ok(pg_temp.ins('disposed_at, disposition', format($$'e-%s', 't', 'a', %s, 'E', 'x', now(), %L$$, i + 1, i + 1, d)),
+                format('disposition %s with disposed_at is accepted', d))
+  FROM unnest(ARRAY['dead_lettered', 'skipped']) WITH ORDINALITY AS u(d, i);
+SELECT throws_ok(pg_temp.ins('txid', $$'e-null-txid', 't', 'a', 9, 'E', 'x', NULL$$), '23502', NULL,
+                 'outbox.txid cannot be NULL');
 SELECT throws_ok(pg_temp.ins('', $$'e-ok', 't', 'b', 1, 'E', 'x'$$), '23505',
                  'duplicate key value violates unique constraint "outbox_event_id_key"',
                  'a duplicate event_id is rejected by the table');
@@ -223,15 +252,23 @@ SELECT throws_ok($$INSERT INTO ob.publisher_control (singleton) VALUES (false)$$
 
 -- Indexes.
 SELECT indexes_are('ob', 'outbox', ARRAY['outbox_pkey', 'outbox_event_id_key',
-                   'outbox_position_unique', 'outbox_pending_idx', 'outbox_disposed_idx'],
+                   'outbox_position_unique', 'outbox_txid_idx', 'outbox_disposed_idx'],
                    'outbox has exactly the expected indexes');
-SELECT has_index('ob', 'outbox', 'outbox_pending_idx', 'id', 'the pending index is on id');
-SELECT index_is_type('ob', 'outbox', 'outbox_pending_idx', 'btree', 'the pending index is a btree');
+SELECT has_index('ob', 'outbox', 'outbox_txid_idx', 'txid', 'the stream index is on txid');
+SELECT index_is_type('ob', 'outbox', 'outbox_txid_idx', 'btree', 'the stream index is a btree');
+SELECT is((SELECT indpred IS NULL FROM pg_index WHERE indexrelid = 'ob.outbox_txid_idx'::regclass),
+          true, 'the stream index holds every row (no predicate)');
+SELECT isnt((SELECT indisunique FROM pg_index WHERE indexrelid = 'ob.outbox_txid_idx'::regclass),
+            true, 'the stream index is not unique (a transaction emits many events)');
+SELECT indexes_are('ob', 'aggregate_publication', ARRAY['aggregate_publication_pkey',
+                   'aggregate_publication_exception_idx'],
+                   'aggregate_publication has exactly the expected indexes');
+SELECT has_index('ob', 'aggregate_publication', 'aggregate_publication_exception_idx', 'aggregate_id',
+                 'the exception index is on aggregate_id');
 SELECT is((SELECT pg_get_expr(indpred, indrelid) FROM pg_index
-            WHERE indexrelid = 'ob.outbox_pending_idx'::regclass),
-          '(published_at IS NULL)', 'the pending index holds pending rows only');
-SELECT isnt((SELECT indisunique FROM pg_index WHERE indexrelid = 'ob.outbox_pending_idx'::regclass),
-            true, 'the pending index is not unique');
+            WHERE indexrelid = 'ob.aggregate_publication_exception_idx'::regclass),
+          '(paused OR (blocked_version IS NOT NULL) OR (next_attempt_at IS NOT NULL) OR catch_up)',
+          'the exception index holds the aggregates read by index only');
 SELECT is((SELECT pg_get_expr(indpred, indrelid) FROM pg_index
             WHERE indexrelid = 'ob.outbox_disposed_idx'::regclass),
           '(disposition = ANY (ARRAY[''dead_lettered''::ob.outbox_disposition, ''skipped''::ob.outbox_disposition]))',
@@ -254,6 +291,7 @@ SELECT functions_are('ob', ARRAY['uuid_v7', 'outbox_emit', 'outbox_emit_raw', 'o
                      'outbox_lock_aggregate', 'outbox_wake_on_commit', 'outbox_workers',
                      'outbox_publisher', 'outbox_check_publisher',
                      'outbox_check_arg', 'outbox_retry', 'outbox_pending_event', 'outbox_settled',
+                     'outbox_catch_up',
                      'outbox_skip', 'outbox_dead_letter', 'outbox_replay', 'outbox_pause',
                      'outbox_resume', 'inbox_subscribe', 'inbox_unsubscribe', 'inbox_partition',
                      'inbox_retry', 'inbox_skip'],
@@ -356,6 +394,12 @@ SELECT is((SELECT string_agg(proname, ' ' ORDER BY proname) FROM pg_proc
           'inbox_claim inbox_retry inbox_skip outbox_dead_letter outbox_pause '
           'outbox_replay outbox_resume outbox_retry outbox_skip',
           'the SECURITY DEFINER functions are claim and the operator functions');
+-- outbox_catch_up is internal: called by the SECURITY DEFINER operator
+-- functions, not one itself, with a pinned search_path.
+SELECT function_returns('ob', 'outbox_catch_up', ARRAY['text'], 'void', 'outbox_catch_up returns void');
+SELECT isnt_definer('ob', 'outbox_catch_up', ARRAY['text'], 'outbox_catch_up is not SECURITY DEFINER');
+SELECT is((SELECT proconfig FROM pg_proc WHERE oid = 'ob.outbox_catch_up(text)'::regprocedure),
+          ARRAY['search_path=pg_catalog, pg_temp'], 'outbox_catch_up pins search_path');
 -- Every SECURITY DEFINER function of the extension pins search_path.
 SELECT is_empty($$SELECT oid::regprocedure FROM pg_proc
                    WHERE pronamespace = 'ob'::regnamespace AND prosecdef
@@ -376,13 +420,15 @@ SELECT is_empty($$SELECT c.oid::regclass FROM pg_class c
 -- process events again), last_published_version (versions are assigned
 -- again from 1 once retention deleted the published rows) and the poison
 -- policies.  publisher_control's one row is made by the install script, so
--- dumping it would collide on restore.
+-- dumping it would collide on restore; publisher_horizon's snapshots mean
+-- nothing in another cluster (without a row the publisher reads every
+-- unsettled event).
 SELECT is((SELECT array_agg(c::regclass::text ORDER BY c::regclass::text)
              FROM pg_extension e, unnest(e.extconfig) AS c WHERE e.extname = 'outbox'),
           ARRAY['ob.aggregate_publication', 'ob.inbox', 'ob.inbox_aggregate', 'ob.inbox_consumer',
                 'ob.inbox_dead_letter', 'ob.inbox_dead_letter_id_seq', 'ob.inbox_offset',
                 'ob.inbox_subscription', 'ob.outbox', 'ob.outbox_id_seq', 'ob.poison_policy'],
-          'pg_dump dumps the rows of every table of the extension but publisher_control');
+          'pg_dump dumps the rows of every table of the extension but publisher_control and publisher_horizon');
 SELECT ok(coalesce((SELECT pg_get_serial_sequence('ob.outbox', 'id')::regclass = ANY (e.extconfig)
                       FROM pg_extension e WHERE e.extname = 'outbox'), false),
           'pg_dump dumps the outbox id sequence (else restored ids restart at 1)');

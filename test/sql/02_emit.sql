@@ -21,8 +21,19 @@ SELECT * FROM outbox_emit('order', 'o-3', 'OrderDeleted', NULL,
                           headers => '{"trace_id": "abc", "tenant": "t1"}',
                           event_id => 'evt-explicit-1');
 SELECT event_id, aggregate_type, aggregate_id, aggregate_version, event_type, topic,
-       headers, payload, published_at, disposition, attempts
+       headers, payload, disposition, disposed_at, attempts,
+       event_id IN (SELECT event_id FROM outbox_pending) AS pending
   FROM outbox WHERE event_id = 'evt-explicit-1';
+
+-- txid is the emitting top-level transaction, also from a subtransaction.
+BEGIN;
+SELECT aggregate_version FROM outbox_emit('order', 'o-txid', 'A', '{}');
+SAVEPOINT s;
+SELECT aggregate_version FROM outbox_emit('order', 'o-txid', 'B', '{}');
+RELEASE s;
+SELECT aggregate_version, txid = pg_current_xact_id() AS own_txid
+  FROM outbox WHERE aggregate_id = 'o-txid' ORDER BY 1;
+COMMIT;
 
 -- An explicit version must be above the last; gaps are allowed.
 SELECT aggregate_version FROM outbox_emit('order', 'o-3', 'OrderRestored', '{}', aggregate_version => 5);
@@ -62,8 +73,11 @@ COMMIT;
 -- Version assignment survives retention deleting every published row.
 SELECT aggregate_version FROM outbox_emit('order', 'o-6', 'A', '{}');
 SELECT aggregate_version FROM outbox_emit('order', 'o-6', 'B', '{}');
-UPDATE outbox SET published_at = now(), disposition = 'published' WHERE aggregate_id = 'o-6';
-INSERT INTO aggregate_publication (aggregate_id, last_published_version) VALUES ('o-6', 2);
+-- Published as the publisher records it: the aggregate's progress.
+INSERT INTO aggregate_publication AS p (aggregate_id, last_published_version) VALUES ('o-6', 2)
+ON CONFLICT (aggregate_id) DO UPDATE
+   SET last_published_version = GREATEST(p.last_published_version, excluded.last_published_version);
+SELECT count(*) AS pending FROM outbox_pending WHERE aggregate_id = 'o-6';
 DELETE FROM outbox WHERE aggregate_id = 'o-6';
 SELECT aggregate_version FROM outbox_emit('order', 'o-6', 'C', '{}');
 SELECT aggregate_version FROM outbox_emit('order', 'o-6', 'D', '{}', aggregate_version => 3);

@@ -4,19 +4,36 @@ SET search_path = ob, public;
 \set SHOW_CONTEXT never
 TRUNCATE outbox, aggregate_publication, inbox;
 
+-- An event is published when its aggregate's progress covers it: the
+-- publisher records only that, as this does.
+CREATE FUNCTION pg_temp.publish(agg text, v bigint) RETURNS bigint LANGUAGE sql AS $$
+	INSERT INTO ob.aggregate_publication AS p (aggregate_id, last_published_version)
+	VALUES (agg, v)
+	ON CONFLICT (aggregate_id) DO UPDATE
+	   SET last_published_version = GREATEST(p.last_published_version, excluded.last_published_version)
+	RETURNING p.last_published_version
+$$;
+-- Each event: pending (listed by outbox_pending) or settled, and how
+-- (outbox_events' state must agree).
+CREATE TEMP VIEW event_state AS
+SELECT o.aggregate_id, o.aggregate_version, o.event_id, o.state, o.disposition,
+       o.disposed_at IS NOT NULL AS disposed,
+       o.id IN (SELECT q.id FROM ob.outbox_pending q) AS pending,
+       o.attempts, o.dead_letter_requested AS dl
+  FROM ob.outbox_events o;
+
 SELECT aggregate_version FROM outbox_emit('order', 'op-1', 'A', '{}', event_id => 'op-1-a');
 SELECT aggregate_version FROM outbox_emit('order', 'op-1', 'B', '{}', event_id => 'op-1-b');
 SELECT aggregate_version FROM outbox_emit('order', 'op-1', 'C', '{}', event_id => 'op-1-c');
 SELECT aggregate_version FROM outbox_emit('order', 'op-2', 'A', '{}', event_id => 'op-2-a');
 
 -- As the publisher leaves it: op-1 v1 published, v2 failed 5 times, blocked.
-UPDATE outbox SET published_at = now(), disposition = 'published', attempts = 1,
-       kafka_partition = 0, kafka_offset = 0 WHERE event_id = 'op-1-a';
 UPDATE outbox SET attempts = 5, last_error = 'MSG_SIZE_TOO_LARGE: Broker: Message size too large'
  WHERE event_id = 'op-1-b';
 INSERT INTO aggregate_publication (aggregate_id, last_published_version, attempts, last_error,
                                    blocked_version, blocked_at)
 VALUES ('op-1', 1, 5, 'MSG_SIZE_TOO_LARGE: Broker: Message size too large', 2, now());
+SELECT * FROM event_state ORDER BY aggregate_id, aggregate_version;
 
 SELECT pending_events, pending_aggregates, oldest_pending_age > interval '0' AS has_age,
        blocked_aggregates, jsonb_path_query_array(blocked, '$[*].aggregate_id') AS blocked_ids,
@@ -27,9 +44,10 @@ SELECT aggregate_id, last_emitted_version, last_published_version, gap, pending_
        pending_since IS NOT NULL AS pending_since, state, attempts, last_error, blocked_version
   FROM outbox_aggregate_status ORDER BY aggregate_id;
 
--- retry: unblocks and resets the event's attempts; a second call is a no-op.
+-- retry: unblocks, resets the event's attempts and has the publisher read
+-- the aggregate by index (catch_up); a second call is a no-op.
 SELECT outbox_retry('op-1');
-SELECT blocked_version, attempts, next_attempt_at FROM aggregate_publication WHERE aggregate_id = 'op-1';
+SELECT blocked_version, attempts, next_attempt_at, catch_up FROM aggregate_publication WHERE aggregate_id = 'op-1';
 SELECT event_id, attempts, last_error FROM outbox WHERE event_id = 'op-1-b';
 SELECT outbox_retry('op-1');
 SELECT outbox_retry('nope');
@@ -37,36 +55,44 @@ SELECT outbox_retry('');
 SELECT outbox_retry(NULL);
 
 -- skip: settles the event, unblocks, advances progress; idempotent.
-UPDATE aggregate_publication SET blocked_version = 2, blocked_at = now() WHERE aggregate_id = 'op-1';
+UPDATE aggregate_publication SET blocked_version = 2, blocked_at = now(), catch_up = false WHERE aggregate_id = 'op-1';
 SELECT outbox_skip('op-1-b', 'payload can never fit');
-SELECT event_id, disposition, published_at IS NOT NULL AS settled, last_error FROM outbox WHERE event_id = 'op-1-b';
-SELECT last_published_version, blocked_version FROM aggregate_publication WHERE aggregate_id = 'op-1';
+SELECT event_id, disposition, disposed, pending FROM event_state WHERE event_id = 'op-1-b';
+SELECT last_error FROM outbox WHERE event_id = 'op-1-b';
+SELECT last_published_version, blocked_version, catch_up FROM aggregate_publication WHERE aggregate_id = 'op-1';
 SELECT outbox_skip('op-1-b');
 SELECT outbox_skip('op-1-a');
 SELECT outbox_skip('no-such-event');
 SELECT outbox_skip(NULL);
 
--- dead_letter: queued for the dead-letter topic; idempotent.
+-- dead_letter: queued for the dead-letter topic (still pending until the
+-- publisher sent it there); idempotent.
+UPDATE aggregate_publication SET catch_up = false WHERE aggregate_id = 'op-1';
 SELECT outbox_dead_letter('op-1-c');
-SELECT event_id, dead_letter_requested, published_at IS NULL AS pending FROM outbox WHERE event_id = 'op-1-c';
+SELECT event_id, dl, disposition, pending FROM event_state WHERE event_id = 'op-1-c';
+SELECT catch_up FROM aggregate_publication WHERE aggregate_id = 'op-1';
 SELECT outbox_dead_letter('op-1-c');
 SELECT outbox_dead_letter('op-1-a');
 
--- replay: published events become pending again; progress goes back.
-UPDATE outbox SET published_at = now(), disposition = 'published', dead_letter_requested = false
- WHERE aggregate_id = 'op-1' AND published_at IS NULL;
-UPDATE aggregate_publication SET last_published_version = 3 WHERE aggregate_id = 'op-1';
+-- replay: settled events (published, skipped, dead-lettered) become pending
+-- again; progress goes back.  First as the publisher leaves op-1 once it sent
+-- v3 to the dead-letter topic.
+UPDATE outbox SET disposition = 'dead_lettered', disposed_at = now(), attempts = attempts + 1
+ WHERE event_id = 'op-1-c';
+SELECT pg_temp.publish('op-1', 3);
+UPDATE aggregate_publication SET catch_up = false WHERE aggregate_id = 'op-1';
+SELECT aggregate_version, state, disposition, disposed, pending, attempts, dl
+  FROM event_state WHERE aggregate_id = 'op-1' ORDER BY 1;
 SELECT outbox_replay('op-1', 2);
-SELECT aggregate_version, disposition, published_at IS NULL AS pending, attempts
-  FROM outbox WHERE aggregate_id = 'op-1' ORDER BY 1;
-SELECT last_published_version FROM aggregate_publication WHERE aggregate_id = 'op-1';
+SELECT aggregate_version, state, disposition, disposed, pending, attempts, dl
+  FROM event_state WHERE aggregate_id = 'op-1' ORDER BY 1;
+SELECT last_published_version, catch_up FROM aggregate_publication WHERE aggregate_id = 'op-1';
 SELECT outbox_replay('op-1', 2);
 SELECT outbox_replay('op-1', 9);
 SELECT outbox_replay('op-1', 0);
 SELECT outbox_replay('nope', 1);
 -- Rows deleted by retention cannot be replayed.
-UPDATE outbox SET published_at = now(), disposition = 'published' WHERE aggregate_id = 'op-1';
-UPDATE aggregate_publication SET last_published_version = 3 WHERE aggregate_id = 'op-1';
+SELECT pg_temp.publish('op-1', 3);
 DELETE FROM outbox WHERE aggregate_id = 'op-1' AND aggregate_version = 1;
 SELECT outbox_replay('op-1', 1);
 SELECT outbox_replay('op-1', 3);
@@ -76,8 +102,13 @@ SELECT outbox_pause('op-2');
 SELECT outbox_pause('op-2');
 SELECT state FROM outbox_aggregate_status WHERE aggregate_id = 'op-2';
 SELECT paused_aggregates FROM outbox_status;
+SELECT pending FROM event_state WHERE aggregate_id = 'op-2';
+UPDATE aggregate_publication SET catch_up = false WHERE aggregate_id = 'op-2';
 SELECT outbox_resume('op-2');
+SELECT paused, catch_up FROM aggregate_publication WHERE aggregate_id = 'op-2';
+UPDATE aggregate_publication SET catch_up = false WHERE aggregate_id = 'op-2';
 SELECT outbox_resume('op-2');
+SELECT paused, catch_up FROM aggregate_publication WHERE aggregate_id = 'op-2';
 SELECT outbox_pause('nope');
 SELECT outbox_resume('nope');
 SELECT outbox_pause();
