@@ -936,8 +936,9 @@ COMMENT ON VIEW @extschema@.outbox_status IS
 
 REVOKE ALL ON @extschema@.outbox_status, @extschema@.outbox_aggregate_status,
 	@extschema@.outbox_pending, @extschema@.outbox_events FROM PUBLIC;
-GRANT SELECT ON @extschema@.outbox_status, @extschema@.outbox_aggregate_status,
-	@extschema@.outbox_pending TO pg_monitor;
+-- Not outbox_pending: it shows payloads (the views above count them as
+-- their owner).
+GRANT SELECT ON @extschema@.outbox_status, @extschema@.outbox_aggregate_status TO pg_monitor;
 
 -- Say at once if no publisher will serve this database (not preloaded,
 -- outbox.workers = 0, or another outbox.database).

@@ -51,10 +51,10 @@ SELECT table_privs_are('ob', t, 'outbox_tap_app', ARRAY[]::text[],
 SELECT table_privs_are('ob', t, 'pg_monitor', ARRAY[]::text[],
                        format('pg_monitor has no privilege on %s', t))
   FROM unnest(ARRAY['outbox', 'aggregate_publication', 'inbox', 'poison_policy',
-                    'publisher_control', 'publisher_horizon', 'outbox_events']) AS t;
+                    'publisher_control', 'publisher_horizon', 'outbox_pending', 'outbox_events']) AS t;
 SELECT table_privs_are('ob', t, 'pg_monitor', ARRAY['SELECT'],
                        format('pg_monitor can only SELECT from %s', t))
-  FROM unnest(ARRAY['outbox_status', 'outbox_aggregate_status', 'outbox_pending']) AS t;
+  FROM unnest(ARRAY['outbox_status', 'outbox_aggregate_status']) AS t;
 
 SELECT function_privs_are('ob', 'outbox_emit',
                           ARRAY['text', 'text', 'text', 'jsonb', 'text', 'jsonb', 'text', 'bigint'],
@@ -224,8 +224,8 @@ SELECT lives_ok($$SELECT * FROM ob.outbox_publisher()$$, 'a pg_monitor member ca
 SELECT lives_ok($$SELECT * FROM ob.outbox_status$$, 'a pg_monitor member can read outbox_status');
 SELECT lives_ok($$SELECT * FROM ob.outbox_aggregate_status$$,
                 'a pg_monitor member can read outbox_aggregate_status');
-SELECT lives_ok($$SELECT * FROM ob.outbox_pending$$,
-                'a pg_monitor member can read outbox_pending');
+SELECT throws_ok($$SELECT * FROM ob.outbox_pending$$, '42501', 'permission denied for view outbox_pending',
+                 'a pg_monitor member cannot read outbox_pending (payloads)');
 SELECT throws_ok($$SELECT * FROM ob.outbox$$, '42501', 'permission denied for table outbox',
                  'a pg_monitor member cannot read the outbox itself');
 SELECT throws_ok($$SELECT * FROM ob.outbox_events$$, '42501', 'permission denied for view outbox_events',
