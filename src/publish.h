@@ -186,6 +186,8 @@ extern bool publish_producer_outdated(void);
 extern void publish_ensure_producer(void);
 extern void publish_drop_producer(void);
 extern void publish_check_fatal(void);
+typedef bool (*AggregateVisitor) (Flight *f, BatchAggregate *agg, void *arg);
+extern bool publish_walk_aggregates(bool unsettled_only, AggregateVisitor visit, void *arg);
 extern HTAB *publish_aggregate_table(const char *name, Size entrysize, long nelem,
 									 MemoryContext cxt);
 extern Flight *publish_flight_begin(void);

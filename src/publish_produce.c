@@ -538,47 +538,63 @@ publish_check_timeouts(void)
 	return n;
 }
 
-/* Aggregates with messages unacknowledged past outbox.delivery_timeout. */
-long
-publish_stalled_count(void)
-{
-	long		n = 0;
-
-	for (Flight *f = publish_flights; f != NULL; f = f->next)
-	{
-		HASH_SEQ_STATUS seq;
-		BatchAggregate *agg;
-
-		if (!f->timed_out || f->outstanding == 0)
-			continue;
-		hash_seq_init(&seq, f->aggregates);
-		while ((agg = hash_seq_search(&seq)) != NULL)
-			if (agg->unreported > 0)
-				n++;
-	}
-	return n;
-}
-
-/* Is any aggregate ready to settle (all its messages reported)? */
+/*
+ * Call visit on the aggregates of every flight (of the flights with
+ * unsettled ones only, if unsettled_only), until it returns true.  Returns
+ * whether it did.
+ */
 bool
-publish_any_ready(void)
+publish_walk_aggregates(bool unsettled_only, AggregateVisitor visit, void *arg)
 {
 	for (Flight *f = publish_flights; f != NULL; f = f->next)
 	{
 		HASH_SEQ_STATUS seq;
 		BatchAggregate *agg;
 
-		if (f->unsettled == 0)
+		if (unsettled_only && f->unsettled == 0)
 			continue;
 		hash_seq_init(&seq, f->aggregates);
 		while ((agg = hash_seq_search(&seq)) != NULL)
-			if (!agg->settled && !agg->collected && agg->unreported == 0)
+			if (visit(f, agg, arg))
 			{
 				hash_seq_term(&seq);
 				return true;
 			}
 	}
 	return false;
+}
+
+/* Count an aggregate with messages out past outbox.delivery_timeout. */
+static bool
+count_stalled(Flight *f, BatchAggregate *agg, void *arg)
+{
+	if (f->timed_out && agg->unreported > 0)
+		(*(long *) arg)++;
+	return false;
+}
+
+/* Aggregates with messages unacknowledged past outbox.delivery_timeout. */
+long
+publish_stalled_count(void)
+{
+	long		n = 0;
+
+	(void) publish_walk_aggregates(false, count_stalled, &n);
+	return n;
+}
+
+/* Is the aggregate ready to settle (all its messages reported)? */
+static bool
+is_ready(Flight *f, BatchAggregate *agg, void *arg)
+{
+	return !agg->settled && !agg->collected && agg->unreported == 0;
+}
+
+/* Is any aggregate ready to settle (all its messages reported)? */
+bool
+publish_any_ready(void)
+{
+	return publish_walk_aggregates(true, is_ready, NULL);
 }
 
 /*

@@ -401,6 +401,33 @@ collect_aggregate(PendingMarks *pm, Flight *f, BatchAggregate *agg)
 	return NULL;
 }
 
+/* What a settling collects: the marks, and the failures to record. */
+typedef struct CollectState
+{
+	PendingMarks *pm;
+	BatchEvent **failures;
+	Flight	  **failure_flights;
+	int			nfailures;
+} CollectState;
+
+/* Collect an aggregate whose messages are all reported (not yet collected). */
+static bool
+collect_ready(Flight *f, BatchAggregate *agg, void *arg)
+{
+	CollectState *cs = arg;
+	BatchEvent *failed;
+
+	if (agg->settled || agg->collected || agg->unreported > 0)
+		return false;
+	failed = collect_aggregate(cs->pm, f, agg);
+	if (failed != NULL)
+	{
+		cs->failure_flights[cs->nfailures] = f;
+		cs->failures[cs->nfailures++] = failed;
+	}
+	return false;
+}
+
 /* Record the failures collected, in the settling transaction. */
 static void
 record_failures(BatchEvent **failures, Flight **failure_flights, int n)
@@ -437,6 +464,21 @@ progress_recorded(BatchAggregate *agg)
 		hash_search(pm->applied, &agg->aggregate_id, HASH_FIND, NULL) != NULL;
 }
 
+/* Release one collected aggregate (see release_collected). */
+static bool
+release_one(Flight *f, BatchAggregate *agg, void *arg)
+{
+	if (agg->collected && !agg->settled)
+	{
+		bool		covered = agg->listed ||
+			(agg->complete && !agg->maybe_more && progress_recorded(agg));
+
+		publish_stream_settled(agg->aggregate_id, agg->owed, covered);
+		publish_aggregate_settled(f, agg);
+	}
+	return false;
+}
+
 /*
  * Release the aggregates collected (their settling committed or was
  * dropped) and tell the stream what became of them: covered (progress
@@ -446,25 +488,17 @@ progress_recorded(BatchAggregate *agg)
 static void
 release_collected(void)
 {
-	for (Flight *f = publish_flights; f != NULL; f = f->next)
-	{
-		HASH_SEQ_STATUS seq;
-		BatchAggregate *agg;
-
-		if (f->unsettled == 0)
-			continue;
-		hash_seq_init(&seq, f->aggregates);
-		while ((agg = hash_seq_search(&seq)) != NULL)
-			if (agg->collected && !agg->settled)
-			{
-				bool		covered = agg->listed ||
-					(agg->complete && !agg->maybe_more && progress_recorded(agg));
-
-				publish_stream_settled(agg->aggregate_id, agg->owed, covered);
-				publish_aggregate_settled(f, agg);
-			}
-	}
+	(void) publish_walk_aggregates(true, release_one, NULL);
 	publish_free_settled_flights();
+}
+
+/* A failure recorded in an aborted settling was not recorded. */
+static bool
+forget_listing(Flight *f, BatchAggregate *agg, void *arg)
+{
+	if (agg->collected && !agg->settled)
+		agg->listed = false;
+	return false;
 }
 
 /*
@@ -476,16 +510,7 @@ release_collected(void)
 void
 publish_settle_abort(void)
 {
-	for (Flight *f = publish_flights; f != NULL; f = f->next)
-	{
-		HASH_SEQ_STATUS seq;
-		BatchAggregate *agg;
-
-		hash_seq_init(&seq, f->aggregates);
-		while ((agg = hash_seq_search(&seq)) != NULL)
-			if (agg->collected && !agg->settled)
-				agg->listed = false;
-	}
+	(void) publish_walk_aggregates(true, forget_listing, NULL);
 	if (publish_pending_marks == NULL)
 		release_collected();
 }
@@ -538,11 +563,9 @@ publish_settle_ready(void)
 	int			nevents = 0;
 	int			naggregates = 0;
 	PendingMarks *pm;
-	BatchEvent **failures;
-	Flight	  **failure_flights;
-	int			nfailures = 0;
 	int			nprogress = 0;
 	bool		applied;
+	CollectState cs;
 
 	if (!publish_settle_due(NULL))
 		return 0;
@@ -561,28 +584,11 @@ publish_settle_ready(void)
 	PushActiveSnapshot(GetTransactionSnapshot());
 
 	pm = new_marks(nevents, naggregates);
-	failures = palloc(sizeof(BatchEvent *) * (naggregates + 1));
-	failure_flights = palloc(sizeof(Flight *) * (naggregates + 1));
-	for (Flight *f = publish_flights; f != NULL; f = f->next)
-	{
-		HASH_SEQ_STATUS seq;
-		BatchAggregate *agg;
-
-		hash_seq_init(&seq, f->aggregates);
-		while ((agg = hash_seq_search(&seq)) != NULL)
-		{
-			BatchEvent *failed;
-
-			if (agg->settled || agg->collected || agg->unreported > 0)
-				continue;
-			failed = collect_aggregate(pm, f, agg);
-			if (failed != NULL)
-			{
-				failure_flights[nfailures] = f;
-				failures[nfailures++] = failed;
-			}
-		}
-	}
+	cs.pm = pm;
+	cs.failures = palloc(sizeof(BatchEvent *) * (naggregates + 1));
+	cs.failure_flights = palloc(sizeof(Flight *) * (naggregates + 1));
+	cs.nfailures = 0;
+	(void) publish_walk_aggregates(false, collect_ready, &cs);
 
 	if (pm->nprogress > 0)
 		publish_pending_marks = pm;
@@ -592,14 +598,14 @@ publish_settle_ready(void)
 	if (applied)
 	{
 		nprogress = (int) apply_marks(pm, now);
-		record_failures(failures, failure_flights, nfailures);
+		record_failures(cs.failures, cs.failure_flights, cs.nfailures);
 		publish_stream_store_horizon();
 	}
 
 	PopActiveSnapshot();
 	SPI_finish();
 	CommitTransactionCommand();
-	elog(DEBUG1, "outbox: settled %d aggregates and %d failures in %ld ms", nprogress, nfailures,
+	elog(DEBUG1, "outbox: settled %d aggregates and %d failures in %ld ms", nprogress, cs.nfailures,
 		 TimestampDifferenceMilliseconds(GetCurrentStatementStartTimestamp(), GetCurrentTimestamp()));
 
 	if (applied)
@@ -610,5 +616,5 @@ publish_settle_ready(void)
 	release_collected();
 	MemoryContextReset(marks_context);
 	publish_pending_marks = NULL;
-	return pm->nprogress + nfailures;
+	return pm->nprogress + cs.nfailures;
 }
