@@ -26,6 +26,9 @@ int			outbox_retention_batch = 1000;
 static SPIPlanPtr retention_plan = NULL;
 static SPIPlanPtr inbox_retention_plan = NULL;
 static TimestampTz last_retention_at = 0;
+
+/* Where the walk over the outbox stopped (the last id looked at). */
+static int64 retention_from_id = 0;
 static bool retention_behind = false;
 
 /* Define this module's settings (from _PG_init). */
@@ -65,7 +68,7 @@ publish_retention_init(void)
 void
 publish_retention_prepare(const char *s)
 {
-	Oid			retention_types[2] = {INT4OID, INT4OID};
+	Oid			retention_types[3] = {INT4OID, INT4OID, INT8OID};
 
 	if (retention_plan)
 	{
@@ -74,26 +77,28 @@ publish_retention_prepare(const char *s)
 	}
 
 	/*
-	 * Retention looks at the oldest rows only (primary key order is emit
-	 * order), so a call costs at most a batch of rows however large the
-	 * table; of those it deletes what is past outbox.retention and settled
-	 * (at or below its aggregate's progress, so that version
-	 * assignment never needs a deleted row).  Pending rows
-	 * older than everything else stay, and only retention_batch of them
-	 * would stop it.  It skips rows locked by others (outbox_replay()
+	 * Retention walks the rows in primary key order (emit order) from where
+	 * it stopped ($3), a window of at most a batch of rows at a time, so a
+	 * call costs at most that however large the table; of the window it
+	 * deletes what is past outbox.retention and settled (at or below its
+	 * aggregate's progress, so that version assignment never needs a
+	 * deleted row).  It returns the number deleted, the first row of the
+	 * window not past retention (where the walk starts over), and the last
+	 * row looked at.  It skips rows locked by others (outbox_replay()
 	 * updates an aggregate's rows in its own order): never waiting, it
 	 * cannot deadlock with them.
 	 */
 	retention_plan = outbox_keep_plan(psprintf(
-										   "DELETE FROM %s.outbox o USING ("
-										   "SELECT d.id FROM (SELECT id, aggregate_id, aggregate_version, created_at "
-										   "FROM %s.outbox ORDER BY id LIMIT $2 "
-										   "FOR UPDATE SKIP LOCKED) d "
-										   "JOIN %s.aggregate_publication p ON p.aggregate_id = d.aggregate_id "
-										   "WHERE d.created_at < pg_catalog.now() - pg_catalog.make_interval(secs => $1) "
-										   "AND d.aggregate_version <= p.last_published_version) x "
-										   "WHERE o.id = x.id", s, s, s),
-								  2, retention_types);
+										   "WITH w AS (SELECT id, aggregate_id, aggregate_version, "
+										   "created_at < pg_catalog.now() - pg_catalog.make_interval(secs => $1) AS old "
+										   "FROM %s.outbox WHERE id > $3 ORDER BY id LIMIT $2 FOR UPDATE SKIP LOCKED), "
+										   "d AS (DELETE FROM %s.outbox o USING w, %s.aggregate_publication p "
+										   "WHERE o.id = w.id AND w.old AND p.aggregate_id = w.aggregate_id "
+										   "AND w.aggregate_version <= p.last_published_version RETURNING o.id) "
+										   "SELECT (SELECT pg_catalog.count(*) FROM d), "
+										   "(SELECT pg_catalog.min(id) FROM w WHERE NOT old), "
+										   "(SELECT pg_catalog.max(id) FROM w)", s, s, s),
+								  3, retention_types);
 
 	inbox_retention_plan = outbox_keep_plan(psprintf(
 												 "DELETE FROM %s.inbox i USING ("
@@ -102,6 +107,41 @@ publish_retention_prepare(const char *s)
 												 "ORDER BY processed_at LIMIT $2) x "
 												 "WHERE i.consumer = x.consumer AND i.event_id = x.event_id", s, s),
 										2, retention_types);
+}
+
+/*
+ * Delete a window of settled outbox rows past outbox.retention, and move
+ * the walk on: past the window if all of it was past retention (pending
+ * rows stay behind), else back to the start, to look again at the pending
+ * rows passed.  Returns the number deleted.
+ */
+static uint64
+retention_outbox(void)
+{
+	Datum		args[3];
+	bool		isnull;
+	uint64		deleted;
+	TupleDesc	desc;
+	HeapTuple	tup;
+
+	args[0] = Int32GetDatum(outbox_retention_s);
+	args[1] = Int32GetDatum(outbox_retention_batch);
+	args[2] = Int64GetDatum(retention_from_id);
+	if (SPI_execute_plan(retention_plan, args, NULL, false, 0) != SPI_OK_SELECT)
+		elog(ERROR, "outbox retention failed");
+	desc = SPI_tuptable->tupdesc;
+	tup = SPI_tuptable->vals[0];
+	deleted = DatumGetInt64(SPI_getbinval(tup, desc, 1, &isnull));
+	(void) SPI_getbinval(tup, desc, 2, &isnull);
+	if (!isnull)
+		retention_from_id = 0;	/* reached the young rows */
+	else
+	{
+		Datum		last = SPI_getbinval(tup, desc, 3, &isnull);
+
+		retention_from_id = isnull ? 0 : DatumGetInt64(last);
+	}
+	return deleted;
 }
 
 /*
@@ -126,12 +166,7 @@ retention_batch(void)
 	{
 		args[1] = Int32GetDatum(outbox_retention_batch);
 		if (outbox_retention_s >= 0)
-		{
-			args[0] = Int32GetDatum(outbox_retention_s);
-			if (SPI_execute_plan(retention_plan, args, NULL, false, 0) != SPI_OK_DELETE)
-				elog(ERROR, "outbox retention failed");
-			deleted = SPI_processed;
-		}
+			deleted = retention_outbox();
 		if (outbox_inbox_retention_s >= 0)
 		{
 			args[0] = Int32GetDatum(outbox_inbox_retention_s);
