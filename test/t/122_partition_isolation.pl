@@ -61,9 +61,8 @@ ok($node->poll_query_until('postgres', q{SELECT count(*) = 0 FROM outbox o
 	WHERE NOT EXISTS (SELECT 1 FROM published_seen s WHERE s.id = o.id)}),
 	'the sampler saw every event published');
 my %partition;
-$partition{$2} = $1
-  while $mk->check(topics => [$topic], opts => ['--print'])->{output}
-  =~ /^\Q$topic\E \[(\d+)\] \@\d+ key=(\S+) /mg;
+my $printed = $mk->check(topics => [$topic], opts => ['--print'])->{output};
+$partition{$2} = $1 while $printed =~ /^\Q$topic\E \[(\d+)\] \@\d+ key=(\S+) /mg;
 my (@healthy, $dead);
 for my $e (publish_delays($node, $sampler, "o.created_at BETWEEN '$t_down' AND '$t_up'"))
 {
