@@ -218,7 +218,7 @@ extern void publish_note_size_error(BatchEvent *ev, const char *msg);
 extern bool publish_is_size_error(rd_kafka_resp_err_t err);
 extern bool publish_last_error_is_size(BatchEvent *ev);
 
-/* publish_settle.c: marking acknowledged events */
+/* publish_settle.c: settling acknowledged events; array arguments of plans */
 extern PendingMarks *publish_pending_marks;
 extern void publish_settle_start(void);
 extern void publish_settle_prepare(const char *schema);
@@ -226,6 +226,10 @@ extern int	publish_settle_ready(void);
 extern bool publish_settle_due(long *wait_ms);
 extern void publish_settle_abort(void);
 extern int	publish_retry_marks(void);
+extern Datum publish_int8_array(int64 *v, int n);
+extern Datum publish_xid_array(TransactionId *v, int n);
+extern Datum publish_bool_array(bool *v, int n);
+extern Datum publish_text_array(char **v, int n);
 
 /* retention.c: deleting what is past outbox.retention */
 extern void publish_retention_init(void);

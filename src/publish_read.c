@@ -381,17 +381,6 @@ set_has(HTAB *set, const char *aggregate_id)
 	return hash_search(set, &key, HASH_FIND, NULL) != NULL;
 }
 
-/* A text[] of n strings. */
-static Datum
-text_array_datum(char **v, int n)
-{
-	Datum	   *d = palloc(sizeof(Datum) * Max(n, 1));
-
-	for (int i = 0; i < n; i++)
-		d[i] = CStringGetTextDatum(v[i]);
-	return PointerGetDatum(construct_array(d, n, TEXTOID, -1, false, TYPALIGN_INT));
-}
-
 /*
  * The aggregates to read by index now: the diverted ones not in flight,
  * and those the database lists that may be published (catch_up, backoff
@@ -408,7 +397,7 @@ catch_up_candidates(int nshares, int share, HTAB *set, HTAB *listed_xmins)
 
 	if (ndiv > 0)
 	{
-		args[0] = text_array_datum(div, ndiv);
+		args[0] = publish_text_array(div, ndiv);
 		if (SPI_execute_plan(held_plan, args, NULL, true, 0) != SPI_OK_SELECT)
 			elog(ERROR, "could not read the held aggregates");
 		for (uint64 r = 0; r < SPI_processed; r++)
@@ -474,7 +463,7 @@ read_by_index(ReadState *rs, int nshares, int share)
 	while ((entry = hash_seq_search(&seq)) != NULL)
 		cand[i++] = *entry;
 
-	args[0] = text_array_datum(cand, ncand);
+	args[0] = publish_text_array(cand, ncand);
 	args[1] = Int32GetDatum(limit);
 	portal = SPI_cursor_open(NULL, catch_up_plan, args, NULL, true);
 	truncated = false;
@@ -529,7 +518,7 @@ static void
 clear_caught_up(char **cand, int ncand, HTAB *caught, HTAB *listed)
 {
 	char	  **ids = palloc(sizeof(char *) * ncand);
-	Datum	   *xmins = palloc(sizeof(Datum) * ncand);
+	TransactionId *xmins = palloc(sizeof(TransactionId) * ncand);
 	int			n = 0;
 	Datum		args[2];
 
@@ -545,14 +534,13 @@ clear_caught_up(char **cand, int ncand, HTAB *caught, HTAB *listed)
 		if (entry != NULL)
 		{
 			ids[n] = cand[i];
-			xmins[n++] = TransactionIdGetDatum(*(TransactionId *) (entry + sizeof(char *)));
+			xmins[n++] = *(TransactionId *) (entry + sizeof(char *));
 		}
 	}
 	if (n == 0)
 		return;
-	args[0] = text_array_datum(ids, n);
-	args[1] = PointerGetDatum(construct_array(xmins, n, XIDOID, sizeof(TransactionId), true,
-											  TYPALIGN_INT));
+	args[0] = publish_text_array(ids, n);
+	args[1] = publish_xid_array(xmins, n);
 	if (SPI_execute_plan(clear_plan, args, NULL, false, 0) != SPI_OK_UPDATE)
 		elog(ERROR, "could not return aggregates to the stream");
 }
@@ -636,14 +624,7 @@ read_stream(ReadState *rs, int nshares, int share)
 
 		if (n == 0)
 			break;
-		{
-			Datum	   *d = palloc(sizeof(Datum) * n);
-
-			for (int i = 0; i < n; i++)
-				d[i] = Int64GetDatum(ids[i]);
-			arg = PointerGetDatum(construct_array(d, n, INT8OID, 8, FLOAT8PASSBYVAL,
-												  TYPALIGN_DOUBLE));
-		}
+		arg = publish_int8_array(ids, n);
 		if (SPI_execute_plan(fetch_plan, &arg, NULL, true, 0) != SPI_OK_SELECT)
 			elog(ERROR, "could not read the stream's events");
 		for (uint64 r = 0; r < SPI_processed; r++)

@@ -104,8 +104,8 @@ publish_settle_prepare(const char *s)
 }
 
 /* A bigint[] for a plan argument. */
-static Datum
-int8_array(int64 *v, int n)
+Datum
+publish_int8_array(int64 *v, int n)
 {
 	Datum	   *d = palloc(sizeof(Datum) * Max(n, 1));
 
@@ -116,8 +116,8 @@ int8_array(int64 *v, int n)
 }
 
 /* An xid[] of row versions. */
-static Datum
-xid_array(TransactionId *v, int n)
+Datum
+publish_xid_array(TransactionId *v, int n)
 {
 	Datum	   *d = palloc(sizeof(Datum) * Max(n, 1));
 
@@ -128,8 +128,8 @@ xid_array(TransactionId *v, int n)
 }
 
 /* A boolean[] for a plan argument. */
-static Datum
-bool_array(bool *v, int n)
+Datum
+publish_bool_array(bool *v, int n)
 {
 	Datum	   *d = palloc(sizeof(Datum) * Max(n, 1));
 
@@ -139,8 +139,8 @@ bool_array(bool *v, int n)
 }
 
 /* A text[] for a plan argument. */
-static Datum
-text_array(char **v, int n)
+Datum
+publish_text_array(char **v, int n)
 {
 	Datum	   *d = palloc(sizeof(Datum) * Max(n, 1));
 
@@ -164,13 +164,13 @@ apply_marks(PendingMarks *pm, TimestampTz now)
 	if (pm->nprogress == 0)
 		return 0;
 	args[0] = TimestampTzGetDatum(now);
-	args[1] = text_array(pm->progress_ids, pm->nprogress);
-	args[2] = int8_array(pm->progress_versions, pm->nprogress);
-	args[3] = xid_array(pm->progress_xmins, pm->nprogress);
-	args[4] = bool_array(pm->progress_rows, pm->nprogress);
-	args[5] = int8_array(pm->disposed_ids, pm->ndisposed);
-	args[6] = text_array(pm->disposed_actions, pm->ndisposed);
-	args[7] = text_array(pm->disposed_aggregates, pm->ndisposed);
+	args[1] = publish_text_array(pm->progress_ids, pm->nprogress);
+	args[2] = publish_int8_array(pm->progress_versions, pm->nprogress);
+	args[3] = publish_xid_array(pm->progress_xmins, pm->nprogress);
+	args[4] = publish_bool_array(pm->progress_rows, pm->nprogress);
+	args[5] = publish_int8_array(pm->disposed_ids, pm->ndisposed);
+	args[6] = publish_text_array(pm->disposed_actions, pm->ndisposed);
+	args[7] = publish_text_array(pm->disposed_aggregates, pm->ndisposed);
 	if (SPI_execute_plan(settle_plan, args, NULL, false, 0) != SPI_OK_SELECT)
 		elog(ERROR, "could not record the aggregates' progress");
 	n = SPI_processed;
