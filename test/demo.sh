@@ -121,15 +121,15 @@ COMMIT;
 EOF
 
 for _ in $(seq 100); do
-	[ "$(psql -X -Atc 'SELECT count(*) FROM outbox WHERE published_at IS NULL')" = 0 ] && break
+	[ "$(psql -X -Atc 'SELECT count(*) FROM outbox_pending')" = 0 ] && break
 	sleep 0.1
 done
 
-echo "== the outbox after publishing"
-psql -X -P pager=off -c "SELECT aggregate_id, aggregate_version AS v, event_type, disposition,
-	kafka_partition AS part, kafka_offset AS off,
-	round(extract(epoch FROM published_at - created_at) * 1000, 1) AS ms_to_ack
-	FROM outbox ORDER BY published_at, kafka_offset"
+echo "== the outbox after publishing (nothing is written per event: progress is per aggregate)"
+psql -X -P pager=off -c "SELECT aggregate_id, aggregate_version AS v, event_type, state, txid
+	FROM outbox_events ORDER BY id"
+psql -X -P pager=off -c "SELECT aggregate_id, last_published_version, last_published_at
+	FROM aggregate_publication ORDER BY 1"
 
 echo "== read back from Kafka (topic outbox.event.order)"
 psql -X -Atc "SELECT aggregate_id || E'\t' || max(aggregate_version) FROM outbox GROUP BY aggregate_id" >"$work/expect"
@@ -146,7 +146,7 @@ SELECT outbox_emit('invoice', 'invoice-1', 'InvoiceIssued', '{"order": "order-1"
 SELECT outbox_emit('invoice', 'invoice-1', 'InvoicePaid', '{"amount": 10}');
 EOF
 for _ in $(seq 100); do
-	[ "$(psql -X -d invoicing -Atc 'SELECT count(*) FROM outbox WHERE published_at IS NULL')" = 0 ] && break
+	[ "$(psql -X -d invoicing -Atc 'SELECT count(*) FROM outbox_pending')" = 0 ] && break
 	sleep 0.1
 done
 echo "== the cluster's publishers, by database (outbox_workers())"

@@ -167,10 +167,10 @@ sql() { psql -X -q -At -v ON_ERROR_STOP=1 "$@"; }
 wait_published() {	# wait_published TIMEOUT_S
 	local t0=$SECONDS
 	while [ $((SECONDS - t0)) -lt "$1" ]; do
-		[ "$(sql -c 'SELECT count(*) FROM outbox WHERE published_at IS NULL' 2>/dev/null)" = 0 ] && return 0
+		[ "$(sql -c 'SELECT count(*) FROM outbox_pending' 2>/dev/null)" = 0 ] && return 0
 		sleep 1
 	done
-	echo "   still pending: $(sql -c 'SELECT count(*) FROM outbox WHERE published_at IS NULL')"
+	echo "   still pending: $(sql -c 'SELECT count(*) FROM outbox_pending')"
 	return 1
 }
 
