@@ -1,16 +1,20 @@
 # test/perl/RealTest.pm
 #
 # Shared pieces of the real-Kafka TAP tests (test/t/2NN_real_*.pl): a
-# cluster under the test's tmp_check, and the verdict every one of them ends
-# with: the order checker (no gap, no inversion, none lost), the publisher's
-# order_violations counter at 0, and one figures line,
+# cluster under the test's tmp_check, the records as Kafka holds them
+# (partition, offset, event id), and the verdict every test ends with: the
+# order checker (no gap, no inversion, none lost, every record the
+# database's event at its version), the publisher's order_violations
+# counter at 0, and one figures line,
 #
 #   FIGURES scenario=real_<name> events=N duplicates=D gaps=G inversions=I
-#     lost=L recover_s=S creations=C fatal=F implicit_acks=A [more key=value]
+#     lost=L mismatched=K recover_s=S creations=C fatal=F [more key=value]
 #
 # like the mock fault tests' (FaultTest.pm), plus the fatal producer errors
-# (delivery_errors_fatal), producer creations and events acknowledged
-# without an offset (implicit_acks) of the run; nothing is excused.
+# (delivery_errors_fatal) and producer creations of the run; nothing is
+# excused.  The database does not record where (partition, offset) or when
+# an event was published: Kafka says where (real_records), and when is
+# seen by sampling outbox_pending / outbox_events over time.
 
 package RealTest;
 
@@ -26,7 +30,8 @@ use FaultTest;
 use OutboxTest;
 use RealKafka;
 
-our @EXPORT = qw(real_cluster real_verdict real_readback);
+our @EXPORT = qw(real_cluster real_verdict real_readback real_records
+  real_homes);
 
 # Start a cluster in tmp_check/kafka_<test file> (bounded by max_seconds,
 # default 600).
@@ -61,27 +66,26 @@ sub real_verdict
 	close $fh;
 	my $events = $node->safe_psql('postgres',
 		"SELECT count(*) FROM outbox WHERE $where");
-	my $r = $rk->check(topics => $topics, expect => $expect,
+	my $ids = events_file($node, "$dir/events_$name");
+	my $r = $rk->check(topics => $topics, expect => $expect, events => $ids,
 		opts => ['--timeout-ms', 60000], sasl => $a{sasl});
 
-	is($r->{exit}, 0, "$name: order checker clean") or diag _anomalies($rk, $topics, $expect, \%a);
+	is($r->{exit}, 0, "$name: order checker clean")
+	  or diag _anomalies($rk, $topics, $expect, $ids, \%a);
 	is($r->{gaps}, 0, "$name: no gap");
 	is($r->{inversions}, 0, "$name: no inversion");
 	is($r->{lost}, 0, "$name: none lost");
+	is($r->{mismatched}, 0, "$name: every record in Kafka is the database's event at its version");
 	is($r->{accepted}, $events, "$name: every published event accepted once")
 	  unless $a{no_accepted};
 	is(counter($node, 'order_violations'), '0', "$name: order_violations counter stays 0");
 
-	# implicit_acks: events librdkafka acknowledged without an offset (-1001),
-	# which the mock can lose (FaultTest.pm); a real broker must hold them
 	my %f = (fatal => counter($node, 'delivery_errors_fatal'),
 		creations => counter($node, 'producer_creations'),
-		implicit_acks => $node->safe_psql('postgres',
-			"SELECT count(*) FROM outbox WHERE $where AND kafka_offset = -1001"),
 		%{ $a{figures} // {} });
 	my $line = sprintf
-	  "FIGURES scenario=real_%s events=%s duplicates=%s gaps=%s inversions=%s lost=%s recover_s=%s",
-	  $name, $events, map({ $r->{$_} // '?' } qw(duplicates gaps inversions lost)),
+	  "FIGURES scenario=real_%s events=%s duplicates=%s gaps=%s inversions=%s lost=%s mismatched=%s recover_s=%s",
+	  $name, $events, map({ $r->{$_} // '?' } qw(duplicates gaps inversions lost mismatched)),
 	  defined $a{recover_s} ? sprintf('%.2f', $a{recover_s}) : 'na';
 	$line .= join '', map { " $_=$f{$_}" } sort keys %f;
 	note $line;
@@ -109,11 +113,51 @@ sub real_readback
 	return $j;
 }
 
+# The records of $a{topics} as Kafka holds them (order_check --print): a
+# list of { topic, partition, offset, key, version, event_id }, in no
+# particular order.  Dies if the read was incomplete.
+sub real_records
+{
+	my ($rk, %a) = @_;
+	my $c = $rk->check(topics => $a{topics}, sasl => $a{sasl},
+		opts => ['--print', '--any-start', '--timeout-ms', 60000]);
+	die "real_records: order_check could not read @{ $a{topics} }:\n$c->{output}"
+	  unless defined $c->{exit} && ($c->{exit} == 0 || $c->{exit} == 1);
+	my @recs;
+	my $rec;
+	for my $line (split /\n/, $c->{output})
+	{
+		if ($line =~ /^(\S+) \[(\d+)\] \@(\d+) key=(.*) version=(\d+|\(invalid\))$/)
+		{
+			$rec = { topic => $1, partition => $2, offset => $3, key => $4,
+				version => $5 };
+			push @recs, $rec;
+		}
+		elsif ($rec && $line =~ /^    headers:.* event_id=(\S+)/)
+		{
+			$rec->{event_id} = $1;
+		}
+	}
+	die "real_records: $c->{messages} messages but @{[ scalar @recs ]} printed"
+	  unless @recs == ($c->{messages} // -1);
+	return \@recs;
+}
+
+# Where Kafka holds each aggregate of $a{topics}: aggregate id => "topic/partition"
+# of its records (the partitioner keeps an aggregate on one partition;
+# order_check counts any that is not as split).
+sub real_homes
+{
+	my ($rk, %a) = @_;
+	return { map { ($_->{key} => "$_->{topic}/$_->{partition}") }
+		  @{ real_records($rk, %a) } };
+}
+
 # Anomalies of a failed check (not its duplicates), for the log.
 sub _anomalies
 {
-	my ($rk, $topics, $expect, $a) = @_;
-	my $v = $rk->check(topics => $topics, expect => $expect, sasl => $a->{sasl},
+	my ($rk, $topics, $expect, $ids, $a) = @_;
+	my $v = $rk->check(topics => $topics, expect => $expect, events => $ids, sasl => $a->{sasl},
 		opts => ['--verbose', '--timeout-ms', 60000]);
 	my @lines = grep { !/: duplicate: / } split /\n/, $v->{output};
 	splice @lines, 60 if @lines > 60;
