@@ -31,7 +31,7 @@ use OutboxTest;
 use RealKafka;
 
 our @EXPORT = qw(real_cluster real_verdict real_readback real_records
-  real_homes);
+  real_homes aggregates_on first_published_since);
 
 # Start a cluster in tmp_check/kafka_<test file> (bounded by max_seconds,
 # default 600).
@@ -151,6 +151,32 @@ sub real_homes
 	my ($rk, %a) = @_;
 	return { map { ($_->{key} => "$_->{topic}/$_->{partition}") }
 		  @{ real_records($rk, %a) } };
+}
+
+# The aggregates that $homes (from real_homes) places on these partitions
+# of $topic.
+sub aggregates_on
+{
+	my ($homes, $topic, @partitions) = @_;
+	my %on = map { ("$topic/$_" => 1) } @partitions;
+	return [ sort grep { $on{ $homes->{$_} } } keys %$homes ];
+}
+
+# The event id of the first event of the aggregates @$aggs emitted after
+# $since (a timestamptz) that is published (no longer pending, not disposed
+# of), or undef if none is yet.
+sub first_published_since
+{
+	my ($node, $aggs, $since) = @_;
+	return undef unless @$aggs;
+	# an array literal of quoted elements, inside a string literal
+	my $list = join ',', map { '"' . (s/(["\\])/\\$1/gr =~ s/'/''/gr) . '"' } @$aggs;
+	my $id = $node->safe_psql('postgres', qq{
+		SELECT event_id FROM outbox_events
+		 WHERE state = 'published' AND created_at > '$since'
+		   AND aggregate_id = ANY ('{$list}'::text[])
+		 ORDER BY id LIMIT 1});
+	return $id eq '' ? undef : $id;
 }
 
 # Anomalies of a failed check (not its duplicates), for the log.

@@ -6,7 +6,9 @@
 # data and catches up while the load goes on.
 #
 # failover_s: from the kill until an event emitted after it on a partition
-# the killed broker led was published.  recover_s: from the kill until every
+# the killed broker led was published (which aggregates live on those
+# partitions is read from Kafka before the kill; the event seen published is
+# checked to be in Kafka there at the end).  recover_s: from the kill until every
 # event committed before it was published.
 use strict;
 use warnings;
@@ -36,25 +38,28 @@ my $leaders = $rk->leaders($topic);
 my $victim = $leaders->{0};
 ok(defined $victim, "partition 0 has a leader (node @{[ $victim // '?' ]})");
 my @led = grep { ($leaders->{$_} // 0) == $victim } 0 .. 5;
+# The aggregates Kafka holds on those partitions (the database records no
+# partition).
+my $on_led = aggregates_on(real_homes($rk, topics => [$topic]), $topic, @led);
+cmp_ok(scalar(@$on_led), '>', 0, 'Kafka shows aggregates on the partitions the victim leads');
 my $backlog = max_id($node);
 my $t_kill = time;
 $rk->node(kill => $victim);
 my $killed_at = $node->safe_psql('postgres', 'SELECT clock_timestamp()');
-note sprintf "killed node %d (leader of partitions %s) at %.1f s, %d events emitted",
-  $victim, join(',', @led), $t_kill - $t_start, $backlog;
+note sprintf "killed node %d (leader of partitions %s, %d aggregates there) at %.1f s, %d events emitted",
+  $victim, join(',', @led), scalar(@$on_led), $t_kill - $t_start, $backlog;
 
 # Publishing on the dead broker's partitions resumes once leadership moved.
-my $list = join ',', @led;
-my $failover;
+my ($failover, $first);
 while (time - $t_kill < 60)
 {
-	my $n = $node->safe_psql('postgres',
-		"SELECT count(*) FROM outbox WHERE published_at IS NOT NULL AND kafka_partition IN ($list) AND created_at > '$killed_at'");
-	if ($n > 0) { $failover = time - $t_kill; last }
+	$first = first_published_since($node, $on_led, $killed_at);
+	if (defined $first) { $failover = time - $t_kill; last }
 	sleep 0.1;
 }
 ok(defined $failover, 'publishing on the killed broker\'s partitions resumed');
-note sprintf "failover: first event on a moved partition published %.2f s after the kill", $failover // -1;
+note sprintf "failover: first event on a moved partition (%s) published %.2f s after the kill",
+  $first // '-', $failover // -1;
 my $recover = wait_backlog($node, $backlog, 60);
 ok(defined $recover, 'everything committed before the kill was published');
 $recover = time - $t_kill if defined $recover;
@@ -72,6 +77,12 @@ ok(stop_load($load, 120), 'emitters finished without errors');
 my $drain = wait_published($node, 120);
 ok(defined $drain, 'nothing pending after the load');
 db_versions_contiguous($node, 'broker killed');
+my @where = map { "$_->{topic} [$_->{partition}]" }
+  grep { defined $first && ($_->{event_id} // '') eq $first } @{ real_records($rk, topics => [$topic]) };
+my %is_led = map { ("$topic [$_]" => 1) } @led;
+ok(@where && !grep({ !$is_led{$_} } @where),
+	'in Kafka, that first event is on a partition the killed broker led')
+  or diag "event $first at: @where; led: @led";
 
 my $r = real_verdict($rk, $node, 'broker_kill', topics => [$topic],
 	recover_s => $recover, figures => { failover_s => sprintf('%.2f', $failover // -1) });
