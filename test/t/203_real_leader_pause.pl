@@ -22,7 +22,9 @@
 # one producer must leave no duplicate.
 #
 # failover_s: from the SIGSTOP until an event emitted after it on a
-# partition the frozen broker led was published (longest round).  recover_s: from the SIGCONT
+# partition the frozen broker led was published (longest round; which
+# aggregates live there is read from Kafka before each pause, and the event
+# seen published is checked to be in Kafka there at the end).  recover_s: from the SIGCONT
 # until every event committed before it was published (longest round).
 use strict;
 use warnings;
@@ -55,6 +57,7 @@ sleep 0.2 while max_id($node) < 2000 && time - $t_start < 30;
 cmp_ok(max_id($node), '>=', 2000, 'load under way before the first pause');
 
 my ($failover_max, $recover_max) = (0, 0);
+my @firsts;			# [round, first event published after the SIGSTOP, partitions]
 for my $round (1 .. $rounds)
 {
 	my $leaders = $rk->leaders($topic);
@@ -62,23 +65,26 @@ for my $round (1 .. $rounds)
 	ok(defined $victim, "round $round: partition 0 has a leader");
 	my @led = grep { ($leaders->{$_} // 0) == $victim } sort keys %$leaders;
 	my $list = join ',', @led;
+	# the aggregates Kafka holds on those partitions (not in the database)
+	my $on_led = aggregates_on(real_homes($rk, topics => [$topic]), $topic, @led);
+	cmp_ok(scalar(@$on_led), '>', 0, "round $round: Kafka shows aggregates on the partitions the victim leads");
 	my $t_pause = time;
 	$rk->node(pause => $victim);
 	my $paused_at = $node->safe_psql('postgres', 'SELECT clock_timestamp()');
-	note sprintf "round %d: SIGSTOP node %d (leader of partitions %s) at %.1f s",
-	  $round, $victim, $list, $t_pause - $t_start;
+	note sprintf "round %d: SIGSTOP node %d (leader of partitions %s, %d aggregates there) at %.1f s",
+	  $round, $victim, $list, scalar(@$on_led), $t_pause - $t_start;
 
-	my $failover;
+	my ($failover, $first);
 	while (time - $t_pause < $pause_s)
 	{
-		if (!defined $failover
-			&& $node->safe_psql('postgres',
-				"SELECT count(*) FROM outbox WHERE published_at IS NOT NULL AND kafka_partition IN ($list) AND created_at > '$paused_at'") > 0)
+		if (!defined $failover)
 		{
-			$failover = time - $t_pause;
+			$first = first_published_since($node, $on_led, $paused_at);
+			$failover = time - $t_pause if defined $first;
 		}
 		sleep 0.2;
 	}
+	push @firsts, [ $round, $first, \@led ] if defined $first;
 	my $backlog = max_id($node);
 	$rk->node(resume => $victim);
 	my $t_resume = time;
@@ -99,6 +105,17 @@ for my $round (1 .. $rounds)
 ok(stop_load($load, 60), 'emitters stopped');
 ok(defined wait_published($node, 120), 'nothing pending after the load');
 db_versions_contiguous($node, 'leader paused');
+my %at;
+$at{ $_->{event_id} // '' } .= " $_->{topic}/$_->{partition}" for @{ real_records($rk, topics => [$topic]) };
+for my $f (@firsts)
+{
+	my ($round, $id, $led) = @$f;
+	my %is_led = map { ("$topic/$_" => 1) } @$led;
+	my @where = split ' ', $at{$id} // '';
+	ok(@where && !grep({ !$is_led{$_} } @where),
+		"round $round: in Kafka, the first event published after the SIGSTOP is on a partition the frozen broker led")
+	  or diag "event $id at: @where; led: @$led";
+}
 
 my $log = slurp_file($node->logfile);
 my $oos = () = $log =~ /OUT_OF_ORDER_SEQUENCE/g;
