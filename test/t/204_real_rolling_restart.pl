@@ -31,19 +31,22 @@ my $load = start_load($node, clients => 4, jobs => 1, resilient => 1,
 sleep 0.2 while max_id($node) < 2000 && time - $t_start < 30;
 
 my $stall_max = 0;
+my @firsts;			# the first event seen published after each stop
 for my $id (1 .. 3)
 {
 	my $t0 = time;
 	my $stop_s = $rk->node(stop => $id);
 	my $stopped_at = $node->safe_psql('postgres', 'SELECT clock_timestamp()');
 	# events emitted after the stop are published by the two survivors
-	my $stall;
+	my ($stall, $first);
 	while (time - $t0 < 60)
 	{
-		if ($node->safe_psql('postgres',
-			"SELECT count(*) FROM outbox WHERE published_at IS NOT NULL AND created_at > '$stopped_at'") > 0)
+		$first = $node->safe_psql('postgres',
+			"SELECT event_id FROM outbox_events WHERE state = 'published' AND created_at > '$stopped_at' ORDER BY id LIMIT 1");
+		if ($first ne '')
 		{
 			$stall = time - $t0;
+			push @firsts, $first;
 			last;
 		}
 		sleep 0.1;
@@ -62,6 +65,9 @@ ok(stop_load($load, 60), 'emitters stopped');
 my $drain = wait_published($node, 120);
 ok(defined $drain, 'nothing pending after the load');
 db_versions_contiguous($node, 'rolling restart');
+my %in_kafka = map { (($_->{event_id} // '') => 1) } @{ real_records($rk, topics => [$topic]) };
+is(scalar(grep { !$in_kafka{$_} } @firsts), 0,
+	'the events seen published while a node was down are in Kafka');
 
 my $r = real_verdict($rk, $node, 'rolling_restart', topics => [$topic],
 	recover_s => $stall_max);
