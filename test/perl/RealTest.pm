@@ -8,11 +8,13 @@
 # counter at 0, and one figures line,
 #
 #   FIGURES scenario=real_<name> events=N duplicates=D gaps=G inversions=I
-#     lost=L mismatched=K recover_s=S creations=C fatal=F [more key=value]
+#     lost=L mismatched=K recover_s=S creations=C fatal=F implicit_acks=A
+#     [more key=value]
 #
 # like the mock fault tests' (FaultTest.pm), plus the fatal producer errors
-# (delivery_errors_fatal) and producer creations of the run; nothing is
-# excused.  The database does not record where (partition, offset) or when
+# (delivery_errors_fatal), producer creations and events acknowledged
+# without an offset (implicit_acks, from the publisher's log) of the run;
+# nothing is excused.  The database does not record where (partition, offset) or when
 # an event was published: Kafka says where (real_records), and when is
 # seen by sampling outbox_pending / outbox_events over time.
 
@@ -82,6 +84,7 @@ sub real_verdict
 
 	my %f = (fatal => counter($node, 'delivery_errors_fatal'),
 		creations => counter($node, 'producer_creations'),
+		implicit_acks => _implicit_acks($node, $where),
 		%{ $a{figures} // {} });
 	my $line = sprintf
 	  "FIGURES scenario=real_%s events=%s duplicates=%s gaps=%s inversions=%s lost=%s mismatched=%s recover_s=%s",
@@ -111,6 +114,25 @@ sub real_readback
 		is($j->{$k}, $r->{$k}, "$name: Java client and order_check agree on $k");
 	}
 	return $j;
+}
+
+# Events matching $where that librdkafka acknowledged without an offset
+# (implied by a later request's success), which the mock can lose
+# (FaultTest.pm) and a real broker must hold: counted from the publisher's
+# log, the only record of them.
+sub _implicit_acks
+{
+	my ($node, $where) = @_;
+	my %judged = map { ($_ => 1) } split /\n/, $node->safe_psql('postgres',
+		"SELECT DISTINCT aggregate_id FROM outbox WHERE $where");
+	my @runs = PostgreSQL::Test::Utils::slurp_file($node->logfile) =~
+	  /outbox: acknowledged without an offset: aggregate "([^"]+)" versions (\d+)\.\.(\d+)/g;
+	my $n = 0;
+	while (my ($agg, $lo, $hi) = splice(@runs, 0, 3))
+	{
+		$n += $hi - $lo + 1 if $judged{$agg};
+	}
+	return $n;
 }
 
 # The records of $a{topics} as Kafka holds them (order_check --print): a
