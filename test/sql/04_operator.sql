@@ -4,15 +4,8 @@ SET search_path = ob, public;
 \set SHOW_CONTEXT never
 TRUNCATE outbox, aggregate_publication, inbox;
 
--- An event is published when its aggregate's progress covers it: the
--- publisher records only that, as this does.
-CREATE FUNCTION pg_temp.publish(agg text, v bigint) RETURNS bigint LANGUAGE sql AS $$
-	INSERT INTO ob.aggregate_publication AS p (aggregate_id, last_published_version)
-	VALUES (agg, v)
-	ON CONFLICT (aggregate_id) DO UPDATE
-	   SET last_published_version = GREATEST(p.last_published_version, excluded.last_published_version)
-	RETURNING p.last_published_version
-$$;
+-- regress.publish(agg, v), from 00_setup.sql, records progress as the publisher does.
+
 -- Each event: pending (listed by outbox_pending) or settled, and how
 -- (outbox_events' state must agree).
 CREATE TEMP VIEW event_state AS
@@ -79,7 +72,7 @@ SELECT outbox_dead_letter('op-1-a');
 -- v3 to the dead-letter topic.
 UPDATE outbox SET disposition = 'dead_lettered', disposed_at = now(), attempts = attempts + 1
  WHERE event_id = 'op-1-c';
-SELECT pg_temp.publish('op-1', 3);
+SELECT regress.publish('op-1', 3);
 UPDATE aggregate_publication SET catch_up = false WHERE aggregate_id = 'op-1';
 SELECT aggregate_version, state, disposition, disposed, pending, attempts, dl
   FROM event_state WHERE aggregate_id = 'op-1' ORDER BY 1;
@@ -92,7 +85,7 @@ SELECT outbox_replay('op-1', 9);
 SELECT outbox_replay('op-1', 0);
 SELECT outbox_replay('nope', 1);
 -- Rows deleted by retention cannot be replayed.
-SELECT pg_temp.publish('op-1', 3);
+SELECT regress.publish('op-1', 3);
 DELETE FROM outbox WHERE aggregate_id = 'op-1' AND aggregate_version = 1;
 SELECT outbox_replay('op-1', 1);
 SELECT outbox_replay('op-1', 3);

@@ -6,13 +6,8 @@ SET search_path = ob, public;
 \set SHOW_CONTEXT never
 TRUNCATE outbox, aggregate_publication, publisher_horizon;
 
-CREATE FUNCTION pg_temp.publish(agg text, v bigint) RETURNS bigint LANGUAGE sql AS $$
-	INSERT INTO ob.aggregate_publication AS p (aggregate_id, last_published_version)
-	VALUES (agg, v)
-	ON CONFLICT (aggregate_id) DO UPDATE
-	   SET last_published_version = GREATEST(p.last_published_version, excluded.last_published_version)
-	RETURNING p.last_published_version
-$$;
+-- regress.publish(agg, v), from 00_setup.sql, records progress as the publisher does.
+
 -- The pending versions of an aggregate, '-' if none.
 CREATE FUNCTION pg_temp.pending(agg text) RETURNS text LANGUAGE sql AS $$
 	SELECT coalesce(string_agg(q.aggregate_version::text, ',' ORDER BY q.aggregate_version), '-')
@@ -30,11 +25,11 @@ SELECT aggregate_version FROM outbox_emit('order', 'p-1', 'A', '{}');
 SELECT aggregate_version FROM outbox_emit('order', 'p-1', 'B', '{}');
 SELECT aggregate_version FROM outbox_emit('order', 'p-1', 'C', '{}');
 SELECT pg_temp.pending('p-1');
-SELECT pg_temp.publish('p-1', 2);
+SELECT regress.publish('p-1', 2);
 SELECT pg_temp.pending('p-1');
-SELECT pg_temp.publish('p-1', 1);
+SELECT regress.publish('p-1', 1);
 SELECT pg_temp.pending('p-1');
-SELECT pg_temp.publish('p-1', 3);
+SELECT regress.publish('p-1', 3);
 SELECT pg_temp.pending('p-1');
 
 -- A dead-lettered (by the publisher) or skipped event is not pending; the
@@ -55,7 +50,7 @@ SELECT aggregate_id, last_published_version, pending_events, state
 
 -- outbox_replay(agg, v): the events from v on are pending again, whatever
 -- settled them, and the publisher reads the aggregate by index (catch_up).
-SELECT pg_temp.publish('p-2', 3);
+SELECT regress.publish('p-2', 3);
 UPDATE aggregate_publication SET catch_up = false WHERE aggregate_id = 'p-2';
 SELECT pg_temp.pending('p-2');
 SELECT outbox_replay('p-2', 2);
@@ -93,7 +88,7 @@ SELECT pg_temp.pending('h-2') AS blocked;
 UPDATE aggregate_publication SET blocked_version = NULL, blocked_at = NULL, next_attempt_at = now()
  WHERE aggregate_id = 'h-2';
 SELECT pg_temp.pending('h-2') AS backing_off;
-SELECT pg_temp.publish('h-2', 1);
+SELECT regress.publish('h-2', 1);
 SELECT pg_temp.pending('h-2') AS progress_1;
 UPDATE aggregate_publication SET next_attempt_at = NULL WHERE aggregate_id = 'h-2';
 SELECT pg_temp.pending('h-2') AS not_listed;
