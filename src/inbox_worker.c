@@ -17,9 +17,13 @@
  * so a crash, a rebalance or a re-delivery never applies a message twice.
  * Offsets are committed to Kafka afterwards, for lag monitoring only.
  *
- * A batch is one transaction; each message runs in a subtransaction:
- * deduplicate by the aggregate's last applied version (inbox_aggregate) and
- * by the inbox table (event_id header, else topic/partition/offset), then
+ * A batch is one transaction, which takes messages until
+ * outbox.inbox_batch_time is used (the worker must poll within
+ * max.poll.interval.ms to stay in its group); the rest stays in memory for
+ * the next one.  It runs without subtransactions and, if anything fails,
+ * again with one per message.  For each message: deduplicate by the
+ * aggregate's last applied version (inbox_aggregate) and by the inbox
+ * table (event_id header, else topic/partition/offset), then
  * call the handler as the role that subscribed, in a security-restricted
  * operation.  A failing handler stops its partition at that message, which
  * is retried with backoff (outbox.inbox_retry_backoff, doubling) and, after
@@ -82,6 +86,7 @@ char	   *inbox_database = NULL;
 char	   *inbox_brokers = NULL;
 char	   *inbox_kafka_properties = NULL;
 int			inbox_batch_size = 1000;
+int			inbox_batch_time_ms = 1000;
 int			inbox_max_attempts = 5;
 int			inbox_retry_backoff_ms = 1000;
 int			inbox_poison_policy = POISON_BLOCK;
@@ -94,6 +99,10 @@ int			inbox_gap_policy = INBOX_GAP_APPLY;
 /* Longest backoff of a failing handler, and of the worker after an error. */
 #define INBOX_MAX_BACKOFF_MS (5 * 60 * 1000)
 #define INBOX_ERROR_BACKOFF_MS 1000
+/* Longest outbox.inbox_batch_time: an hour. */
+#define INBOX_MAX_BATCH_TIME_MS (3600 * 1000)
+/* Messages of the first chunk of a subscription, before any is measured. */
+#define INBOX_FIRST_CHUNK 16
 
 static const struct config_enum_entry poison_options[] = {
 	{"block", POISON_BLOCK, false},
@@ -143,7 +152,14 @@ typedef struct InboxSub
 	rd_kafka_t *rk;
 	/* Set by the rebalance callback; assigned at stored offsets later. */
 	rd_kafka_topic_partition_list_t *pending_assign;
+	bool		rebalanced;		/* since the last poll: drop what is held */
 	List	   *paused;			/* of PausedPartition */
+	int			max_poll_ms;	/* its max.poll.interval.ms */
+	double		msg_cost_us;	/* a message's claim and handler, measured; 0: not yet */
+	/* Fetched and not yet applied, in fetch order (in subs_context). */
+	rd_kafka_message_t **msgs;
+	int			nmsgs;
+	int			msgs_size;
 } InboxSub;
 
 /* A partition's row of inbox_offset, locked for the batch. */
@@ -305,6 +321,12 @@ inbox_worker_init(void)
 							"Most messages one inbox transaction applies.",
 							NULL, &inbox_batch_size, 1000, 1, 100000,
 							PGC_SIGHUP, 0, NULL, NULL, NULL);
+	DefineCustomIntVariable("outbox.inbox_batch_time",
+							"Longest an inbox transaction goes on taking messages.",
+							"Once it is used the transaction commits what it applied and the worker polls Kafka "
+							"again; at most a third of the consumer's max.poll.interval.ms is used.",
+							&inbox_batch_time_ms, 1000, 1, INBOX_MAX_BATCH_TIME_MS,
+							PGC_SIGHUP, GUC_UNIT_MS, NULL, NULL, NULL);
 	DefineCustomIntVariable("outbox.inbox_max_attempts",
 							"Attempts at a message whose handler fails before the poison policy applies.",
 							NULL, &inbox_max_attempts, 5, 1, 1000,
@@ -559,6 +581,8 @@ rebalance_cb(rd_kafka_t *rk, rd_kafka_resp_err_t err,
 	if (sub->pending_assign)
 		rd_kafka_topic_partition_list_destroy(sub->pending_assign);
 	sub->pending_assign = NULL;
+	/* Eager rebalancing: every partition is revoked or assigned anew. */
+	sub->rebalanced = true;
 	if (err == RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS)
 	{
 		sub->pending_assign = rd_kafka_topic_partition_list_copy(parts);
@@ -578,6 +602,18 @@ consumer_error_cb(rd_kafka_t *rk, int err, const char *reason, void *opaque)
 {
 	elog(DEBUG1, "outbox inbox: kafka: %s: %s",
 		 rd_kafka_err2name((rd_kafka_resp_err_t) err), reason);
+}
+
+/* An integer property of a configuration (as librdkafka has it). */
+static int
+conf_int(rd_kafka_conf_t *conf, const char *name)
+{
+	char		buf[64];
+	size_t		size = sizeof(buf);
+
+	if (rd_kafka_conf_get(conf, name, buf, &size) != RD_KAFKA_CONF_OK)
+		elog(ERROR, "librdkafka has no property \"%s\"", name);
+	return atoi(buf);
 }
 
 /* The consumer of a subscription, in its group, subscribed to its topics. */
@@ -614,6 +650,13 @@ consumer_create(InboxSub *sub, ArrayType *topics)
 				 errmsg("outbox inbox: invalid Kafka consumer settings"),
 				 errdetail_internal("%s", err)));
 	}
+	sub->max_poll_ms = conf_int(conf, "max.poll.interval.ms");
+	if (inbox_batch_time_ms > sub->max_poll_ms / 3)
+		ereport(LOG,
+				(errmsg("outbox inbox worker %d: consumer \"%s\" uses %d ms of outbox.inbox_batch_time",
+						worker_index, sub->consumer, Max(sub->max_poll_ms / 3, 1)),
+				 errdetail("A transaction takes at most a third of max.poll.interval.ms (%d ms).",
+						   sub->max_poll_ms)));
 	rd_kafka_conf_set_rebalance_cb(conf, rebalance_cb);
 	rd_kafka_conf_set_error_cb(conf, consumer_error_cb);
 	rd_kafka_conf_set_opaque(conf, sub);
@@ -650,12 +693,29 @@ consumer_create(InboxSub *sub, ArrayType *topics)
 					worker_index, sub->consumer, group)));
 }
 
-/* Leave the group and free the consumer (its partitions go to the others). */
+/* Give the consumer's held messages back to librdkafka. */
+static void
+drop_messages(InboxSub *sub)
+{
+	for (int i = 0; i < sub->nmsgs; i++)
+		rd_kafka_message_destroy(sub->msgs[i]);
+	sub->nmsgs = 0;
+}
+
+/*
+ * Leave the group and free the consumer (its partitions go to the others).
+ * Its messages go first: a consumer is not destroyed while its messages live.
+ */
 static void
 consumer_destroy(InboxSub *sub)
 {
 	if (sub->rk == NULL)
 		return;
+	drop_messages(sub);
+	if (sub->msgs != NULL)
+		pfree(sub->msgs);
+	sub->msgs = NULL;
+	sub->msgs_size = 0;
 	rd_kafka_consumer_close(sub->rk);
 	rd_kafka_destroy(sub->rk);
 	sub->rk = NULL;
@@ -666,18 +726,12 @@ consumer_destroy(InboxSub *sub)
 	sub->paused = NIL;
 }
 
-static void destroy_batch(void);
-
-/*
- * on_shmem_exit: leave the groups cleanly when stopped.  Messages still
- * held go first: a consumer is not destroyed while its messages live.
- */
+/* on_shmem_exit: leave the groups cleanly when stopped. */
 static void
 inbox_worker_exit(int code, Datum arg)
 {
 	ListCell   *lc;
 
-	destroy_batch();
 	foreach(lc, subs)
 		consumer_destroy((InboxSub *) lfirst(lc));
 }
@@ -1463,6 +1517,7 @@ apply_pending(InboxSub *sub, FmgrInfo *flinfo, PendingList *pending)
 	Datum		args[2];
 	HASHCTL		hctl;
 	HTAB	   *claimed;
+	TimestampTz start = GetCurrentTimestamp();
 
 	if (pending->n == 0)
 		return;
@@ -1507,6 +1562,9 @@ apply_pending(InboxSub *sub, FmgrInfo *flinfo, PendingList *pending)
 		pa->ps->gaps += pa->gap ? 1 : 0;
 		pa->ps->last_applied_offset = Max(pa->ps->last_applied_offset, pa->offset);
 	}
+	/* What a message costs, to size the next chunk. */
+	sub->msg_cost_us = (double) (GetCurrentTimestamp() - start) / pending->n;
+	pending->n = 0;
 }
 
 /*
@@ -1817,57 +1875,63 @@ count_batch(PartState *parts, int nparts)
 }
 
 /*
- * Apply a batch of messages in one transaction.  Returns the number of
- * messages applied or dropped as duplicates.
+ * Messages the fast path looked at in the current transaction, including
+ * those of the chunk being applied: after a failure the careful path goes
+ * no further (its time budget is then spent on the messages that failed).
+ */
+static int	batch_reached = 0;
+
+/* The time budget of one transaction of the subscription, in ms. */
+static int
+batch_time(InboxSub *sub)
+{
+	return Max(Min(inbox_batch_time_ms, sub->max_poll_ms / 3), 1);
+}
+
+/*
+ * Messages of the next chunk of the fast path: no more than were handled
+ * so far in the transaction (the first chunk is small), nor than the
+ * measured cost says fit in the time left.  The budget is checked between
+ * chunks, so a chunk overruns it by no more than the time already spent
+ * while the handlers' cost holds.
  */
 static int
-run_batch(InboxSub *sub, rd_kafka_message_t **msgs, int n, bool careful)
+chunk_size(InboxSub *sub, int handled, TimestampTz deadline)
 {
-	int			nparts;
-	PartState  *parts;
-	HASHCTL		hctl;
-	HTAB	   *aggs;
-	FmgrInfo	flinfo;
-	rd_kafka_topic_partition_list_t *commit;
-	int			done = 0;
-	MessageMeta *metas;
+	double		fit = INT_MAX;
+	TimestampTz now = GetCurrentTimestamp();
+
+	if (sub->msg_cost_us > 0)
+		fit = (deadline > now ? (double) (deadline - now) : 0) / sub->msg_cost_us;
+	return (int) Max(Min(Min(fit, (double) (handled > 0 ? handled : INBOX_FIRST_CHUNK)),
+						 (double) INT_MAX), 1);
+}
+
+/*
+ * Go through the first n held messages in order until the time budget is
+ * used: checked after each handled message on the careful path, after each
+ * chunk on the fast path.  Returns the number of messages looked at; adds
+ * those applied or dropped as duplicates to *done.
+ */
+static int
+apply_messages(InboxSub *sub, PartState *parts, int nparts, HTAB *aggs,
+			   FmgrInfo *flinfo, MessageMeta *metas, int n, bool careful,
+			   TimestampTz deadline, int *done)
+{
 	PendingList pending;
+	int			handled = 0;
+	int			chunk = chunk_size(sub, 0, deadline);
+	int			i;
 
-	parts = batch_partitions(msgs, n, &nparts);
-	memset(&hctl, 0, sizeof(hctl));
-	hctl.keysize = sizeof(char *);
-	hctl.entrysize = sizeof(InboxAggregate);
-	hctl.hcxt = CurrentMemoryContext;
-	hctl.hash = agg_hash;
-	hctl.match = agg_match;
-	aggs = hash_create("inbox aggregates", 256, &hctl,
-					   HASH_ELEM | HASH_FUNCTION | HASH_COMPARE | HASH_CONTEXT);
-
-	metas = palloc(sizeof(MessageMeta) * n);
-	for (int i = 0; i < n; i++)
-		parse_headers(msgs[i], &metas[i]);
-	load_aggregates(aggs, sub, metas, n);
-	pending.items = palloc(sizeof(PendingApply) * n);
+	pending.items = palloc(sizeof(PendingApply) * Max(n, 1));
 	pending.n = 0;
-
-	fmgr_info(sub->handler, &flinfo);
-	for (int i = 0; i < nparts; i++)
+	for (i = 0; i < n; i++)
 	{
-		lock_partition(sub, &parts[i]);
-		/* Messages fetched before it was paused: they come again. */
-		if (is_paused(sub, &parts[i]))
-		{
-			parts[i].stopped = true;
-			parts[i].was_paused = true;
-		}
-	}
-
-	for (int i = 0; i < n; i++)
-	{
-		rd_kafka_message_t *m = msgs[i];
+		rd_kafka_message_t *m = sub->msgs[i];
 		PartState  *ps = find_part(parts, nparts, m);
 
 		CHECK_FOR_INTERRUPTS();
+		batch_reached = i + 1;
 		if (ps->stopped)
 			continue;
 		/* Already applied: a re-delivery, or another worker's. */
@@ -1882,15 +1946,100 @@ run_batch(InboxSub *sub, rd_kafka_message_t **msgs, int n, bool careful)
 		if (ps->skip_requested)
 		{
 			skip_message(sub, ps, aggs, m, &metas[i]);
-			done++;
+			(*done)++;
 			continue;
 		}
-		apply_message(sub, ps, aggs, &flinfo, m, &metas[i], careful ? NULL : &pending);
+		apply_message(sub, ps, aggs, flinfo, m, &metas[i], careful ? NULL : &pending);
 		if (!ps->stopped)
-			done++;
+			(*done)++;
+		handled++;
+		if (!careful && pending.n < chunk)
+			continue;
+		if (!careful)
+		{
+			apply_pending(sub, flinfo, &pending);
+			chunk = chunk_size(sub, handled, deadline);
+		}
+		if (GetCurrentTimestamp() >= deadline)
+		{
+			i++;
+			break;
+		}
 	}
 	if (!careful)
-		apply_pending(sub, &flinfo, &pending);
+		apply_pending(sub, flinfo, &pending);
+	return i;
+}
+
+/*
+ * After the commit, give back the messages looked at and those of the
+ * partitions that stopped (paused: they come again from the stored offset
+ * once resumed); keep the rest, in order, for the next transaction.
+ */
+static void
+keep_rest(InboxSub *sub, PartState *parts, int nparts, int looked)
+{
+	int			k = 0;
+
+	for (int i = 0; i < sub->nmsgs; i++)
+	{
+		rd_kafka_message_t *m = sub->msgs[i];
+
+		if (i < looked || find_part(parts, nparts, m)->stopped)
+			rd_kafka_message_destroy(m);
+		else
+			sub->msgs[k++] = m;
+	}
+	sub->nmsgs = k;
+}
+
+/*
+ * Apply the first n held messages in one transaction, until its time
+ * budget runs out at deadline.  Returns the number of messages applied or
+ * dropped as duplicates; keeps those it did not look at.
+ */
+static int
+run_batch(InboxSub *sub, int n, bool careful, TimestampTz deadline)
+{
+	int			nparts;
+	PartState  *parts;
+	HASHCTL		hctl;
+	HTAB	   *aggs;
+	FmgrInfo	flinfo;
+	rd_kafka_topic_partition_list_t *commit;
+	int			done = 0;
+	int			looked;
+	MessageMeta *metas;
+
+	parts = batch_partitions(sub->msgs, sub->nmsgs, &nparts);
+	memset(&hctl, 0, sizeof(hctl));
+	hctl.keysize = sizeof(char *);
+	hctl.entrysize = sizeof(InboxAggregate);
+	hctl.hcxt = CurrentMemoryContext;
+	hctl.hash = agg_hash;
+	hctl.match = agg_match;
+	aggs = hash_create("inbox aggregates", 256, &hctl,
+					   HASH_ELEM | HASH_FUNCTION | HASH_COMPARE | HASH_CONTEXT);
+
+	metas = palloc(sizeof(MessageMeta) * Max(n, 1));
+	for (int i = 0; i < n; i++)
+		parse_headers(sub->msgs[i], &metas[i]);
+	load_aggregates(aggs, sub, metas, n);
+
+	fmgr_info(sub->handler, &flinfo);
+	for (int i = 0; i < nparts; i++)
+	{
+		lock_partition(sub, &parts[i]);
+		/* Messages fetched before it was paused: they come again. */
+		if (is_paused(sub, &parts[i]))
+		{
+			parts[i].stopped = true;
+			parts[i].was_paused = true;
+		}
+	}
+
+	looked = apply_messages(sub, parts, nparts, aggs, &flinfo, metas, n, careful,
+							deadline, &done);
 
 	flush_aggregates(sub, aggs);
 	commit = rd_kafka_topic_partition_list_new(nparts);
@@ -1903,6 +2052,7 @@ run_batch(InboxSub *sub, rd_kafka_message_t **msgs, int n, bool careful)
 	}
 	end_step();
 	count_batch(parts, nparts);
+	keep_rest(sub, parts, nparts, looked);
 
 	/* Stopped partitions wait; the rest of their messages come again. */
 	for (int i = 0; i < nparts; i++)
@@ -1917,26 +2067,28 @@ run_batch(InboxSub *sub, rd_kafka_message_t **msgs, int n, bool careful)
 
 /* ---------- the loop ---------- */
 
-/* Messages of one consumer waiting to be applied (at most a batch). */
-static rd_kafka_message_t **batch_msgs = NULL;
-static int	batch_n = 0;
-
-/* Give the held messages back to librdkafka. */
-static void
-destroy_batch(void)
-{
-	for (int i = 0; i < batch_n; i++)
-		rd_kafka_message_destroy(batch_msgs[i]);
-	batch_n = 0;
-}
-
-/* Take what the consumer has fetched, without waiting. */
+/*
+ * Take what the consumer has fetched, without waiting, up to a batch.  This
+ * is also what keeps the consumer in its group (max.poll.interval.ms).
+ * After a rebalance what was held is dropped: it comes again from the
+ * stored offsets once the new assignment is applied.
+ */
 static void
 poll_consumer(InboxSub *sub)
 {
 	rd_kafka_message_t *m;
 
-	while (batch_n < inbox_batch_size &&
+	if (sub->msgs_size < inbox_batch_size)
+	{
+		MemoryContext old = MemoryContextSwitchTo(subs_context);
+
+		sub->msgs = sub->msgs == NULL
+			? palloc(sizeof(rd_kafka_message_t *) * inbox_batch_size)
+			: repalloc(sub->msgs, sizeof(rd_kafka_message_t *) * inbox_batch_size);
+		sub->msgs_size = inbox_batch_size;
+		MemoryContextSwitchTo(old);
+	}
+	while (sub->nmsgs < inbox_batch_size &&
 		   (m = rd_kafka_consumer_poll(sub->rk, 0)) != NULL)
 	{
 		if (m->err)
@@ -1947,7 +2099,13 @@ poll_consumer(InboxSub *sub)
 			rd_kafka_message_destroy(m);
 			continue;
 		}
-		batch_msgs[batch_n++] = m;
+		sub->msgs[sub->nmsgs++] = m;
+	}
+	/* The callback ran inside a poll: no message of a new assignment yet. */
+	if (sub->rebalanced)
+	{
+		drop_messages(sub);
+		sub->rebalanced = false;
 	}
 }
 
@@ -1977,25 +2135,30 @@ end_step(void)
 }
 
 /*
- * Apply the polled messages: first all in the batch's transaction, without
- * subtransactions (the common case, several times faster); if anything
- * fails, roll back and apply them again one subtransaction each, so that
- * a failing handler meets its retry and poison policies.
+ * Apply held messages in one transaction, for at most the time budget:
+ * first without subtransactions (the common case, several times faster);
+ * if anything fails, roll back and apply them again one subtransaction
+ * each (with a budget of its own, and no further than the failed attempt
+ * got), so that a failing handler meets its retry and poison policies.
+ * What the budget left is kept for the next transaction, after a poll.
  */
 static int
 apply_batch(InboxSub *sub)
 {
 	volatile bool careful = false;
 	int			done = 0;
+	int			n = sub->nmsgs;
 
 	for (;;)
 	{
 		volatile bool failed = false;
+		TimestampTz deadline = TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
+														   batch_time(sub));
 
 		PG_TRY();
 		{
 			begin_step();
-			done = run_batch(sub, batch_msgs, batch_n, careful);
+			done = run_batch(sub, n, careful, deadline);
 		}
 		PG_CATCH();
 		{
@@ -2007,7 +2170,7 @@ apply_batch(InboxSub *sub)
 				 */
 				if (sub->rk != NULL && sub->pending_assign == NULL)
 					(void) rd_kafka_assignment(sub->rk, &sub->pending_assign);
-				destroy_batch();
+				drop_messages(sub);
 				PG_RE_THROW();
 			}
 			failed = true;
@@ -2023,9 +2186,9 @@ apply_batch(InboxSub *sub)
 		RESUME_INTERRUPTS();
 		MemoryContextSwitchTo(loop_context);
 		careful = true;
+		n = Max(Min(batch_reached, n), 1);
 		outbox_count(OC_INBOX_BATCH_FALLBACKS, 1);
 	}
-	destroy_batch();
 	return done;
 }
 
@@ -2105,7 +2268,7 @@ inbox_step(void)
 		if (sub->pending_assign != NULL)
 		{
 			/* What was fetched before is fetched again from the offsets. */
-			destroy_batch();
+			drop_messages(sub);
 			begin_step();
 			apply_assignment(sub);
 			end_step();
@@ -2117,10 +2280,10 @@ inbox_step(void)
 			resume_partitions(sub, now);
 			end_step();
 		}
-		if (batch_n == 0)
+		if (sub->nmsgs == 0)
 			continue;
 		pgstat_report_activity(STATE_RUNNING, psprintf("applying %d messages of \"%s\"",
-													   batch_n, sub->consumer));
+													   sub->nmsgs, sub->consumer));
 		total += apply_batch(sub);
 	}
 	return total;
@@ -2234,8 +2397,6 @@ inbox_worker_main(Datum main_arg)
 										 ALLOCSET_DEFAULT_SIZES);
 	loop_context = AllocSetContextCreate(TopMemoryContext, "inbox loop",
 										 ALLOCSET_DEFAULT_SIZES);
-	batch_msgs = MemoryContextAlloc(TopMemoryContext,
-									sizeof(rd_kafka_message_t *) * 100000);
 	check_consumer_settings();
 	on_shmem_exit(inbox_worker_exit, (Datum) 0);
 	ereport(LOG, (errmsg("outbox inbox worker %d started for database \"%s\"",

@@ -25,6 +25,7 @@ extern char *inbox_database;
 extern char *inbox_brokers;
 extern char *inbox_kafka_properties;
 extern int	inbox_batch_size;
+extern int	inbox_batch_time_ms;
 extern int	inbox_max_attempts;
 extern int	inbox_retry_backoff_ms;
 extern int	inbox_poison_policy;

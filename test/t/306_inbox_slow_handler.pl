@@ -1,0 +1,91 @@
+# A slow handler, on the mock: with max.poll.interval.ms at 4 s, 300
+# messages of 50 ms each (15 s of handlers, fetched together) are applied in
+# transactions bounded by outbox.inbox_batch_time, with a poll between
+# them, so the worker stays in its group (no rebalance, librdkafka never
+# reports the interval exceeded); before, the whole fetch was one
+# transaction and the worker left its group during it.  Then one handler
+# call longer than max.poll.interval.ms: the worker leaves its group (that
+# cannot be helped), its transaction still commits, the partitions go on
+# from the stored offsets, and nothing is applied twice.  Every event is
+# applied exactly once, per aggregate in version order.
+use strict;
+use warnings;
+
+use PostgreSQL::Test::Utils;
+use Test::More;
+use Time::HiRes qw(time sleep);
+
+use MockKafka;
+use OutboxTest;
+use InboxTest;
+
+my $dir = $PostgreSQL::Test::Utils::tmp_check;
+mkdir "$dir/mock";
+my $topic = 'outbox.event.slow';
+my $mk = MockKafka->start(dir => "$dir/mock", brokers => 1,
+	topics => ["$topic:2", 'outbox.event.unused:1'], max_seconds => 600);
+my $node = inbox_node('inbox_slow', $mk,
+	inbox_kafka_properties =>
+	  'session.timeout.ms=3000;heartbeat.interval.ms=500;max.poll.interval.ms=4000');
+
+# The handler is made slow before the consumer reads the topic: it is
+# subscribed to another topic first, then to this one.
+setup_consumer($node, 'billing', 'outbox.event.unused');
+$node->safe_psql('consumer', 'UPDATE app.knobs SET fail = false, delay = 0.05');
+
+# An inbox counter of the consumer's server.
+sub inbox_counter
+{
+	my ($name) = @_;
+	return $node->safe_psql('consumer',
+		"SELECT value FROM outbox_counters() WHERE name = 'inbox_$name'");
+}
+
+# 1. 300 events, all in Kafka before the consumer joins.
+$node->safe_psql('postgres', qq{SELECT outbox_emit('slow', 's-' || (i % 10), 'Changed',
+	jsonb_build_object('n', i), topic => '$topic') FROM generate_series(1, 300) i});
+ok(defined wait_published($node, 60), 'producer: 300 events published');
+my $batches = inbox_counter('batches');
+$node->safe_psql('consumer', qq{SET ROLE app;
+	SELECT inbox_subscribe('billing', ARRAY['$topic'], 'app.apply(inbox_message)'::regprocedure)});
+ok(defined wait_applied($node, 1, 60), 'the consumer joined and applies');
+my $rebalances = inbox_counter('rebalances');
+my $t0 = time;
+ok(defined wait_applied($node, 300, 180), 'all 300 applied')
+  or diag $node->safe_psql('consumer', 'SELECT * FROM inbox_status');
+my $took = time - $t0;
+is(inbox_counter('rebalances') - $rebalances, 0,
+	'no rebalance while the slow handler applies: the worker stayed in its group');
+ok(!$node->log_contains('Application maximum poll interval'),
+	'librdkafka never reports max.poll.interval.ms exceeded');
+my $tx = inbox_counter('batches') - $batches;
+cmp_ok($tx, '>=', 5, "the 15 s of handlers took several transactions ($tx)");
+note sprintf 'FIGURES inbox_slow phase=many events=300 handler_ms=50 applied_s=%.1f transactions=%d',
+  $took, $tx;
+my @p = consumer_verdict($node);
+is_deeply(\@p, [], 'exactly once, in version order') or diag join("\n", @p);
+
+# 2. One handler call of 6 s, above max.poll.interval.ms, then 20 quick
+# ones: the worker is put out of its group during the call; it still
+# commits, joins again and goes on from the stored offsets.
+$node->safe_psql('consumer', 'UPDATE app.knobs SET delay = 6');
+$node->safe_psql('postgres', qq{SELECT outbox_emit('slow', 'one', 'Changed', '{}', topic => '$topic')});
+ok(defined wait_published($node, 60), 'producer: the slow event published');
+ok(defined wait_applied($node, 301, 60), 'the 6 s handler call committed');
+$node->safe_psql('consumer', 'UPDATE app.knobs SET delay = 0');
+$node->safe_psql('postgres', qq{SELECT outbox_emit('slow', 'one', 'Changed', jsonb_build_object('n', i),
+	topic => '$topic') FROM generate_series(1, 20) i});
+ok(defined wait_published($node, 60), 'producer: 20 more published');
+ok(defined wait_applied($node, 321, 120), 'the 20 after it applied');
+ok($node->poll_query_until('consumer',
+		"SELECT value > $rebalances FROM outbox_counters() WHERE name = 'inbox_rebalances'"),
+	'the handler call longer than max.poll.interval.ms cost a rebalance');
+sleep 1;
+is($node->safe_psql('consumer', 'SELECT count(*) FROM app.applied'), '321',
+	'nothing applied twice after the rebalance');
+@p = consumer_verdict($node);
+is_deeply(\@p, [], 'final: exactly once, in version order') or diag join("\n", @p);
+
+$node->stop;
+$mk->stop;
+done_testing();
