@@ -837,17 +837,46 @@ prepare_plans(void)
 	dead_letter_plan = outbox_keep_plan(psprintf(
 										  "INSERT INTO %s.inbox_dead_letter (consumer, message, error, attempts) "
 										  "VALUES ($1, $2, $3, $4)", s), 4, tdl);
-	tdl[0] = INT4OID;
-	tdl[1] = INT4OID;
-	retention_plan = outbox_keep_plan(psprintf(
-										"DELETE FROM %s.inbox i USING ("
-										"SELECT consumer, event_id FROM %s.inbox "
-										"WHERE processed_at < pg_catalog.now() - pg_catalog.make_interval(secs => $1) "
-										"ORDER BY processed_at LIMIT $2 FOR UPDATE SKIP LOCKED) x "
-										"WHERE i.consumer = x.consumer AND i.event_id = x.event_id", s, s),
-									  2, tdl);
+	retention_plan = inbox_retention_prepare(s);
 	plans_nspid = nspid;
 	return true;
+}
+
+/* ---------- retention ---------- */
+
+/*
+ * The inbox retention statement for the extension in schema s (quoted),
+ * kept; run by inbox_retention_delete().  The publisher's retention uses it
+ * too.  It skips rows locked by others: never waiting, it cannot deadlock.
+ */
+SPIPlanPtr
+inbox_retention_prepare(const char *s)
+{
+	Oid			types[2] = {INT4OID, INT4OID};
+
+	return outbox_keep_plan(psprintf("DELETE FROM %s.inbox i USING ("
+									 "SELECT consumer, event_id FROM %s.inbox "
+									 "WHERE processed_at < pg_catalog.now() - pg_catalog.make_interval(secs => $1) "
+									 "ORDER BY processed_at LIMIT $2 FOR UPDATE SKIP LOCKED) x "
+									 "WHERE i.consumer = x.consumer AND i.event_id = x.event_id", s, s),
+							2, types);
+}
+
+/*
+ * Delete up to outbox.retention_batch inbox claims older than
+ * outbox.inbox_retention with a plan of inbox_retention_prepare(); returns
+ * how many.  In a transaction, connected to SPI.
+ */
+uint64
+inbox_retention_delete(SPIPlanPtr plan)
+{
+	Datum		args[2];
+
+	args[0] = Int32GetDatum(outbox_inbox_retention_s);
+	args[1] = Int32GetDatum(outbox_retention_batch);
+	if (SPI_execute_plan(plan, args, NULL, false, 0) != SPI_OK_DELETE)
+		elog(ERROR, "inbox retention failed");
+	return SPI_processed;
 }
 
 /* ---------- subscriptions ---------- */
@@ -2204,7 +2233,6 @@ inbox_retention(void)
 {
 	TimestampTz start = GetCurrentTimestamp();
 	uint64		deleted;
-	Datum		args[2];
 
 	if (worker_index != 0 || outbox_inbox_retention_s < 0 || plans_nspid == InvalidOid ||
 		(outbox_workers > 0 && outbox_database_stats(MyDatabaseId) != NULL) ||
@@ -2215,11 +2243,7 @@ inbox_retention(void)
 	do
 	{
 		begin_step();
-		args[0] = Int32GetDatum(outbox_inbox_retention_s);
-		args[1] = Int32GetDatum(outbox_retention_batch);
-		if (SPI_execute_plan(retention_plan, args, NULL, false, 0) != SPI_OK_DELETE)
-			elog(ERROR, "inbox retention failed");
-		deleted = SPI_processed;
+		deleted = inbox_retention_delete(retention_plan);
 		end_step();
 		outbox_count(OC_INBOX_RETENTION_DELETED, deleted);
 	} while (deleted >= (uint64) outbox_retention_batch &&

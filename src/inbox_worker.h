@@ -36,5 +36,7 @@ extern void inbox_worker_init(void);
 extern PGDLLEXPORT void inbox_launcher_main(Datum main_arg);
 extern PGDLLEXPORT void inbox_worker_main(Datum main_arg);
 extern char *inbox_consumer_properties_check(const char *properties);
+extern struct _SPI_plan *inbox_retention_prepare(const char *schema);
+extern uint64 inbox_retention_delete(struct _SPI_plan *plan);
 
 #endif							/* OUTBOX_INBOX_WORKER_H */
