@@ -208,6 +208,8 @@ typedef struct InboxAggregate
 {
 	char	   *aggregate_id;	/* hash key: must be first */
 	int64		last_version;	/* 0: none */
+	bool		stored;			/* has a row, read at tid */
+	ItemPointerData tid;
 	bool		dirty;
 } InboxAggregate;
 
@@ -242,6 +244,7 @@ static SPIPlanPtr subs_plan,
 			offset_read_plan,
 			agg_read_plan,
 			agg_flush_plan,
+			agg_update_plan,
 			claim_plan,
 			claim_many_plan,
 			dead_letter_plan,
@@ -751,6 +754,7 @@ prepare_plans(void)
 	Oid			t2[] = {TEXTOID, TEXTOID};
 	Oid			tarr[] = {TEXTOID, TEXTARRAYOID};
 	Oid			tflush[] = {TEXTOID, TEXTARRAYOID, INT8ARRAYOID};
+	Oid			tupdagg[] = {TEXTOID, TIDARRAYOID, TEXTARRAYOID, INT8ARRAYOID};
 	Oid			tupd[] = {TEXTOID, TEXTOID, INT4OID, INT8OID, INT8OID, INT8OID,
 		INT8OID, INT8OID, INT8OID, INT8OID, INT8OID, INT8OID, INT4OID, TEXTOID,
 	TIMESTAMPTZOID, TIMESTAMPTZOID, TEXTOID, BOOLOID, BOOLOID};
@@ -809,8 +813,25 @@ prepare_plans(void)
 											"WHERE o.consumer = $1 AND o.topic = $2 AND o.\"partition\" = $3",
 											s), lengthof(tupd), tupd);
 	agg_read_plan = outbox_keep_plan(psprintf(
-									   "SELECT a.aggregate_id, a.last_version FROM %s.inbox_aggregate a "
+									   "SELECT a.aggregate_id, a.last_version, a.ctid FROM %s.inbox_aggregate a "
 									   "WHERE a.consumer = $1 AND a.aggregate_id = ANY ($2)", s), 2, tarr);
+
+	/*
+	 * The rows just read, updated where they are: a nested loop of TID
+	 * scans in the arrays' order (the lock order), whatever their size, so
+	 * the generic plan.  A row updated meanwhile is followed to its new
+	 * version, or not returned (then upserted).
+	 */
+	agg_update_plan = SPI_prepare_cursor(psprintf(
+												  "UPDATE %s.inbox_aggregate a SET last_version = GREATEST(a.last_version, u.v), "
+												  "updated_at = pg_catalog.clock_timestamp() "
+												  "FROM ROWS FROM (pg_catalog.unnest($2), pg_catalog.unnest($3), pg_catalog.unnest($4)) AS u(t, id, v) "
+												  "WHERE a.ctid = u.t AND a.consumer = $1 AND a.aggregate_id = u.id "
+												  "RETURNING a.aggregate_id", s),
+										 lengthof(tupdagg), tupdagg, CURSOR_OPT_GENERIC_PLAN);
+	if (agg_update_plan == NULL)
+		elog(ERROR, "SPI_prepare_cursor failed: %s", SPI_result_code_string(SPI_result));
+	SPI_keepplan(agg_update_plan);
 	/*
 	 * No ON CONFLICT: the version check has dropped the duplicates of
 	 * published events, and a plain insert descends the index once, not
@@ -1321,6 +1342,7 @@ load_aggregates(HTAB *aggs, InboxSub *sub, MessageMeta *metas, int n)
 			continue;
 		a->aggregate_id = key;
 		a->last_version = 0;
+		a->stored = false;
 		a->dirty = false;
 		ids[k++] = CStringGetTextDatum(key);
 	}
@@ -1336,9 +1358,13 @@ load_aggregates(HTAB *aggs, InboxSub *sub, MessageMeta *metas, int n)
 		bool		isnull;
 		InboxAggregate *a = hash_search(aggs, &key, HASH_FIND, NULL);
 
-		if (a != NULL)
-			a->last_version = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[i],
-														  SPI_tuptable->tupdesc, 2, &isnull));
+		if (a == NULL)
+			continue;
+		a->last_version = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[i],
+													  SPI_tuptable->tupdesc, 2, &isnull));
+		a->tid = *(ItemPointer) DatumGetPointer(SPI_getbinval(SPI_tuptable->vals[i],
+															  SPI_tuptable->tupdesc, 3, &isnull));
+		a->stored = true;
 	}
 }
 
@@ -1772,17 +1798,61 @@ agg_cmp(const void *a, const void *b)
 	return strcmp((*(InboxAggregate *const *) a)->aggregate_id, (*(InboxAggregate *const *) b)->aggregate_id);
 }
 
-/* Upsert the versions of the aggregates the batch moved. */
+/*
+ * Update the rows of the moved aggregates that load_aggregates read (list,
+ * sorted), by ctid: no index descent, no speculative insertion.  Those
+ * updated are no longer dirty.
+ */
+static void
+update_stored_aggregates(InboxSub *sub, HTAB *aggs, InboxAggregate **list, int k)
+{
+	Datum	   *tids = palloc(sizeof(Datum) * Max(k, 1));
+	Datum	   *ids = palloc(sizeof(Datum) * Max(k, 1));
+	Datum	   *vers = palloc(sizeof(Datum) * Max(k, 1));
+	int			m = 0;
+	Datum		args[4];
+
+	for (int i = 0; i < k; i++)
+	{
+		if (!list[i]->stored)
+			continue;
+		tids[m] = PointerGetDatum(&list[i]->tid);
+		ids[m] = CStringGetTextDatum(list[i]->aggregate_id);
+		vers[m] = Int64GetDatum(list[i]->last_version);
+		m++;
+	}
+	if (m == 0)
+		return;
+	args[0] = CStringGetTextDatum(sub->consumer);
+	args[1] = PointerGetDatum(construct_array(tids, m, TIDOID, sizeof(ItemPointerData), false, TYPALIGN_SHORT));
+	args[2] = PointerGetDatum(construct_array(ids, m, TEXTOID, -1, false, TYPALIGN_INT));
+	args[3] = PointerGetDatum(construct_array(vers, m, INT8OID, 8, FLOAT8PASSBYVAL, TYPALIGN_DOUBLE));
+	if (SPI_execute_plan(agg_update_plan, args, NULL, false, 0) != SPI_OK_UPDATE_RETURNING)
+		elog(ERROR, "could not update inbox aggregate versions");
+	for (uint64 i = 0; i < SPI_processed; i++)
+	{
+		char	   *key = SPI_getvalue(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 1);
+
+		aggregate_state(aggs, key)->dirty = false;
+	}
+}
+
+/*
+ * Store the versions of the aggregates the batch moved: rows read before
+ * are updated in place, the others (new, or moved meanwhile) upserted.
+ * Both in aggregate id order, the lock order.
+ */
 static void
 flush_aggregates(InboxSub *sub, HTAB *aggs)
 {
 	long		n = hash_get_num_entries(aggs);
-	InboxAggregate  **list = palloc(sizeof(InboxAggregate *) * Max(n, 1));
+	InboxAggregate **list = palloc(sizeof(InboxAggregate *) * Max(n, 1));
 	Datum	   *ids = palloc(sizeof(Datum) * Max(n, 1));
 	Datum	   *vers = palloc(sizeof(Datum) * Max(n, 1));
 	HASH_SEQ_STATUS seq;
-	InboxAggregate   *a;
+	InboxAggregate *a;
 	int			k = 0;
+	int			m = 0;
 	Datum		args[3];
 
 	hash_seq_init(&seq, aggs);
@@ -1792,14 +1862,20 @@ flush_aggregates(InboxSub *sub, HTAB *aggs)
 	if (k == 0)
 		return;
 	qsort(list, k, sizeof(InboxAggregate *), agg_cmp);
+	update_stored_aggregates(sub, aggs, list, k);
 	for (int i = 0; i < k; i++)
 	{
-		ids[i] = CStringGetTextDatum(list[i]->aggregate_id);
-		vers[i] = Int64GetDatum(list[i]->last_version);
+		if (!list[i]->dirty)
+			continue;
+		ids[m] = CStringGetTextDatum(list[i]->aggregate_id);
+		vers[m] = Int64GetDatum(list[i]->last_version);
+		m++;
 	}
+	if (m == 0)
+		return;
 	args[0] = CStringGetTextDatum(sub->consumer);
-	args[1] = PointerGetDatum(construct_array(ids, k, TEXTOID, -1, false, TYPALIGN_INT));
-	args[2] = PointerGetDatum(construct_array(vers, k, INT8OID, 8, FLOAT8PASSBYVAL, TYPALIGN_DOUBLE));
+	args[1] = PointerGetDatum(construct_array(ids, m, TEXTOID, -1, false, TYPALIGN_INT));
+	args[2] = PointerGetDatum(construct_array(vers, m, INT8OID, 8, FLOAT8PASSBYVAL, TYPALIGN_DOUBLE));
 	if (SPI_execute_plan(agg_flush_plan, args, NULL, false, 0) != SPI_OK_INSERT)
 		elog(ERROR, "could not store inbox aggregate versions");
 }
