@@ -656,7 +656,7 @@ consumer_create(InboxSub *sub, ArrayType *topics)
 	sub->max_poll_ms = conf_int(conf, "max.poll.interval.ms");
 	if (inbox_batch_time_ms > sub->max_poll_ms / 3)
 		ereport(LOG,
-				(errmsg("outbox inbox worker %d: consumer \"%s\" uses %d ms of outbox.inbox_batch_time",
+				(errmsg("outbox inbox worker %d: consumer \"%s\": outbox.inbox_batch_time cut to %d ms",
 						worker_index, sub->consumer, Max(sub->max_poll_ms / 3, 1)),
 				 errdetail("A transaction takes at most a third of max.poll.interval.ms (%d ms).",
 						   sub->max_poll_ms)));

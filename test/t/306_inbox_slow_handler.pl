@@ -3,7 +3,8 @@
 # transactions bounded by outbox.inbox_batch_time, with a poll between
 # them, so the worker stays in its group (no rebalance, librdkafka never
 # reports the interval exceeded); before, the whole fetch was one
-# transaction and the worker left its group during it.  Then one handler
+# transaction and the worker left its group during it.  The setting asks
+# for 10 s: only a third of max.poll.interval.ms is used.  Then one handler
 # call longer than max.poll.interval.ms: the worker leaves its group (that
 # cannot be helped), its transaction still commits, the partitions go on
 # from the stored offsets, and nothing is applied twice.  Every event is
@@ -25,8 +26,13 @@ my $topic = 'outbox.event.slow';
 my $mk = MockKafka->start(dir => "$dir/mock", brokers => 1,
 	topics => ["$topic:2", 'outbox.event.unused:1'], max_seconds => 600);
 my $node = inbox_node('inbox_slow', $mk,
+	inbox_batch_time => '10s',
 	inbox_kafka_properties =>
 	  'session.timeout.ms=3000;heartbeat.interval.ms=500;max.poll.interval.ms=4000');
+
+my ($rc, $out, $err) = $node->psql('consumer', q{ALTER SYSTEM SET outbox.inbox_batch_time = 0});
+like($err, qr/0 ms is outside the valid range for parameter "outbox.inbox_batch_time"/,
+	'outbox.inbox_batch_time is checked when set');
 
 # The handler is made slow before the consumer reads the topic: it is
 # subscribed to another topic first, then to this one.
@@ -49,6 +55,8 @@ my $batches = inbox_counter('batches');
 $node->safe_psql('consumer', qq{SET ROLE app;
 	SELECT inbox_subscribe('billing', ARRAY['$topic'], 'app.apply(inbox_message)'::regprocedure)});
 ok(defined wait_applied($node, 1, 60), 'the consumer joined and applies');
+ok($node->log_contains('consumer "billing": outbox.inbox_batch_time cut to 1333 ms'),
+	'the 10 s asked for are cut to a third of max.poll.interval.ms, logged');
 my $rebalances = inbox_counter('rebalances');
 my $t0 = time;
 ok(defined wait_applied($node, 300, 180), 'all 300 applied')
