@@ -201,6 +201,7 @@ typedef struct PendingList
 {
 	PendingApply *items;
 	int			n;
+	HTAB	   *identities;		/* of every message of the batch taken */
 } PendingList;
 
 /* An aggregate's last applied version, cached for one batch. */
@@ -834,14 +835,14 @@ prepare_plans(void)
 	SPI_keepplan(agg_update_plan);
 	/*
 	 * No ON CONFLICT: the version check has dropped the duplicates of
-	 * published events, and a plain insert descends the index once, not
-	 * twice.  A claim already there is a unique violation, which sends the
-	 * batch to the careful path (claim_plan, one by one).
+	 * published events, those within the batch are dropped before, and a
+	 * plain insert descends the index once, not twice.  A claim already
+	 * there is a unique violation, which sends the batch to the careful
+	 * path (claim_plan, one by one).
 	 */
 	claim_many_plan = outbox_keep_plan(psprintf(
 										 "INSERT INTO %s.inbox (consumer, event_id) "
-										 "SELECT DISTINCT $1, u.id FROM pg_catalog.unnest($2) AS u(id) "
-										 "RETURNING event_id", s), 2, tarr);
+										 "SELECT $1, u.id FROM pg_catalog.unnest($2) AS u(id)", s), 2, tarr);
 	agg_flush_plan = outbox_keep_plan(psprintf(
 										"INSERT INTO %s.inbox_aggregate AS a (consumer, aggregate_id, last_version) "
 										"SELECT $1, u.id, u.v FROM ROWS FROM (pg_catalog.unnest($2), pg_catalog.unnest($3)) AS u(id, v) "
@@ -1295,7 +1296,8 @@ message_datum(InboxSub *sub, const rd_kafka_message_t *m, MessageMeta *meta,
 	values[13] = TimestampTzGetDatum(ts * 1000 -
 									 (int64) (POSTGRES_EPOCH_JDATE - UNIX_EPOCH_JDATE) * USECS_PER_DAY);
 	nulls[13] = ts < 0;
-	return heap_copy_tuple_as_datum(heap_form_tuple(message_desc, values, nulls), message_desc);
+	/* heap_form_tuple has filled in the composite's header: no copy. */
+	return HeapTupleGetDatum(heap_form_tuple(message_desc, values, nulls));
 }
 
 /* ---------- one batch ---------- */
@@ -1560,18 +1562,15 @@ claim_and_handle(InboxSub *sub, FmgrInfo *flinfo, const char *identity,
 }
 
 /*
- * Claim every pending message of the batch in one statement, then run the
- * handler of each one claimed, in message order (so per partition in
- * offset order).  An error aborts the batch, which is then applied again
- * carefully.
+ * Claim the pending messages (one chunk) in one statement, then run their
+ * handlers in message order (so per partition in offset order).  An error
+ * aborts the batch, which is then applied again carefully.
  */
 static void
 apply_pending(InboxSub *sub, FmgrInfo *flinfo, PendingList *pending)
 {
 	Datum	   *ids;
 	Datum		args[2];
-	HASHCTL		hctl;
-	HTAB	   *claimed;
 	TimestampTz start = GetCurrentTimestamp();
 
 	if (pending->n == 0)
@@ -1581,37 +1580,15 @@ apply_pending(InboxSub *sub, FmgrInfo *flinfo, PendingList *pending)
 		ids[i] = CStringGetTextDatum(pending->items[i].identity);
 	args[0] = CStringGetTextDatum(sub->consumer);
 	args[1] = PointerGetDatum(construct_array(ids, pending->n, TEXTOID, -1, false, TYPALIGN_INT));
-	if (SPI_execute_plan(claim_many_plan, args, NULL, false, 0) != SPI_OK_INSERT_RETURNING)
+	if (SPI_execute_plan(claim_many_plan, args, NULL, false, 0) != SPI_OK_INSERT ||
+		SPI_processed != (uint64) pending->n)
 		elog(ERROR, "inbox claim failed");
-
-	memset(&hctl, 0, sizeof(hctl));
-	hctl.keysize = sizeof(char *);
-	hctl.entrysize = sizeof(char *);
-	hctl.hcxt = CurrentMemoryContext;
-	hctl.hash = agg_hash;
-	hctl.match = agg_match;
-	claimed = hash_create("inbox claims", pending->n, &hctl,
-						  HASH_ELEM | HASH_FUNCTION | HASH_COMPARE | HASH_CONTEXT);
-	for (uint64 i = 0; i < SPI_processed; i++)
-	{
-		char	   *id = SPI_getvalue(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 1);
-
-		(void) hash_search(claimed, &id, HASH_ENTER, NULL);
-	}
 
 	for (int i = 0; i < pending->n; i++)
 	{
 		PendingApply *pa = &pending->items[i];
-		bool		found;
 
 		CHECK_FOR_INTERRUPTS();
-		/* An event twice in the batch: only its first copy was claimed. */
-		(void) hash_search(claimed, &pa->identity, HASH_REMOVE, &found);
-		if (!found)
-		{
-			pa->ps->duplicates++;
-			continue;
-		}
 		call_handler(sub, flinfo, pa->message);
 		pa->ps->applied++;
 		pa->ps->gaps += pa->gap ? 1 : 0;
@@ -1659,20 +1636,29 @@ apply_message(InboxSub *sub, PartState *ps, HTAB *aggs, FmgrInfo *flinfo,
 			return;
 		}
 	}
-	message = message_datum(sub, m, meta, pending == NULL);
 	if (pending != NULL)
 	{
-		PendingApply *pa = &pending->items[pending->n++];
+		bool		dup;
 
-		pa->ps = ps;
-		pa->offset = m->offset;
-		pa->identity = identity;
-		pa->message = message;
-		pa->gap = gap;
-		ps->accept_gap &= !gap;
+		/* An event twice in the batch: its first copy is the one applied. */
+		(void) hash_search(pending->identities, &identity, HASH_ENTER, &dup);
+		if (dup)
+			ps->duplicates++;
+		else
+		{
+			PendingApply *pa = &pending->items[pending->n++];
+
+			pa->ps = ps;
+			pa->offset = m->offset;
+			pa->identity = identity;
+			pa->message = message_datum(sub, m, meta, false);
+			pa->gap = gap;
+			ps->accept_gap &= !gap;
+		}
 	}
 	else
 	{
+		message = message_datum(sub, m, meta, true);
 		error = claim_and_handle(sub, flinfo, identity, message, &claimed);
 		if (error != NULL)
 		{
@@ -2030,6 +2016,20 @@ apply_messages(InboxSub *sub, PartState *parts, int nparts, HTAB *aggs,
 
 	pending.items = palloc(sizeof(PendingApply) * Max(n, 1));
 	pending.n = 0;
+	pending.identities = NULL;
+	if (!careful)
+	{
+		HASHCTL		hctl;
+
+		memset(&hctl, 0, sizeof(hctl));
+		hctl.keysize = sizeof(char *);
+		hctl.entrysize = sizeof(char *);
+		hctl.hcxt = CurrentMemoryContext;
+		hctl.hash = agg_hash;
+		hctl.match = agg_match;
+		pending.identities = hash_create("inbox batch identities", Max(n, 16), &hctl,
+										 HASH_ELEM | HASH_FUNCTION | HASH_COMPARE | HASH_CONTEXT);
+	}
 	for (i = 0; i < n; i++)
 	{
 		rd_kafka_message_t *m = sub->msgs[i];
