@@ -101,7 +101,7 @@ int			inbox_gap_policy = INBOX_GAP_APPLY;
 #define INBOX_ERROR_BACKOFF_MS 1000
 /* Longest outbox.inbox_batch_time: an hour. */
 #define INBOX_MAX_BATCH_TIME_MS (3600 * 1000)
-/* Messages of the first chunk of a subscription, before any is measured. */
+/* Messages of a transaction's first chunk on the fast path (at most). */
 #define INBOX_FIRST_CHUNK 16
 
 static const struct config_enum_entry poison_options[] = {
