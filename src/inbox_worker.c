@@ -2116,6 +2116,8 @@ run_batch(InboxSub *sub, int n, bool careful, TimestampTz deadline)
 	int			looked;
 	MessageMeta *metas;
 
+	/* Until the messages are gone through, a failure covers them all. */
+	batch_reached = n;
 	parts = batch_partitions(sub->msgs, sub->nmsgs, &nparts);
 	memset(&hctl, 0, sizeof(hctl));
 	hctl.keysize = sizeof(char *);
