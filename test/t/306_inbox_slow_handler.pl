@@ -7,8 +7,9 @@
 # for 10 s: only a third of max.poll.interval.ms is used.  Then one handler
 # call longer than max.poll.interval.ms: the worker leaves its group (that
 # cannot be helped), its transaction still commits, the partitions go on
-# from the stored offsets, and nothing is applied twice.  Every event is
-# applied exactly once, per aggregate in version order.
+# from the stored offsets, and nothing is applied twice.  Then slow
+# handlers with a failing one among them.  Every event is applied exactly
+# once, per aggregate in version order.
 use strict;
 use warnings;
 
@@ -91,6 +92,28 @@ ok($node->poll_query_until('consumer',
 sleep 1;
 is($node->safe_psql('consumer', 'SELECT count(*) FROM app.applied'), '321',
 	'nothing applied twice after the rebalance');
+@p = consumer_verdict($node);
+is_deeply(\@p, [], 'after the long call: exactly once, in version order') or diag join("\n", @p);
+
+# 3. Slow handlers and a failing one among them: the fast path fails, the
+# careful one applies up to the failure, the failing message's partition
+# stops (its messages held in memory are dropped, and fetched again when it
+# resumes), the other partition goes on; once the handler accepts it the
+# partition resumes from the stored offset.
+$node->safe_psql('consumer', 'UPDATE app.knobs SET delay = 0.02, fail = true');
+my $errors = $node->safe_psql('consumer', 'SELECT sum(errors) FROM inbox_status');
+my $fallbacks = inbox_counter('batch_fallbacks');
+$node->safe_psql('postgres', qq{SELECT outbox_emit('slow', 'p-' || (i % 5), 'Changed',
+	jsonb_build_object('n', i, 'fail', i = 60), topic => '$topic') FROM generate_series(1, 150) i});
+ok(defined wait_published($node, 60), 'producer: 150 more published, one refused by the handler');
+ok($node->poll_query_until('consumer', "SELECT sum(errors) > $errors FROM inbox_status"),
+	'the handler refused it');
+cmp_ok(inbox_counter('batch_fallbacks'), '>', $fallbacks, 'the fast path failed, the careful one took over');
+$node->safe_psql('consumer', 'UPDATE app.knobs SET fail = false');
+ok(defined wait_applied($node, 471, 120), 'all 150 applied once the handler accepts it')
+  or diag $node->safe_psql('consumer', 'SELECT * FROM inbox_status');
+sleep 1;
+is($node->safe_psql('consumer', 'SELECT count(*) FROM app.applied'), '471', 'nothing applied twice');
 @p = consumer_verdict($node);
 is_deeply(\@p, [], 'final: exactly once, in version order') or diag join("\n", @p);
 
