@@ -17,9 +17,13 @@
  * so a crash, a rebalance or a re-delivery never applies a message twice.
  * Offsets are committed to Kafka afterwards, for lag monitoring only.
  *
- * A batch is one transaction; each message runs in a subtransaction:
- * deduplicate by the aggregate's last applied version (inbox_aggregate) and
- * by the inbox table (event_id header, else topic/partition/offset), then
+ * A batch is one transaction, which takes messages until
+ * outbox.inbox_batch_time is used (the worker must poll within
+ * max.poll.interval.ms to stay in its group); the rest stays in memory for
+ * the next one.  It runs without subtransactions and, if anything fails,
+ * again with one per message.  For each message: deduplicate by the
+ * aggregate's last applied version (inbox_aggregate) and by the inbox
+ * table (event_id header, else topic/partition/offset), then
  * call the handler as the role that subscribed, in a security-restricted
  * operation.  A failing handler stops its partition at that message, which
  * is retried with backoff (outbox.inbox_retry_backoff, doubling) and, after
@@ -82,6 +86,7 @@ char	   *inbox_database = NULL;
 char	   *inbox_brokers = NULL;
 char	   *inbox_kafka_properties = NULL;
 int			inbox_batch_size = 1000;
+int			inbox_batch_time_ms = 1000;
 int			inbox_max_attempts = 5;
 int			inbox_retry_backoff_ms = 1000;
 int			inbox_poison_policy = POISON_BLOCK;
@@ -94,6 +99,10 @@ int			inbox_gap_policy = INBOX_GAP_APPLY;
 /* Longest backoff of a failing handler, and of the worker after an error. */
 #define INBOX_MAX_BACKOFF_MS (5 * 60 * 1000)
 #define INBOX_ERROR_BACKOFF_MS 1000
+/* Longest outbox.inbox_batch_time: an hour. */
+#define INBOX_MAX_BATCH_TIME_MS (3600 * 1000)
+/* Messages of a transaction's first chunk on the fast path (at most). */
+#define INBOX_FIRST_CHUNK 16
 
 static const struct config_enum_entry poison_options[] = {
 	{"block", POISON_BLOCK, false},
@@ -143,7 +152,14 @@ typedef struct InboxSub
 	rd_kafka_t *rk;
 	/* Set by the rebalance callback; assigned at stored offsets later. */
 	rd_kafka_topic_partition_list_t *pending_assign;
+	bool		rebalanced;		/* since the last poll: drop what is held */
 	List	   *paused;			/* of PausedPartition */
+	int			max_poll_ms;	/* its max.poll.interval.ms */
+	double		msg_cost_us;	/* a message's claim and handler, measured; 0: not yet */
+	/* Fetched and not yet applied, in fetch order (in subs_context). */
+	rd_kafka_message_t **msgs;
+	int			nmsgs;
+	int			msgs_size;
 } InboxSub;
 
 /* A partition's row of inbox_offset, locked for the batch. */
@@ -185,6 +201,7 @@ typedef struct PendingList
 {
 	PendingApply *items;
 	int			n;
+	HTAB	   *identities;		/* of every message of the batch taken */
 } PendingList;
 
 /* An aggregate's last applied version, cached for one batch. */
@@ -192,6 +209,8 @@ typedef struct InboxAggregate
 {
 	char	   *aggregate_id;	/* hash key: must be first */
 	int64		last_version;	/* 0: none */
+	bool		stored;			/* has a row, read at tid */
+	ItemPointerData tid;
 	bool		dirty;
 } InboxAggregate;
 
@@ -226,6 +245,7 @@ static SPIPlanPtr subs_plan,
 			offset_read_plan,
 			agg_read_plan,
 			agg_flush_plan,
+			agg_update_plan,
 			claim_plan,
 			claim_many_plan,
 			dead_letter_plan,
@@ -305,6 +325,12 @@ inbox_worker_init(void)
 							"Most messages one inbox transaction applies.",
 							NULL, &inbox_batch_size, 1000, 1, 100000,
 							PGC_SIGHUP, 0, NULL, NULL, NULL);
+	DefineCustomIntVariable("outbox.inbox_batch_time",
+							"Longest an inbox transaction goes on taking messages.",
+							"Once it is used the transaction commits what it applied and the worker polls Kafka "
+							"again; at most a third of the consumer's max.poll.interval.ms is used.",
+							&inbox_batch_time_ms, 1000, 1, INBOX_MAX_BATCH_TIME_MS,
+							PGC_SIGHUP, GUC_UNIT_MS, NULL, NULL, NULL);
 	DefineCustomIntVariable("outbox.inbox_max_attempts",
 							"Attempts at a message whose handler fails before the poison policy applies.",
 							NULL, &inbox_max_attempts, 5, 1, 1000,
@@ -559,6 +585,8 @@ rebalance_cb(rd_kafka_t *rk, rd_kafka_resp_err_t err,
 	if (sub->pending_assign)
 		rd_kafka_topic_partition_list_destroy(sub->pending_assign);
 	sub->pending_assign = NULL;
+	/* Eager rebalancing: every partition is revoked or assigned anew. */
+	sub->rebalanced = true;
 	if (err == RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS)
 	{
 		sub->pending_assign = rd_kafka_topic_partition_list_copy(parts);
@@ -578,6 +606,18 @@ consumer_error_cb(rd_kafka_t *rk, int err, const char *reason, void *opaque)
 {
 	elog(DEBUG1, "outbox inbox: kafka: %s: %s",
 		 rd_kafka_err2name((rd_kafka_resp_err_t) err), reason);
+}
+
+/* An integer property of a configuration (as librdkafka has it). */
+static int
+conf_int(rd_kafka_conf_t *conf, const char *name)
+{
+	char		buf[64];
+	size_t		size = sizeof(buf);
+
+	if (rd_kafka_conf_get(conf, name, buf, &size) != RD_KAFKA_CONF_OK)
+		elog(ERROR, "librdkafka has no property \"%s\"", name);
+	return atoi(buf);
 }
 
 /* The consumer of a subscription, in its group, subscribed to its topics. */
@@ -614,6 +654,13 @@ consumer_create(InboxSub *sub, ArrayType *topics)
 				 errmsg("outbox inbox: invalid Kafka consumer settings"),
 				 errdetail_internal("%s", err)));
 	}
+	sub->max_poll_ms = conf_int(conf, "max.poll.interval.ms");
+	if (inbox_batch_time_ms > sub->max_poll_ms / 3)
+		ereport(LOG,
+				(errmsg("outbox inbox worker %d: consumer \"%s\": outbox.inbox_batch_time cut to %d ms",
+						worker_index, sub->consumer, Max(sub->max_poll_ms / 3, 1)),
+				 errdetail("A transaction takes at most a third of max.poll.interval.ms (%d ms).",
+						   sub->max_poll_ms)));
 	rd_kafka_conf_set_rebalance_cb(conf, rebalance_cb);
 	rd_kafka_conf_set_error_cb(conf, consumer_error_cb);
 	rd_kafka_conf_set_opaque(conf, sub);
@@ -650,12 +697,29 @@ consumer_create(InboxSub *sub, ArrayType *topics)
 					worker_index, sub->consumer, group)));
 }
 
-/* Leave the group and free the consumer (its partitions go to the others). */
+/* Give the consumer's held messages back to librdkafka. */
+static void
+drop_messages(InboxSub *sub)
+{
+	for (int i = 0; i < sub->nmsgs; i++)
+		rd_kafka_message_destroy(sub->msgs[i]);
+	sub->nmsgs = 0;
+}
+
+/*
+ * Leave the group and free the consumer (its partitions go to the others).
+ * Its messages go first: a consumer is not destroyed while its messages live.
+ */
 static void
 consumer_destroy(InboxSub *sub)
 {
 	if (sub->rk == NULL)
 		return;
+	drop_messages(sub);
+	if (sub->msgs != NULL)
+		pfree(sub->msgs);
+	sub->msgs = NULL;
+	sub->msgs_size = 0;
 	rd_kafka_consumer_close(sub->rk);
 	rd_kafka_destroy(sub->rk);
 	sub->rk = NULL;
@@ -666,18 +730,12 @@ consumer_destroy(InboxSub *sub)
 	sub->paused = NIL;
 }
 
-static void destroy_batch(void);
-
-/*
- * on_shmem_exit: leave the groups cleanly when stopped.  Messages still
- * held go first: a consumer is not destroyed while its messages live.
- */
+/* on_shmem_exit: leave the groups cleanly when stopped. */
 static void
 inbox_worker_exit(int code, Datum arg)
 {
 	ListCell   *lc;
 
-	destroy_batch();
 	foreach(lc, subs)
 		consumer_destroy((InboxSub *) lfirst(lc));
 }
@@ -697,6 +755,7 @@ prepare_plans(void)
 	Oid			t2[] = {TEXTOID, TEXTOID};
 	Oid			tarr[] = {TEXTOID, TEXTARRAYOID};
 	Oid			tflush[] = {TEXTOID, TEXTARRAYOID, INT8ARRAYOID};
+	Oid			tupdagg[] = {TEXTOID, TIDARRAYOID, TEXTARRAYOID, INT8ARRAYOID};
 	Oid			tupd[] = {TEXTOID, TEXTOID, INT4OID, INT8OID, INT8OID, INT8OID,
 		INT8OID, INT8OID, INT8OID, INT8OID, INT8OID, INT8OID, INT4OID, TEXTOID,
 	TIMESTAMPTZOID, TIMESTAMPTZOID, TEXTOID, BOOLOID, BOOLOID};
@@ -755,18 +814,35 @@ prepare_plans(void)
 											"WHERE o.consumer = $1 AND o.topic = $2 AND o.\"partition\" = $3",
 											s), lengthof(tupd), tupd);
 	agg_read_plan = outbox_keep_plan(psprintf(
-									   "SELECT a.aggregate_id, a.last_version FROM %s.inbox_aggregate a "
+									   "SELECT a.aggregate_id, a.last_version, a.ctid FROM %s.inbox_aggregate a "
 									   "WHERE a.consumer = $1 AND a.aggregate_id = ANY ($2)", s), 2, tarr);
+
+	/*
+	 * The rows just read, updated where they are: a nested loop of TID
+	 * scans in the arrays' order (the lock order), whatever their size, so
+	 * the generic plan.  A row updated meanwhile is followed to its new
+	 * version, or not returned (then upserted).
+	 */
+	agg_update_plan = SPI_prepare_cursor(psprintf(
+												  "UPDATE %s.inbox_aggregate a SET last_version = GREATEST(a.last_version, u.v), "
+												  "updated_at = pg_catalog.clock_timestamp() "
+												  "FROM ROWS FROM (pg_catalog.unnest($2), pg_catalog.unnest($3), pg_catalog.unnest($4)) AS u(t, id, v) "
+												  "WHERE a.ctid = u.t AND a.consumer = $1 AND a.aggregate_id = u.id "
+												  "RETURNING a.aggregate_id", s),
+										 lengthof(tupdagg), tupdagg, CURSOR_OPT_GENERIC_PLAN);
+	if (agg_update_plan == NULL)
+		elog(ERROR, "SPI_prepare_cursor failed: %s", SPI_result_code_string(SPI_result));
+	SPI_keepplan(agg_update_plan);
 	/*
 	 * No ON CONFLICT: the version check has dropped the duplicates of
-	 * published events, and a plain insert descends the index once, not
-	 * twice.  A claim already there is a unique violation, which sends the
-	 * batch to the careful path (claim_plan, one by one).
+	 * published events, those within the batch are dropped before, and a
+	 * plain insert descends the index once, not twice.  A claim already
+	 * there is a unique violation, which sends the batch to the careful
+	 * path (claim_plan, one by one).
 	 */
 	claim_many_plan = outbox_keep_plan(psprintf(
 										 "INSERT INTO %s.inbox (consumer, event_id) "
-										 "SELECT DISTINCT $1, u.id FROM pg_catalog.unnest($2) AS u(id) "
-										 "RETURNING event_id", s), 2, tarr);
+										 "SELECT $1, u.id FROM pg_catalog.unnest($2) AS u(id)", s), 2, tarr);
 	agg_flush_plan = outbox_keep_plan(psprintf(
 										"INSERT INTO %s.inbox_aggregate AS a (consumer, aggregate_id, last_version) "
 										"SELECT $1, u.id, u.v FROM ROWS FROM (pg_catalog.unnest($2), pg_catalog.unnest($3)) AS u(id, v) "
@@ -783,17 +859,46 @@ prepare_plans(void)
 	dead_letter_plan = outbox_keep_plan(psprintf(
 										  "INSERT INTO %s.inbox_dead_letter (consumer, message, error, attempts) "
 										  "VALUES ($1, $2, $3, $4)", s), 4, tdl);
-	tdl[0] = INT4OID;
-	tdl[1] = INT4OID;
-	retention_plan = outbox_keep_plan(psprintf(
-										"DELETE FROM %s.inbox i USING ("
-										"SELECT consumer, event_id FROM %s.inbox "
-										"WHERE processed_at < pg_catalog.now() - pg_catalog.make_interval(secs => $1) "
-										"ORDER BY processed_at LIMIT $2 FOR UPDATE SKIP LOCKED) x "
-										"WHERE i.consumer = x.consumer AND i.event_id = x.event_id", s, s),
-									  2, tdl);
+	retention_plan = inbox_retention_prepare(s);
 	plans_nspid = nspid;
 	return true;
+}
+
+/* ---------- retention ---------- */
+
+/*
+ * The inbox retention statement for the extension in schema s (quoted),
+ * kept; run by inbox_retention_delete().  The publisher's retention uses it
+ * too.  It skips rows locked by others: never waiting, it cannot deadlock.
+ */
+SPIPlanPtr
+inbox_retention_prepare(const char *s)
+{
+	Oid			types[2] = {INT4OID, INT4OID};
+
+	return outbox_keep_plan(psprintf("DELETE FROM %s.inbox i USING ("
+									 "SELECT consumer, event_id FROM %s.inbox "
+									 "WHERE processed_at < pg_catalog.now() - pg_catalog.make_interval(secs => $1) "
+									 "ORDER BY processed_at LIMIT $2 FOR UPDATE SKIP LOCKED) x "
+									 "WHERE i.consumer = x.consumer AND i.event_id = x.event_id", s, s),
+							2, types);
+}
+
+/*
+ * Delete up to outbox.retention_batch inbox claims older than
+ * outbox.inbox_retention with a plan of inbox_retention_prepare(); returns
+ * how many.  In a transaction, connected to SPI.
+ */
+uint64
+inbox_retention_delete(SPIPlanPtr plan)
+{
+	Datum		args[2];
+
+	args[0] = Int32GetDatum(outbox_inbox_retention_s);
+	args[1] = Int32GetDatum(outbox_retention_batch);
+	if (SPI_execute_plan(plan, args, NULL, false, 0) != SPI_OK_DELETE)
+		elog(ERROR, "inbox retention failed");
+	return SPI_processed;
 }
 
 /* ---------- subscriptions ---------- */
@@ -1191,7 +1296,8 @@ message_datum(InboxSub *sub, const rd_kafka_message_t *m, MessageMeta *meta,
 	values[13] = TimestampTzGetDatum(ts * 1000 -
 									 (int64) (POSTGRES_EPOCH_JDATE - UNIX_EPOCH_JDATE) * USECS_PER_DAY);
 	nulls[13] = ts < 0;
-	return heap_copy_tuple_as_datum(heap_form_tuple(message_desc, values, nulls), message_desc);
+	/* heap_form_tuple has filled in the composite's header: no copy. */
+	return HeapTupleGetDatum(heap_form_tuple(message_desc, values, nulls));
 }
 
 /* ---------- one batch ---------- */
@@ -1238,6 +1344,7 @@ load_aggregates(HTAB *aggs, InboxSub *sub, MessageMeta *metas, int n)
 			continue;
 		a->aggregate_id = key;
 		a->last_version = 0;
+		a->stored = false;
 		a->dirty = false;
 		ids[k++] = CStringGetTextDatum(key);
 	}
@@ -1253,9 +1360,13 @@ load_aggregates(HTAB *aggs, InboxSub *sub, MessageMeta *metas, int n)
 		bool		isnull;
 		InboxAggregate *a = hash_search(aggs, &key, HASH_FIND, NULL);
 
-		if (a != NULL)
-			a->last_version = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[i],
-														  SPI_tuptable->tupdesc, 2, &isnull));
+		if (a == NULL)
+			continue;
+		a->last_version = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[i],
+													  SPI_tuptable->tupdesc, 2, &isnull));
+		a->tid = *(ItemPointer) DatumGetPointer(SPI_getbinval(SPI_tuptable->vals[i],
+															  SPI_tuptable->tupdesc, 3, &isnull));
+		a->stored = true;
 	}
 }
 
@@ -1451,18 +1562,16 @@ claim_and_handle(InboxSub *sub, FmgrInfo *flinfo, const char *identity,
 }
 
 /*
- * Claim every pending message of the batch in one statement, then run the
- * handler of each one claimed, in message order (so per partition in
- * offset order).  An error aborts the batch, which is then applied again
- * carefully.
+ * Claim the pending messages (one chunk) in one statement, then run their
+ * handlers in message order (so per partition in offset order).  An error
+ * aborts the batch, which is then applied again carefully.
  */
 static void
 apply_pending(InboxSub *sub, FmgrInfo *flinfo, PendingList *pending)
 {
 	Datum	   *ids;
 	Datum		args[2];
-	HASHCTL		hctl;
-	HTAB	   *claimed;
+	TimestampTz start = GetCurrentTimestamp();
 
 	if (pending->n == 0)
 		return;
@@ -1471,42 +1580,23 @@ apply_pending(InboxSub *sub, FmgrInfo *flinfo, PendingList *pending)
 		ids[i] = CStringGetTextDatum(pending->items[i].identity);
 	args[0] = CStringGetTextDatum(sub->consumer);
 	args[1] = PointerGetDatum(construct_array(ids, pending->n, TEXTOID, -1, false, TYPALIGN_INT));
-	if (SPI_execute_plan(claim_many_plan, args, NULL, false, 0) != SPI_OK_INSERT_RETURNING)
+	if (SPI_execute_plan(claim_many_plan, args, NULL, false, 0) != SPI_OK_INSERT ||
+		SPI_processed != (uint64) pending->n)
 		elog(ERROR, "inbox claim failed");
-
-	memset(&hctl, 0, sizeof(hctl));
-	hctl.keysize = sizeof(char *);
-	hctl.entrysize = sizeof(char *);
-	hctl.hcxt = CurrentMemoryContext;
-	hctl.hash = agg_hash;
-	hctl.match = agg_match;
-	claimed = hash_create("inbox claims", pending->n, &hctl,
-						  HASH_ELEM | HASH_FUNCTION | HASH_COMPARE | HASH_CONTEXT);
-	for (uint64 i = 0; i < SPI_processed; i++)
-	{
-		char	   *id = SPI_getvalue(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 1);
-
-		(void) hash_search(claimed, &id, HASH_ENTER, NULL);
-	}
 
 	for (int i = 0; i < pending->n; i++)
 	{
 		PendingApply *pa = &pending->items[i];
-		bool		found;
 
 		CHECK_FOR_INTERRUPTS();
-		/* An event twice in the batch: only its first copy was claimed. */
-		(void) hash_search(claimed, &pa->identity, HASH_REMOVE, &found);
-		if (!found)
-		{
-			pa->ps->duplicates++;
-			continue;
-		}
 		call_handler(sub, flinfo, pa->message);
 		pa->ps->applied++;
 		pa->ps->gaps += pa->gap ? 1 : 0;
 		pa->ps->last_applied_offset = Max(pa->ps->last_applied_offset, pa->offset);
 	}
+	/* What a message costs, to size the next chunk. */
+	sub->msg_cost_us = (double) (GetCurrentTimestamp() - start) / pending->n;
+	pending->n = 0;
 }
 
 /*
@@ -1546,20 +1636,29 @@ apply_message(InboxSub *sub, PartState *ps, HTAB *aggs, FmgrInfo *flinfo,
 			return;
 		}
 	}
-	message = message_datum(sub, m, meta, pending == NULL);
 	if (pending != NULL)
 	{
-		PendingApply *pa = &pending->items[pending->n++];
+		bool		dup;
 
-		pa->ps = ps;
-		pa->offset = m->offset;
-		pa->identity = identity;
-		pa->message = message;
-		pa->gap = gap;
-		ps->accept_gap &= !gap;
+		/* An event twice in the batch: its first copy is the one applied. */
+		(void) hash_search(pending->identities, &identity, HASH_ENTER, &dup);
+		if (dup)
+			ps->duplicates++;
+		else
+		{
+			PendingApply *pa = &pending->items[pending->n++];
+
+			pa->ps = ps;
+			pa->offset = m->offset;
+			pa->identity = identity;
+			pa->message = message_datum(sub, m, meta, false);
+			pa->gap = gap;
+			ps->accept_gap &= !gap;
+		}
 	}
 	else
 	{
+		message = message_datum(sub, m, meta, true);
 		error = claim_and_handle(sub, flinfo, identity, message, &claimed);
 		if (error != NULL)
 		{
@@ -1685,17 +1784,61 @@ agg_cmp(const void *a, const void *b)
 	return strcmp((*(InboxAggregate *const *) a)->aggregate_id, (*(InboxAggregate *const *) b)->aggregate_id);
 }
 
-/* Upsert the versions of the aggregates the batch moved. */
+/*
+ * Update the rows of the moved aggregates that load_aggregates read (list,
+ * sorted), by ctid: no index descent, no speculative insertion.  Those
+ * updated are no longer dirty.
+ */
+static void
+update_stored_aggregates(InboxSub *sub, HTAB *aggs, InboxAggregate **list, int k)
+{
+	Datum	   *tids = palloc(sizeof(Datum) * Max(k, 1));
+	Datum	   *ids = palloc(sizeof(Datum) * Max(k, 1));
+	Datum	   *vers = palloc(sizeof(Datum) * Max(k, 1));
+	int			m = 0;
+	Datum		args[4];
+
+	for (int i = 0; i < k; i++)
+	{
+		if (!list[i]->stored)
+			continue;
+		tids[m] = PointerGetDatum(&list[i]->tid);
+		ids[m] = CStringGetTextDatum(list[i]->aggregate_id);
+		vers[m] = Int64GetDatum(list[i]->last_version);
+		m++;
+	}
+	if (m == 0)
+		return;
+	args[0] = CStringGetTextDatum(sub->consumer);
+	args[1] = PointerGetDatum(construct_array(tids, m, TIDOID, sizeof(ItemPointerData), false, TYPALIGN_SHORT));
+	args[2] = PointerGetDatum(construct_array(ids, m, TEXTOID, -1, false, TYPALIGN_INT));
+	args[3] = PointerGetDatum(construct_array(vers, m, INT8OID, 8, FLOAT8PASSBYVAL, TYPALIGN_DOUBLE));
+	if (SPI_execute_plan(agg_update_plan, args, NULL, false, 0) != SPI_OK_UPDATE_RETURNING)
+		elog(ERROR, "could not update inbox aggregate versions");
+	for (uint64 i = 0; i < SPI_processed; i++)
+	{
+		char	   *key = SPI_getvalue(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 1);
+
+		aggregate_state(aggs, key)->dirty = false;
+	}
+}
+
+/*
+ * Store the versions of the aggregates the batch moved: rows read before
+ * are updated in place, the others (new, or moved meanwhile) upserted.
+ * Both in aggregate id order, the lock order.
+ */
 static void
 flush_aggregates(InboxSub *sub, HTAB *aggs)
 {
 	long		n = hash_get_num_entries(aggs);
-	InboxAggregate  **list = palloc(sizeof(InboxAggregate *) * Max(n, 1));
+	InboxAggregate **list = palloc(sizeof(InboxAggregate *) * Max(n, 1));
 	Datum	   *ids = palloc(sizeof(Datum) * Max(n, 1));
 	Datum	   *vers = palloc(sizeof(Datum) * Max(n, 1));
 	HASH_SEQ_STATUS seq;
-	InboxAggregate   *a;
+	InboxAggregate *a;
 	int			k = 0;
+	int			m = 0;
 	Datum		args[3];
 
 	hash_seq_init(&seq, aggs);
@@ -1705,14 +1848,20 @@ flush_aggregates(InboxSub *sub, HTAB *aggs)
 	if (k == 0)
 		return;
 	qsort(list, k, sizeof(InboxAggregate *), agg_cmp);
+	update_stored_aggregates(sub, aggs, list, k);
 	for (int i = 0; i < k; i++)
 	{
-		ids[i] = CStringGetTextDatum(list[i]->aggregate_id);
-		vers[i] = Int64GetDatum(list[i]->last_version);
+		if (!list[i]->dirty)
+			continue;
+		ids[m] = CStringGetTextDatum(list[i]->aggregate_id);
+		vers[m] = Int64GetDatum(list[i]->last_version);
+		m++;
 	}
+	if (m == 0)
+		return;
 	args[0] = CStringGetTextDatum(sub->consumer);
-	args[1] = PointerGetDatum(construct_array(ids, k, TEXTOID, -1, false, TYPALIGN_INT));
-	args[2] = PointerGetDatum(construct_array(vers, k, INT8OID, 8, FLOAT8PASSBYVAL, TYPALIGN_DOUBLE));
+	args[1] = PointerGetDatum(construct_array(ids, m, TEXTOID, -1, false, TYPALIGN_INT));
+	args[2] = PointerGetDatum(construct_array(vers, m, INT8OID, 8, FLOAT8PASSBYVAL, TYPALIGN_DOUBLE));
 	if (SPI_execute_plan(agg_flush_plan, args, NULL, false, 0) != SPI_OK_INSERT)
 		elog(ERROR, "could not store inbox aggregate versions");
 }
@@ -1817,57 +1966,77 @@ count_batch(PartState *parts, int nparts)
 }
 
 /*
- * Apply a batch of messages in one transaction.  Returns the number of
- * messages applied or dropped as duplicates.
+ * Messages the fast path looked at in the current transaction, including
+ * those of the chunk being applied: after a failure the careful path goes
+ * no further (its time budget is then spent on the messages that failed).
+ */
+static int	batch_reached = 0;
+
+/* The time budget of one transaction of the subscription, in ms. */
+static int
+batch_time(InboxSub *sub)
+{
+	return Max(Min(inbox_batch_time_ms, sub->max_poll_ms / 3), 1);
+}
+
+/*
+ * Messages of the next chunk of the fast path: no more than were handled
+ * so far in the transaction (the first chunk is small), nor than the
+ * measured cost says fit in the time left.  The budget is checked between
+ * chunks, so a chunk overruns it by no more than the time already spent
+ * while the handlers' cost holds.
  */
 static int
-run_batch(InboxSub *sub, rd_kafka_message_t **msgs, int n, bool careful)
+chunk_size(InboxSub *sub, int handled, TimestampTz deadline)
 {
-	int			nparts;
-	PartState  *parts;
-	HASHCTL		hctl;
-	HTAB	   *aggs;
-	FmgrInfo	flinfo;
-	rd_kafka_topic_partition_list_t *commit;
-	int			done = 0;
-	MessageMeta *metas;
+	double		fit = INT_MAX;
+	TimestampTz now = GetCurrentTimestamp();
+
+	if (sub->msg_cost_us > 0)
+		fit = (deadline > now ? (double) (deadline - now) : 0) / sub->msg_cost_us;
+	return (int) Max(Min(Min(fit, (double) (handled > 0 ? handled : INBOX_FIRST_CHUNK)),
+						 (double) INT_MAX), 1);
+}
+
+/*
+ * Go through the first n held messages in order until the time budget is
+ * used: checked after each handled message on the careful path, after each
+ * chunk on the fast path.  Returns the number of messages looked at; adds
+ * those applied or dropped as duplicates to *done.
+ */
+static int
+apply_messages(InboxSub *sub, PartState *parts, int nparts, HTAB *aggs,
+			   FmgrInfo *flinfo, MessageMeta *metas, int n, bool careful,
+			   TimestampTz deadline, int *done)
+{
 	PendingList pending;
+	int			handled = 0;
+	int			chunk = chunk_size(sub, 0, deadline);
+	int			i;
 
-	parts = batch_partitions(msgs, n, &nparts);
-	memset(&hctl, 0, sizeof(hctl));
-	hctl.keysize = sizeof(char *);
-	hctl.entrysize = sizeof(InboxAggregate);
-	hctl.hcxt = CurrentMemoryContext;
-	hctl.hash = agg_hash;
-	hctl.match = agg_match;
-	aggs = hash_create("inbox aggregates", 256, &hctl,
-					   HASH_ELEM | HASH_FUNCTION | HASH_COMPARE | HASH_CONTEXT);
-
-	metas = palloc(sizeof(MessageMeta) * n);
-	for (int i = 0; i < n; i++)
-		parse_headers(msgs[i], &metas[i]);
-	load_aggregates(aggs, sub, metas, n);
-	pending.items = palloc(sizeof(PendingApply) * n);
+	pending.items = palloc(sizeof(PendingApply) * Max(n, 1));
 	pending.n = 0;
-
-	fmgr_info(sub->handler, &flinfo);
-	for (int i = 0; i < nparts; i++)
+	pending.identities = NULL;
+	if (!careful)
 	{
-		lock_partition(sub, &parts[i]);
-		/* Messages fetched before it was paused: they come again. */
-		if (is_paused(sub, &parts[i]))
-		{
-			parts[i].stopped = true;
-			parts[i].was_paused = true;
-		}
+		HASHCTL		hctl;
+
+		memset(&hctl, 0, sizeof(hctl));
+		hctl.keysize = sizeof(char *);
+		hctl.entrysize = sizeof(char *);
+		hctl.hcxt = CurrentMemoryContext;
+		hctl.hash = agg_hash;
+		hctl.match = agg_match;
+		pending.identities = hash_create("inbox batch identities", Max(n, 16), &hctl,
+										 HASH_ELEM | HASH_FUNCTION | HASH_COMPARE | HASH_CONTEXT);
 	}
-
-	for (int i = 0; i < n; i++)
+	for (i = 0; i < n; i++)
 	{
-		rd_kafka_message_t *m = msgs[i];
+		rd_kafka_message_t *m = sub->msgs[i];
 		PartState  *ps = find_part(parts, nparts, m);
 
 		CHECK_FOR_INTERRUPTS();
+		batch_reached = i + 1;
 		if (ps->stopped)
 			continue;
 		/* Already applied: a re-delivery, or another worker's. */
@@ -1882,15 +2051,102 @@ run_batch(InboxSub *sub, rd_kafka_message_t **msgs, int n, bool careful)
 		if (ps->skip_requested)
 		{
 			skip_message(sub, ps, aggs, m, &metas[i]);
-			done++;
+			(*done)++;
 			continue;
 		}
-		apply_message(sub, ps, aggs, &flinfo, m, &metas[i], careful ? NULL : &pending);
+		apply_message(sub, ps, aggs, flinfo, m, &metas[i], careful ? NULL : &pending);
 		if (!ps->stopped)
-			done++;
+			(*done)++;
+		handled++;
+		if (!careful && pending.n < chunk)
+			continue;
+		if (!careful)
+		{
+			apply_pending(sub, flinfo, &pending);
+			chunk = chunk_size(sub, handled, deadline);
+		}
+		if (GetCurrentTimestamp() >= deadline)
+		{
+			i++;
+			break;
+		}
 	}
 	if (!careful)
-		apply_pending(sub, &flinfo, &pending);
+		apply_pending(sub, flinfo, &pending);
+	return i;
+}
+
+/*
+ * After the commit, give back the messages looked at and those of the
+ * partitions that stopped (paused: they come again from the stored offset
+ * once resumed); keep the rest, in order, for the next transaction.
+ */
+static void
+keep_rest(InboxSub *sub, PartState *parts, int nparts, int looked)
+{
+	int			k = 0;
+
+	for (int i = 0; i < sub->nmsgs; i++)
+	{
+		rd_kafka_message_t *m = sub->msgs[i];
+
+		if (i < looked || find_part(parts, nparts, m)->stopped)
+			rd_kafka_message_destroy(m);
+		else
+			sub->msgs[k++] = m;
+	}
+	sub->nmsgs = k;
+}
+
+/*
+ * Apply the first n held messages in one transaction, until its time
+ * budget runs out at deadline.  Returns the number of messages applied or
+ * dropped as duplicates; keeps those it did not look at.
+ */
+static int
+run_batch(InboxSub *sub, int n, bool careful, TimestampTz deadline)
+{
+	int			nparts;
+	PartState  *parts;
+	HASHCTL		hctl;
+	HTAB	   *aggs;
+	FmgrInfo	flinfo;
+	rd_kafka_topic_partition_list_t *commit;
+	int			done = 0;
+	int			looked;
+	MessageMeta *metas;
+
+	/* Until the messages are gone through, a failure covers them all. */
+	batch_reached = n;
+	parts = batch_partitions(sub->msgs, sub->nmsgs, &nparts);
+	memset(&hctl, 0, sizeof(hctl));
+	hctl.keysize = sizeof(char *);
+	hctl.entrysize = sizeof(InboxAggregate);
+	hctl.hcxt = CurrentMemoryContext;
+	hctl.hash = agg_hash;
+	hctl.match = agg_match;
+	aggs = hash_create("inbox aggregates", 256, &hctl,
+					   HASH_ELEM | HASH_FUNCTION | HASH_COMPARE | HASH_CONTEXT);
+
+	metas = palloc(sizeof(MessageMeta) * Max(n, 1));
+	for (int i = 0; i < n; i++)
+		parse_headers(sub->msgs[i], &metas[i]);
+	load_aggregates(aggs, sub, metas, n);
+
+	fmgr_info(sub->handler, &flinfo);
+	for (int i = 0; i < nparts; i++)
+	{
+		lock_partition(sub, &parts[i]);
+		/* Messages fetched before it was paused: they come again. */
+		if (is_paused(sub, &parts[i]))
+		{
+			parts[i].stopped = true;
+			parts[i].was_paused = true;
+		}
+	}
+
+	looked = apply_messages(sub, parts, nparts, aggs, &flinfo, metas, n, careful,
+							deadline, &done);
 
 	flush_aggregates(sub, aggs);
 	commit = rd_kafka_topic_partition_list_new(nparts);
@@ -1903,6 +2159,7 @@ run_batch(InboxSub *sub, rd_kafka_message_t **msgs, int n, bool careful)
 	}
 	end_step();
 	count_batch(parts, nparts);
+	keep_rest(sub, parts, nparts, looked);
 
 	/* Stopped partitions wait; the rest of their messages come again. */
 	for (int i = 0; i < nparts; i++)
@@ -1917,26 +2174,28 @@ run_batch(InboxSub *sub, rd_kafka_message_t **msgs, int n, bool careful)
 
 /* ---------- the loop ---------- */
 
-/* Messages of one consumer waiting to be applied (at most a batch). */
-static rd_kafka_message_t **batch_msgs = NULL;
-static int	batch_n = 0;
-
-/* Give the held messages back to librdkafka. */
-static void
-destroy_batch(void)
-{
-	for (int i = 0; i < batch_n; i++)
-		rd_kafka_message_destroy(batch_msgs[i]);
-	batch_n = 0;
-}
-
-/* Take what the consumer has fetched, without waiting. */
+/*
+ * Take what the consumer has fetched, without waiting, up to a batch.  This
+ * is also what keeps the consumer in its group (max.poll.interval.ms).
+ * After a rebalance what was held is dropped: it comes again from the
+ * stored offsets once the new assignment is applied.
+ */
 static void
 poll_consumer(InboxSub *sub)
 {
 	rd_kafka_message_t *m;
 
-	while (batch_n < inbox_batch_size &&
+	if (sub->msgs_size < inbox_batch_size)
+	{
+		MemoryContext old = MemoryContextSwitchTo(subs_context);
+
+		sub->msgs = sub->msgs == NULL
+			? palloc(sizeof(rd_kafka_message_t *) * inbox_batch_size)
+			: repalloc(sub->msgs, sizeof(rd_kafka_message_t *) * inbox_batch_size);
+		sub->msgs_size = inbox_batch_size;
+		MemoryContextSwitchTo(old);
+	}
+	while (sub->nmsgs < inbox_batch_size &&
 		   (m = rd_kafka_consumer_poll(sub->rk, 0)) != NULL)
 	{
 		if (m->err)
@@ -1947,7 +2206,13 @@ poll_consumer(InboxSub *sub)
 			rd_kafka_message_destroy(m);
 			continue;
 		}
-		batch_msgs[batch_n++] = m;
+		sub->msgs[sub->nmsgs++] = m;
+	}
+	/* The callback ran inside a poll: no message of a new assignment yet. */
+	if (sub->rebalanced)
+	{
+		drop_messages(sub);
+		sub->rebalanced = false;
 	}
 }
 
@@ -1977,25 +2242,30 @@ end_step(void)
 }
 
 /*
- * Apply the polled messages: first all in the batch's transaction, without
- * subtransactions (the common case, several times faster); if anything
- * fails, roll back and apply them again one subtransaction each, so that
- * a failing handler meets its retry and poison policies.
+ * Apply held messages in one transaction, for at most the time budget:
+ * first without subtransactions (the common case, several times faster);
+ * if anything fails, roll back and apply them again one subtransaction
+ * each (with a budget of its own, and no further than the failed attempt
+ * got), so that a failing handler meets its retry and poison policies.
+ * What the budget left is kept for the next transaction, after a poll.
  */
 static int
 apply_batch(InboxSub *sub)
 {
 	volatile bool careful = false;
 	int			done = 0;
+	int			n = sub->nmsgs;
 
 	for (;;)
 	{
 		volatile bool failed = false;
+		TimestampTz deadline = TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
+														   batch_time(sub));
 
 		PG_TRY();
 		{
 			begin_step();
-			done = run_batch(sub, batch_msgs, batch_n, careful);
+			done = run_batch(sub, n, careful, deadline);
 		}
 		PG_CATCH();
 		{
@@ -2007,7 +2277,7 @@ apply_batch(InboxSub *sub)
 				 */
 				if (sub->rk != NULL && sub->pending_assign == NULL)
 					(void) rd_kafka_assignment(sub->rk, &sub->pending_assign);
-				destroy_batch();
+				drop_messages(sub);
 				PG_RE_THROW();
 			}
 			failed = true;
@@ -2023,9 +2293,9 @@ apply_batch(InboxSub *sub)
 		RESUME_INTERRUPTS();
 		MemoryContextSwitchTo(loop_context);
 		careful = true;
+		n = Max(Min(batch_reached, n), 1);
 		outbox_count(OC_INBOX_BATCH_FALLBACKS, 1);
 	}
-	destroy_batch();
 	return done;
 }
 
@@ -2041,7 +2311,6 @@ inbox_retention(void)
 {
 	TimestampTz start = GetCurrentTimestamp();
 	uint64		deleted;
-	Datum		args[2];
 
 	if (worker_index != 0 || outbox_inbox_retention_s < 0 || plans_nspid == InvalidOid ||
 		(outbox_workers > 0 && outbox_database_stats(MyDatabaseId) != NULL) ||
@@ -2052,11 +2321,7 @@ inbox_retention(void)
 	do
 	{
 		begin_step();
-		args[0] = Int32GetDatum(outbox_inbox_retention_s);
-		args[1] = Int32GetDatum(outbox_retention_batch);
-		if (SPI_execute_plan(retention_plan, args, NULL, false, 0) != SPI_OK_DELETE)
-			elog(ERROR, "inbox retention failed");
-		deleted = SPI_processed;
+		deleted = inbox_retention_delete(retention_plan);
 		end_step();
 		outbox_count(OC_INBOX_RETENTION_DELETED, deleted);
 	} while (deleted >= (uint64) outbox_retention_batch &&
@@ -2105,7 +2370,7 @@ inbox_step(void)
 		if (sub->pending_assign != NULL)
 		{
 			/* What was fetched before is fetched again from the offsets. */
-			destroy_batch();
+			drop_messages(sub);
 			begin_step();
 			apply_assignment(sub);
 			end_step();
@@ -2117,10 +2382,10 @@ inbox_step(void)
 			resume_partitions(sub, now);
 			end_step();
 		}
-		if (batch_n == 0)
+		if (sub->nmsgs == 0)
 			continue;
 		pgstat_report_activity(STATE_RUNNING, psprintf("applying %d messages of \"%s\"",
-													   batch_n, sub->consumer));
+													   sub->nmsgs, sub->consumer));
 		total += apply_batch(sub);
 	}
 	return total;
@@ -2234,8 +2499,6 @@ inbox_worker_main(Datum main_arg)
 										 ALLOCSET_DEFAULT_SIZES);
 	loop_context = AllocSetContextCreate(TopMemoryContext, "inbox loop",
 										 ALLOCSET_DEFAULT_SIZES);
-	batch_msgs = MemoryContextAlloc(TopMemoryContext,
-									sizeof(rd_kafka_message_t *) * 100000);
 	check_consumer_settings();
 	on_shmem_exit(inbox_worker_exit, (Datum) 0);
 	ereport(LOG, (errmsg("outbox inbox worker %d started for database \"%s\"",

@@ -25,6 +25,7 @@ extern char *inbox_database;
 extern char *inbox_brokers;
 extern char *inbox_kafka_properties;
 extern int	inbox_batch_size;
+extern int	inbox_batch_time_ms;
 extern int	inbox_max_attempts;
 extern int	inbox_retry_backoff_ms;
 extern int	inbox_poison_policy;
@@ -35,5 +36,7 @@ extern void inbox_worker_init(void);
 extern PGDLLEXPORT void inbox_launcher_main(Datum main_arg);
 extern PGDLLEXPORT void inbox_worker_main(Datum main_arg);
 extern char *inbox_consumer_properties_check(const char *properties);
+extern struct _SPI_plan *inbox_retention_prepare(const char *schema);
+extern uint64 inbox_retention_delete(struct _SPI_plan *plan);
 
 #endif							/* OUTBOX_INBOX_WORKER_H */

@@ -16,6 +16,7 @@
 #include "utils/snapmgr.h"
 #include "utils/timestamp.h"
 
+#include "inbox_worker.h"
 #include "outbox.h"
 #include "publish.h"
 
@@ -100,13 +101,7 @@ publish_retention_prepare(const char *s)
 										   "(SELECT pg_catalog.max(id) FROM w)", s, s, s),
 								  3, retention_types);
 
-	inbox_retention_plan = outbox_keep_plan(psprintf(
-												 "DELETE FROM %s.inbox i USING ("
-												 "SELECT consumer, event_id FROM %s.inbox "
-												 "WHERE processed_at < pg_catalog.now() - pg_catalog.make_interval(secs => $1) "
-												 "ORDER BY processed_at LIMIT $2) x "
-												 "WHERE i.consumer = x.consumer AND i.event_id = x.event_id", s, s),
-										2, retention_types);
+	inbox_retention_plan = inbox_retention_prepare(s);
 }
 
 /*
@@ -168,12 +163,7 @@ retention_batch(void)
 		if (outbox_retention_s >= 0)
 			deleted = retention_outbox();
 		if (outbox_inbox_retention_s >= 0)
-		{
-			args[0] = Int32GetDatum(outbox_inbox_retention_s);
-			if (SPI_execute_plan(inbox_retention_plan, args, NULL, false, 0) != SPI_OK_DELETE)
-				elog(ERROR, "inbox retention failed");
-			inbox_deleted = SPI_processed;
-		}
+			inbox_deleted = inbox_retention_delete(inbox_retention_plan);
 	}
 	PopActiveSnapshot();
 	SPI_finish();

@@ -3,7 +3,8 @@
 # counters in outbox_counters() and the postgres_exporter queries of
 # docs/postgres_exporter.yml; inbox retention in the consumer database,
 # which the publisher does not serve (the inbox worker runs it there), and
-# a replay after it is still a duplicate.
+# a replay after it is still a duplicate; a handler that moves its
+# aggregate's row of inbox_aggregate (the versions are still stored).
 use strict;
 use warnings;
 
@@ -170,6 +171,37 @@ ok($node->poll_query_until('consumer', 'SELECT count(*) >= 100 FROM app.who'),
 like($node->safe_psql('consumer', q{SELECT string_agg(DISTINCT u, ' | ') FROM app.who}),
 	qr/^refused: cannot set parameter "role" within security-(definer function|restricted operation)$/,
 	'RESET ROLE and SET ROLE are refused: the handler stays the subscriber');
+
+# 6. A handler that updates its aggregate's row of inbox_aggregate (given
+# the privilege for this test) moves the row the batch read: storing the
+# versions by the ctid read finds nothing there, and the upsert must take
+# over, or the versions stay behind.
+$node->safe_psql('consumer', q{GRANT SELECT, UPDATE (updated_at) ON inbox_aggregate TO app;
+SET ROLE app;
+CREATE TABLE app.moved (aggregate_id text, version bigint);
+CREATE FUNCTION app.mover(m inbox_message) RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
+	UPDATE public.inbox_aggregate a SET updated_at = pg_catalog.now()
+	 WHERE a.consumer = m.consumer AND a.aggregate_id = m.aggregate_id;
+	INSERT INTO app.moved VALUES (m.aggregate_id, m.aggregate_version);
+END $$;
+SELECT inbox_subscribe('mover', ARRAY['outbox.event.edge'], 'app.mover(inbox_message)'::regprocedure);});
+my $events = $node->safe_psql('postgres', 'SELECT count(*) FROM outbox');
+ok($node->poll_query_until('consumer', "SELECT count(*) >= $events FROM app.moved"),
+	"the moving handler applied the $events events");
+# A second round on the same aggregates: the versions stored before are read.
+$node->safe_psql('postgres', qq{SELECT outbox_emit('edge', 'b-' || (i % 10), 'E',
+	jsonb_build_object('n', i), topic => '$topic') FROM generate_series(1, 50) i});
+ok(defined wait_published($node, 60), 'producer: 50 more published');
+ok($node->poll_query_until('consumer', 'SELECT count(*) >= ' . ($events + 50) . ' FROM app.moved'),
+	'the moving handler applied them');
+sleep 1;
+is($node->safe_psql('consumer', q{SELECT count(*) FROM (SELECT aggregate_id, version FROM app.moved
+	GROUP BY 1, 2 HAVING count(*) > 1) d}), '0', 'moving handler: nothing applied twice');
+is($node->safe_psql('consumer', q{SELECT count(*) FROM (SELECT aggregate_id, max(version) AS v FROM app.moved
+	GROUP BY 1) m LEFT JOIN inbox_aggregate a ON a.consumer = 'mover' AND a.aggregate_id = m.aggregate_id
+	WHERE a.last_version IS DISTINCT FROM m.v}), '0',
+	'every aggregate whose row the handler moved has its last version stored');
 
 $node->stop;
 $mk->stop;
