@@ -150,7 +150,6 @@ retention_batch(void)
 {
 	uint64		deleted = 0;
 	uint64		inbox_deleted = 0;
-	Datum		args[2];
 
 	SetCurrentStatementStartTimestamp();
 	StartTransactionCommand();
@@ -159,7 +158,6 @@ retention_batch(void)
 	PushActiveSnapshot(GetTransactionSnapshot());
 	if (publish_lookup_extension())
 	{
-		args[1] = Int32GetDatum(outbox_retention_batch);
 		if (outbox_retention_s >= 0)
 			deleted = retention_outbox();
 		if (outbox_inbox_retention_s >= 0)
