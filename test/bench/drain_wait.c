@@ -46,36 +46,12 @@
  */
 #define _GNU_SOURCE
 
-#include <errno.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
-#include <libpq-fe.h>
-
-static void
-fatal(const char *fmt,...)
-{
-	va_list		ap;
-
-	fprintf(stderr, "drain_wait: ");
-	va_start(ap, fmt);
-	vfprintf(stderr, fmt, ap);
-	va_end(ap);
-	fputc('\n', stderr);
-	exit(1);
-}
-
-static double
-now_s(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double) ts.tv_sec + (double) ts.tv_nsec / 1e9;
-}
+#include "bench_kafka.h"
 
 /* Read "settled=S last_settle=E" from a peer's status file (0 if absent). */
 static long
@@ -91,16 +67,6 @@ read_status(const char *path, double *last)
 		settled = 0;
 	fclose(f);
 	return settled;
-}
-
-static PGresult *
-query(PGconn *conn, const char *sql, ExecStatusType want)
-{
-	PGresult   *res = PQexec(conn, sql);
-
-	if (PQresultStatus(res) != want)
-		fatal("query failed: %s\n%s", PQerrorMessage(conn), sql);
-	return res;
 }
 
 int
@@ -137,13 +103,13 @@ main(int argc, char **argv)
 		else if (strcmp(argv[i], "--status-file") == 0)
 			status_file = val;
 		else if (strcmp(argv[i], "--events") == 0)
-			want_events = atol(val);
+			want_events = parse_long(argv[i], val, 1, 1000000000);
 		else if (strcmp(argv[i], "--exec") == 0)
 			exec = val;
 		else if (strcmp(argv[i], "--interval-ms") == 0)
-			interval_ms = atol(val);
+			interval_ms = parse_long(argv[i], val, 1, 3600000);
 		else if (strcmp(argv[i], "--timeout-s") == 0)
-			timeout_s = atol(val);
+			timeout_s = parse_long(argv[i], val, 1, 86400);
 		else
 			fatal("unknown option \"%s\"", argv[i]);
 		i++;
@@ -167,7 +133,7 @@ main(int argc, char **argv)
 		PQclear(res);
 	}
 	t0 = now_s();
-	res = query(conn, "SELECT extract(epoch FROM clock_timestamp())", PGRES_TUPLES_OK);
+	res = exec_ok(conn, "SELECT extract(epoch FROM clock_timestamp())", PGRES_TUPLES_OK);
 	snprintf(commit_epoch, sizeof(commit_epoch), "%s", PQgetvalue(res, 0, 0));
 	PQclear(res);
 
@@ -184,7 +150,7 @@ main(int argc, char **argv)
 			pending = read_status(status_file, &last_settle) < base + want_events;
 		else
 		{
-			res = query(conn, sql, PGRES_TUPLES_OK);
+			res = exec_ok(conn, sql, PGRES_TUPLES_OK);
 			pending = strcmp(PQgetvalue(res, 0, 0), "t") == 0;
 			PQclear(res);
 		}
@@ -224,7 +190,7 @@ main(int argc, char **argv)
 			 "coalesce(extract(epoch FROM min(published_at)) - %s, 0) "
 			 "FROM %s WHERE published_at >= to_timestamp(%s)",
 			 commit_epoch, commit_epoch, table, commit_epoch);
-	res = query(conn, sql, PGRES_TUPLES_OK);
+	res = exec_ok(conn, sql, PGRES_TUPLES_OK);
 	{
 		long		n = atol(PQgetvalue(res, 0, 0));
 		double		secs = t1 - t0;

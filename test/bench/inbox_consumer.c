@@ -32,24 +32,7 @@
 #include <string.h>
 #include <time.h>
 
-#include <libpq-fe.h>
-#include <librdkafka/rdkafka.h>
-
-static double
-now_s(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return ts.tv_sec + ts.tv_nsec / 1e9;
-}
-
-static void
-die(const char *what, const char *detail)
-{
-	fprintf(stderr, "inbox_consumer: %s%s%s\n", what, detail ? ": " : "", detail ? detail : "");
-	exit(1);
-}
+#include "bench_kafka.h"
 
 /* A header's value as a NUL-terminated string in buf, or "" if absent. */
 static const char *
@@ -68,17 +51,6 @@ header(rd_kafka_message_t *m, const char *name, char *buf, size_t len)
 		buf[sz] = '\0';
 	}
 	return buf;
-}
-
-/* Run one statement; die unless it returns the expected status. */
-static PGresult *
-run(PGconn *db, const char *sql, int n, const char *const *params, ExecStatusType want)
-{
-	PGresult   *r = PQexecParams(db, sql, n, NULL, params, NULL, NULL, 0);
-
-	if (PQresultStatus(r) != want)
-		die(sql, PQerrorMessage(db));
-	return r;
 }
 
 int
@@ -109,29 +81,28 @@ main(int argc, char **argv)
 		else if (strcmp(argv[i], "--events") == 0) events = atol(argv[i + 1]);
 		else if (strcmp(argv[i], "--consumer") == 0) consumer = argv[i + 1];
 		else if (strcmp(argv[i], "--max-seconds") == 0) max_seconds = atof(argv[i + 1]);
-		else die("unknown option", argv[i]);
+		else fatal("unknown option \"%s\"", argv[i]);
 	}
 	if (!dsn || !brokers || !topic || !group || events <= 0)
-		die("usage: inbox_consumer --dsn DSN --brokers LIST --topic T --group G --events N", NULL);
+		fatal("usage: inbox_consumer --dsn DSN --brokers LIST --topic T --group G --events N");
 
 	db = PQconnectdb(dsn);
 	if (PQstatus(db) != CONNECTION_OK)
-		die("connect", PQerrorMessage(db));
+		fatal("could not connect: %s", PQerrorMessage(db));
 
 	conf = rd_kafka_conf_new();
-	if (rd_kafka_conf_set(conf, "bootstrap.servers", brokers, errstr, sizeof(errstr)) ||
-		rd_kafka_conf_set(conf, "group.id", group, errstr, sizeof(errstr)) ||
-		rd_kafka_conf_set(conf, "auto.offset.reset", "earliest", errstr, sizeof(errstr)) ||
-		rd_kafka_conf_set(conf, "enable.auto.offset.store", "false", errstr, sizeof(errstr)))
-		die("config", errstr);
+	conf_set(conf, "bootstrap.servers", brokers);
+	conf_set(conf, "group.id", group);
+	conf_set(conf, "auto.offset.reset", "earliest");
+	conf_set(conf, "enable.auto.offset.store", "false");
 	rk = rd_kafka_new(RD_KAFKA_CONSUMER, conf, errstr, sizeof(errstr));
 	if (!rk)
-		die("consumer", errstr);
+		fatal("could not create consumer: %s", errstr);
 	rd_kafka_poll_set_consumer(rk);
 	tl = rd_kafka_topic_partition_list_new(1);
 	rd_kafka_topic_partition_list_add(tl, topic, RD_KAFKA_PARTITION_UA);
 	if (rd_kafka_subscribe(rk, tl))
-		die("subscribe", NULL);
+		fatal("could not subscribe to \"%s\"", topic);
 	rd_kafka_topic_partition_list_destroy(tl);
 
 	while (done < events && now_s() - start < max_seconds)
@@ -161,13 +132,13 @@ main(int argc, char **argv)
 		ins_p[1] = header(m, "aggregate_version", ver, sizeof(ver));
 		ins_p[2] = payload;
 
-		PQclear(run(db, "BEGIN", 0, NULL, PGRES_COMMAND_OK));
-		r = run(db, "SELECT inbox_claim($1, $2)", 2, claim_p, PGRES_TUPLES_OK);
+		PQclear(exec_params(db, "BEGIN", 0, NULL, PGRES_COMMAND_OK));
+		r = exec_params(db, "SELECT inbox_claim($1, $2)", 2, claim_p, PGRES_TUPLES_OK);
 		if (strcmp(PQgetvalue(r, 0, 0), "t") == 0)
-			PQclear(run(db, "INSERT INTO bench_applied (aggregate_id, version, payload) VALUES ($1, $2, $3)",
+			PQclear(exec_params(db, "INSERT INTO bench_applied (aggregate_id, version, payload) VALUES ($1, $2, $3)",
 						3, ins_p, PGRES_COMMAND_OK));
 		PQclear(r);
-		PQclear(run(db, "COMMIT", 0, NULL, PGRES_COMMAND_OK));
+		PQclear(exec_params(db, "COMMIT", 0, NULL, PGRES_COMMAND_OK));
 		/* Only after the commit: a crash before it means re-delivery. */
 		rd_kafka_offsets_store(rk, (tl = rd_kafka_topic_partition_list_new(1),
 									rd_kafka_topic_partition_list_add(tl, rd_kafka_topic_name(m->rkt),

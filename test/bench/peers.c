@@ -3,8 +3,9 @@
  * peers.c
  *		The publishers a user would pick instead of the extension, written
  *		for the benchmark suite (test/bench/run.sh, section p), with the same
- *		librdkafka producer as relay.c: defaults plus enable.idempotence=true
- *		(hence acks=all) and partitioner=murmur2_random, client.id; key =
+ *		librdkafka producer as relay.c (make_producer() of bench_kafka.c:
+ *		defaults plus enable.idempotence=true, hence acks=all, and
+ *		partitioner=murmur2_random, client.id, -X overrides); key =
  *		aggregate_id, value = payload, headers event_id, event_type,
  *		aggregate_type, aggregate_id, aggregate_version.
  *
@@ -71,7 +72,6 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <signal.h>
-#include <stdarg.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -81,8 +81,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include <libpq-fe.h>
-#include <librdkafka/rdkafka.h>
+#include "bench_kafka.h"
 
 /* microseconds between the Unix epoch and PostgreSQL's (2000-01-01) */
 #define PG_EPOCH_OFFSET_US	INT64_C(946684800000000)
@@ -107,20 +106,6 @@ static double *latencies;		/* ms, per acknowledged event */
 static size_t n_lat,
 			cap_lat;
 
-/* Print a message and exit with status 1. */
-static void
-fatal(const char *fmt,...)
-{
-	va_list		ap;
-
-	fprintf(stderr, "peers: ");
-	va_start(ap, fmt);
-	vfprintf(stderr, fmt, ap);
-	va_end(ap);
-	fputc('\n', stderr);
-	exit(1);
-}
-
 /* SIGUSR1 resets the totals; SIGUSR2 pauses or resumes; SIGTERM/SIGINT stop. */
 static void
 on_signal(int sig)
@@ -133,16 +118,6 @@ on_signal(int sig)
 		stop_requested = 1;
 }
 
-/* Monotonic seconds. */
-static double
-now_s(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double) ts.tv_sec + (double) ts.tv_nsec / 1e9;
-}
-
 /* Wall-clock microseconds since the Unix epoch (PostgreSQL's clock too). */
 static int64_t
 wall_us(void)
@@ -151,20 +126,6 @@ wall_us(void)
 
 	clock_gettime(CLOCK_REALTIME, &ts);
 	return (int64_t) ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
-}
-
-/* Parse a bounded integer option. */
-static long
-parse_long(const char *opt, const char *val, long min, long max)
-{
-	char	   *end;
-	long		n;
-
-	errno = 0;
-	n = strtol(val, &end, 10);
-	if (errno || *end || n < min || n > max)
-		fatal("invalid %s \"%s\"", opt, val);
-	return n;
 }
 
 /*
@@ -285,52 +246,6 @@ dr_cb(rd_kafka_t *rk, const rd_kafka_message_t *m, void *opaque)
 	free(msg);
 }
 
-/* Set one producer property or die. */
-static void
-conf_set(rd_kafka_conf_t *conf, const char *prop, const char *val)
-{
-	char		errstr[512];
-
-	if (rd_kafka_conf_set(conf, prop, val, errstr, sizeof(errstr)) != RD_KAFKA_CONF_OK)
-		fatal("%s", errstr);
-}
-
-/* The producer of relay.c: idempotent, murmur2_random, -X overrides. */
-static rd_kafka_t *
-make_producer(const char *brokers, const char *client_id, const char **extra, int nextra)
-{
-	rd_kafka_conf_t *conf = rd_kafka_conf_new();
-	char		errstr[512];
-	char		linger[64];
-	size_t		sz = sizeof(linger);
-	rd_kafka_t *rk;
-
-	conf_set(conf, "bootstrap.servers", brokers);
-	conf_set(conf, "client.id", client_id);
-	conf_set(conf, "enable.idempotence", "true");
-	conf_set(conf, "partitioner", "murmur2_random");
-	for (int i = 0; i < nextra; i++)
-	{
-		char	   *prop = strdup(extra[i]);
-		char	   *eq = prop ? strchr(prop, '=') : NULL;
-
-		if (eq == NULL)
-			fatal("-X wants PROP=VAL, got \"%s\"", extra[i]);
-		*eq = '\0';
-		conf_set(conf, prop, eq + 1);
-		free(prop);
-	}
-	if (rd_kafka_conf_get(conf, "linger.ms", linger, &sz) != RD_KAFKA_CONF_OK)
-		strcpy(linger, "?");
-	fprintf(stderr, "peers: %s, librdkafka %s, enable.idempotence=true partitioner=murmur2_random linger.ms=%s\n",
-			client_id, rd_kafka_version_str(), linger);
-	rd_kafka_conf_set_dr_msg_cb(conf, dr_cb);
-	rk = rd_kafka_new(RD_KAFKA_PRODUCER, conf, errstr, sizeof(errstr));
-	if (rk == NULL)
-		fatal("could not create producer: %s", errstr);
-	return rk;
-}
-
 /* One event as the extension sends it (lengths: -1 = NUL-terminated). */
 typedef struct Event
 {
@@ -408,17 +323,6 @@ print_totals(const char *mode, double busy_s)
 }
 
 /* ---- PgQ --------------------------------------------------------------- */
-
-/* Run a statement that must succeed; the result is the caller's. */
-static PGresult *
-exec_params(PGconn *conn, const char *sql, int n, const char *const *params, ExecStatusType want)
-{
-	PGresult   *res = PQexecParams(conn, sql, n, NULL, params, NULL, NULL, 0);
-
-	if (PQresultStatus(res) != want)
-		fatal("\"%s\" failed: %s", sql, PQerrorMessage(conn));
-	return res;
-}
 
 /* Parse a decimal epoch-microseconds field, 0 if absent. */
 static int64_t
@@ -1145,7 +1049,7 @@ main(int argc, char **argv)
 	rk = make_producer(brokers,
 					   strcmp(mode, "pgq") == 0 ? "outbox-bench-pgq" :
 					   messages ? "outbox-bench-logmsg" : "outbox-bench-logical",
-					   extra, nextra);
+					   extra, nextra, dr_cb);
 	if (strcmp(mode, "pgq") == 0)
 		rc = run_pgq(dsn, rk, topic, queue, consumer, poll_ms);
 	else

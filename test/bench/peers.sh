@@ -16,7 +16,8 @@
 # transactions preloaded while the publisher was stopped), then steady load
 # with pgbench --rate (publisher CPU per event and % of a core, latency
 # commit -> ack p50/p99).  Uses run.sh's helpers (q, res, new_topic, drain,
-# ...) and variables (N, dsn, brokers, work, bench, tools).
+# lat_stats, ...) and variables (N, dsn, brokers, work, bench, tools): run.sh
+# defines them all before it sources this file.
 
 PEERS="ours relay relay1000 pgq logical logmsg"  # raw: throughput only
 peer_pid=
@@ -292,16 +293,6 @@ peer_median() { # base reps
 	res "$1.order_check" "$list"
 }
 
-# count p50 p99 max of published_at - created_at (ms) of a table's events (as (d)).
-peer_table_stats() { # key table since
-	res "$1.stats" "$(q -F ' ' -c "SELECT count(*),
-		round((percentile_disc(0.5) WITHIN GROUP (ORDER BY ms))::numeric, 1),
-		round((percentile_disc(0.99) WITHIN GROUP (ORDER BY ms))::numeric, 1),
-		round(max(ms)::numeric, 1)
-		FROM (SELECT extract(epoch FROM published_at - created_at) * 1000 AS ms FROM $2
-			WHERE created_at >= '$3') s")"
-}
-
 # One steady-load run: pgbench --rate with publisher p alone.
 peer_steady() { # key p rate
 	local key=$1 p=$2 rate=$3 log pids c0 c1 c2 n base since
@@ -335,8 +326,8 @@ peer_steady() { # key p rate
 	peer_stop "$p"
 	res "$key.line" "${PEER_LINE#*: }"
 	case $p in
-		ours) peer_table_stats "$key" outbox "$since" ;;
-		relay | relay1000) peer_table_stats "$key" relay_outbox "$since" ;;
+		ours) lat_stats "$key" outbox "$since" ;;
+		relay | relay1000) lat_stats "$key" relay_outbox "$since" ;;
 		*) res "$key.stats" "$(sort -n "$PEER_LAT" | awk '{ x[NR] = $1 } END {
 				if (NR == 0) { print "0 - - -"; exit }
 				i50 = int(0.5 * NR); if (i50 < 0.5 * NR) i50++; i99 = int(0.99 * NR); if (i99 < 0.99 * NR) i99++

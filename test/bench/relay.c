@@ -53,10 +53,11 @@
  *		produce them all and wait for every acknowledgement with
  *		rd_kafka_flush().  Prints events/s.
  *
- *	Producer settings (both modes): librdkafka defaults plus
- *	enable.idempotence=true and partitioner=murmur2_random (what the
- *	extension also uses; it additionally sets linger.ms=1 and
- *	message.timeout.ms=0), client.id; -X overrides.
+ *	Producer settings (both modes, make_producer() of bench_kafka.c):
+ *	librdkafka defaults plus enable.idempotence=true and
+ *	partitioner=murmur2_random (what the extension also uses; it
+ *	additionally sets linger.ms=1 and message.timeout.ms=0), client.id;
+ *	-X overrides.
  *
  * test/bench/relay.c
  *
@@ -65,10 +66,8 @@
 #define _GNU_SOURCE
 
 #include <endian.h>
-#include <errno.h>
 #include <inttypes.h>
 #include <signal.h>
-#include <stdarg.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -76,27 +75,13 @@
 #include <string.h>
 #include <time.h>
 
-#include <libpq-fe.h>
-#include <librdkafka/rdkafka.h>
+#include "bench_kafka.h"
 
 /* The payload the SQL side stores, as jsonb renders it (keys by length). */
 #define PAYLOAD_FMT "{\"seq\": %ld, \"note\": \"benchmark payload of about a hundred bytes\", \"amount\": 10, \"currency\": \"EUR\"}"
 
 static volatile sig_atomic_t stop_requested = 0;
 static volatile sig_atomic_t reset_requested = 0;
-
-static void
-fatal(const char *fmt,...)
-{
-	va_list		ap;
-
-	fprintf(stderr, "relay: ");
-	va_start(ap, fmt);
-	vfprintf(stderr, fmt, ap);
-	va_end(ap);
-	fputc('\n', stderr);
-	exit(1);
-}
 
 static void
 on_signal(int sig)
@@ -107,15 +92,6 @@ on_signal(int sig)
 		stop_requested = 1;
 }
 
-static double
-now_s(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double) ts.tv_sec + (double) ts.tv_nsec / 1e9;
-}
-
 static void
 sleep_ms(long ms)
 {
@@ -123,19 +99,6 @@ sleep_ms(long ms)
 
 	/* a signal interrupts the sleep; stop_requested is checked after */
 	nanosleep(&ts, NULL);
-}
-
-static long
-parse_long(const char *opt, const char *val, long min, long max)
-{
-	char	   *end;
-	long		n;
-
-	errno = 0;
-	n = strtol(val, &end, 10);
-	if (errno || *end || n < min || n > max)
-		fatal("invalid %s \"%s\"", opt, val);
-	return n;
 }
 
 /* ---- producer ---------------------------------------------------------- */
@@ -177,50 +140,6 @@ dr_cb(rd_kafka_t *rk, const rd_kafka_message_t *m, void *opaque)
 		return;
 	}
 	delivery.ok[index] = true;
-}
-
-static void
-conf_set(rd_kafka_conf_t *conf, const char *prop, const char *val)
-{
-	char		errstr[512];
-
-	if (rd_kafka_conf_set(conf, prop, val, errstr, sizeof(errstr)) != RD_KAFKA_CONF_OK)
-		fatal("%s", errstr);
-}
-
-static rd_kafka_t *
-make_producer(const char *brokers, const char *client_id, const char **extra, int nextra)
-{
-	rd_kafka_conf_t *conf = rd_kafka_conf_new();
-	char		errstr[512];
-	char		linger[64];
-	size_t		sz = sizeof(linger);
-	rd_kafka_t *rk;
-
-	conf_set(conf, "bootstrap.servers", brokers);
-	conf_set(conf, "client.id", client_id);
-	conf_set(conf, "enable.idempotence", "true");
-	conf_set(conf, "partitioner", "murmur2_random");
-	for (int i = 0; i < nextra; i++)
-	{
-		char	   *prop = strdup(extra[i]);
-		char	   *eq = prop ? strchr(prop, '=') : NULL;
-
-		if (eq == NULL)
-			fatal("-X wants PROP=VAL, got \"%s\"", extra[i]);
-		*eq = '\0';
-		conf_set(conf, prop, eq + 1);
-		free(prop);
-	}
-	if (rd_kafka_conf_get(conf, "linger.ms", linger, &sz) != RD_KAFKA_CONF_OK)
-		strcpy(linger, "?");
-	fprintf(stderr, "relay: librdkafka %s, enable.idempotence=true partitioner=murmur2_random linger.ms=%s\n",
-			rd_kafka_version_str(), linger);
-	rd_kafka_conf_set_dr_msg_cb(conf, dr_cb);
-	rk = rd_kafka_new(RD_KAFKA_PRODUCER, conf, errstr, sizeof(errstr));
-	if (rk == NULL)
-		fatal("could not create producer: %s", errstr);
-	return rk;
 }
 
 /* Wait for every outstanding message; false on timeout. */
@@ -309,16 +228,6 @@ add_array_headers(rd_kafka_headers_t *hdrs, const PGresult *res, int row, int co
 
 /* ---- relay ------------------------------------------------------------- */
 
-static PGresult *
-exec_ok(PGconn *conn, const char *sql, ExecStatusType want)
-{
-	PGresult   *res = PQexec(conn, sql);
-
-	if (PQresultStatus(res) != want)
-		fatal("\"%s\" failed: %s", sql, PQerrorMessage(conn));
-	return res;
-}
-
 static int
 run_relay(const char *dsn, const char *brokers, const char *table, int batch,
 		  long poll_ms, bool until_empty, long max_seconds,
@@ -366,7 +275,7 @@ run_relay(const char *dsn, const char *brokers, const char *table, int batch,
 		PQclear(res);
 	}
 
-	rk = make_producer(brokers, "outbox-bench-relay", extra, nextra);
+	rk = make_producer(brokers, "outbox-bench-relay", extra, nextra, dr_cb);
 	delivery.ok = calloc((size_t) batch, sizeof(bool));
 	ids_cap = (size_t) batch * 24 + 16;
 	ids = malloc(ids_cap);
@@ -554,7 +463,7 @@ run_raw(const char *brokers, const char *topic, long nevents, long naggs,
 		snprintf(m->payload, sizeof(m->payload), PAYLOAD_FMT, i);
 	}
 
-	rk = make_producer(brokers, "outbox-bench-raw", extra, nextra);
+	rk = make_producer(brokers, "outbox-bench-raw", extra, nextra, dr_cb);
 
 	/* warm-up: metadata, broker connections, idempotent producer id */
 	delivery.generation = 1;

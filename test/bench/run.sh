@@ -444,6 +444,16 @@ met() { # awk condition
 }
 bfield() { awk -v i="$2" '{print $i}' <<<"${R[$1.batches]:-0 0 0 0 0 0 0}"; }
 lf() { awk -v i="$2" '{print $i}' <<<"${R[$1.stats]:-0 0 0 0}"; }
+# count p50 p99 max (ms) of published_at - created_at of a table's events
+# since a time, into R[key.stats] (read with lf); (d) and the peers (p)
+lat_stats() { # key table since
+	res "$1.stats" "$(q -F ' ' -c "SELECT count(*),
+		round((percentile_disc(0.5) WITHIN GROUP (ORDER BY ms))::numeric, 1),
+		round((percentile_disc(0.99) WITHIN GROUP (ORDER BY ms))::numeric, 1),
+		round(max(ms)::numeric, 1)
+		FROM (SELECT extract(epoch FROM published_at - created_at) * 1000 AS ms FROM $2
+			WHERE created_at >= '$3') s")"
+}
 
 # The payload both sides store: ~95 bytes as JSON text.
 PAYLOAD_SQL="jsonb_build_object('seq', i, 'note', 'benchmark payload of about a hundred bytes', 'amount', 10, 'currency', 'EUR')"
@@ -790,14 +800,6 @@ cdf() { # table since file: thinned CDF of the per-event latency in ms
 		WHERE created_at >= '$2' ORDER BY 1" >"$work/lat.raw"
 	awk -v n="$(wc -l <"$work/lat.raw")" 'BEGIN { step = int(n / 1500) + 1 }
 		{ i++; if (i % step == 0 || i == n || i == 1) print $1, i / n }' "$work/lat.raw" >"$3"
-}
-lat_stats() { # key table since
-	res "$1.stats" "$(q -F ' ' -c "SELECT count(*),
-		round((percentile_disc(0.5) WITHIN GROUP (ORDER BY ms))::numeric, 1),
-		round((percentile_disc(0.99) WITHIN GROUP (ORDER BY ms))::numeric, 1),
-		round(max(ms)::numeric, 1)
-		FROM (SELECT extract(epoch FROM published_at - created_at) * 1000 AS ms FROM $2
-			WHERE created_at >= '$3') s")"
 }
 lat_tail() { # key table since: are the > 20 ms events spread out, or a few bad seconds?
 	res "$1.tail" "$(q -F ' ' -c "WITH l AS (SELECT date_trunc('second', created_at) AS s,

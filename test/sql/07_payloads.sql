@@ -4,19 +4,8 @@ SET search_path = ob, public;
 \set SHOW_CONTEXT never
 \pset format unaligned
 \pset tuples_only on
-CREATE FUNCTION pg_temp.try(stmt text) RETURNS text LANGUAGE plpgsql AS $$
-DECLARE
-	st text; msg text; det text; hnt text;
-BEGIN
-	EXECUTE stmt;
-	RETURN 'ok';
-EXCEPTION WHEN OTHERS THEN
-	GET STACKED DIAGNOSTICS st = RETURNED_SQLSTATE, msg = MESSAGE_TEXT,
-		det = PG_EXCEPTION_DETAIL, hnt = PG_EXCEPTION_HINT;
-	RETURN st || ': ' || msg || coalesce(E'\n  DETAIL: ' || nullif(det, ''), '')
-		|| coalesce(E'\n  HINT: ' || nullif(hnt, ''), '');
-END
-$$;
+-- regress.try(stmt), from 00_setup.sql: 'ok', or the error's SQLSTATE,
+-- message, detail and hint.
 
 -- An untyped literal payload still means jsonb for outbox_emit (it is not
 -- overloaded), and text for outbox_emit_raw; a bytea value picks bytea.
@@ -33,45 +22,45 @@ SELECT aggregate_version, event_type, payload, payload_bytes, headers
   FROM outbox WHERE aggregate_id = 'raw-1' ORDER BY aggregate_version;
 
 -- Raw payloads are validated like JSON ones: size, identifiers, headers.
-SELECT pg_temp.try($$SELECT outbox_emit_raw('order', '', 't', 'x')$$);
-SELECT pg_temp.try($$SELECT outbox_emit_raw('order', 'a', 't', 'x'::bytea, headers => '{"ID": "1"}')$$);
+SELECT regress.try($$SELECT outbox_emit_raw('order', '', 't', 'x')$$);
+SELECT regress.try($$SELECT outbox_emit_raw('order', 'a', 't', 'x'::bytea, headers => '{"ID": "1"}')$$);
 SET outbox.max_payload_bytes = 10;
-SELECT pg_temp.try($$SELECT outbox_emit_raw('order', 'a', 't', '0123456789')$$);
-SELECT pg_temp.try($$SELECT outbox_emit_raw('order', 'a', 't', '0123456789a')$$);
+SELECT regress.try($$SELECT outbox_emit_raw('order', 'a', 't', '0123456789')$$);
+SELECT regress.try($$SELECT outbox_emit_raw('order', 'a', 't', '0123456789a')$$);
 -- A raw payload counts its bytes, not characters: 6 characters, 12 bytes.
-SELECT pg_temp.try($$SELECT outbox_emit_raw('order', 'a', 't', 'éééééé')$$);
-SELECT pg_temp.try($$SELECT outbox_emit_raw('order', 'a', 't', '\x000102030405060708090a'::bytea)$$);
+SELECT regress.try($$SELECT outbox_emit_raw('order', 'a', 't', 'éééééé')$$);
+SELECT regress.try($$SELECT outbox_emit_raw('order', 'a', 't', '\x000102030405060708090a'::bytea)$$);
 RESET outbox.max_payload_bytes;
 -- The record size check counts a raw payload's bytes exactly: 999,000
 -- bytes fit librdkafka's 1,000,000 with the key and headers, 999,900 do not.
-SELECT pg_temp.try(format('SELECT outbox_emit_raw(%L, %L, %L, %L::text)', 'order', 'big-raw', 't',
+SELECT regress.try(format('SELECT outbox_emit_raw(%L, %L, %L, %L::text)', 'order', 'big-raw', 't',
                           repeat('x', 999000)));
-SELECT pg_temp.try(format('SELECT outbox_emit_raw(%L, %L, %L, %L::text)', 'order', 'big-raw', 't',
+SELECT regress.try(format('SELECT outbox_emit_raw(%L, %L, %L, %L::text)', 'order', 'big-raw', 't',
                           repeat('x', 999900)));
-SELECT pg_temp.try(format('SELECT outbox_emit_raw(%L, %L, %L, pg_catalog.convert_to(%L, %L))', 'order', 'big-raw', 't',
+SELECT regress.try(format('SELECT outbox_emit_raw(%L, %L, %L, pg_catalog.convert_to(%L, %L))', 'order', 'big-raw', 't',
                           repeat('x', 999900), 'UTF8'));
 SELECT count(*), max(octet_length(payload_bytes)) FROM outbox WHERE aggregate_id = 'big-raw';
 
 -- "id" is where Debezium puts the event id: reserved like event_id.
-SELECT pg_temp.try($$SELECT outbox_emit('order', 'a', 't', '{}', headers => '{"id": "x"}')$$);
-SELECT pg_temp.try($$SELECT outbox_emit('order', 'a', 't', '{}', headers => '{" Id ": "x"}')$$);
-SELECT pg_temp.try($$SELECT outbox_emit('order', 'a', 't', '{}', headers => '{"idx": "x", "trace_id": "y"}')$$);
+SELECT regress.try($$SELECT outbox_emit('order', 'a', 't', '{}', headers => '{"id": "x"}')$$);
+SELECT regress.try($$SELECT outbox_emit('order', 'a', 't', '{}', headers => '{" Id ": "x"}')$$);
+SELECT regress.try($$SELECT outbox_emit('order', 'a', 't', '{}', headers => '{"idx": "x", "trace_id": "y"}')$$);
 
 -- Trace context: validated when set, by any role.
-SELECT pg_temp.try($$SET outbox.traceparent = '00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01'$$);
-SELECT pg_temp.try($$SET outbox.traceparent = '00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01'$$);
-SELECT pg_temp.try($$SET outbox.traceparent = '00-00000000000000000000000000000000-00f067aa0ba902b7-01'$$);
-SELECT pg_temp.try($$SET outbox.traceparent = '00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01'$$);
-SELECT pg_temp.try($$SET outbox.traceparent = 'ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01'$$);
-SELECT pg_temp.try($$SET outbox.traceparent = '00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-xx'$$);
-SELECT pg_temp.try($$SET outbox.traceparent = '01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-xx'$$);
-SELECT pg_temp.try($$SET outbox.traceparent = '00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7'$$);
-SELECT pg_temp.try($$SET outbox.tracestate = 'rojo=00f067aa0ba902b7, congo=t61rcWkgMzE'$$);
-SELECT pg_temp.try($$SET outbox.tracestate = 'a@b=1,,c/d=x y'$$);
-SELECT pg_temp.try($$SET outbox.tracestate = 'Rojo=1'$$);
-SELECT pg_temp.try($$SET outbox.tracestate = 'rojo'$$);
-SELECT pg_temp.try($$SET outbox.tracestate = 'rojo=a,b'$$);
-SELECT pg_temp.try(format('SET outbox.tracestate = %L', repeat('k=v,', 33) || 'k=v'));
+SELECT regress.try($$SET outbox.traceparent = '00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01'$$);
+SELECT regress.try($$SET outbox.traceparent = '00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01'$$);
+SELECT regress.try($$SET outbox.traceparent = '00-00000000000000000000000000000000-00f067aa0ba902b7-01'$$);
+SELECT regress.try($$SET outbox.traceparent = '00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01'$$);
+SELECT regress.try($$SET outbox.traceparent = 'ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01'$$);
+SELECT regress.try($$SET outbox.traceparent = '00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-xx'$$);
+SELECT regress.try($$SET outbox.traceparent = '01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-xx'$$);
+SELECT regress.try($$SET outbox.traceparent = '00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7'$$);
+SELECT regress.try($$SET outbox.tracestate = 'rojo=00f067aa0ba902b7, congo=t61rcWkgMzE'$$);
+SELECT regress.try($$SET outbox.tracestate = 'a@b=1,,c/d=x y'$$);
+SELECT regress.try($$SET outbox.tracestate = 'Rojo=1'$$);
+SELECT regress.try($$SET outbox.tracestate = 'rojo'$$);
+SELECT regress.try($$SET outbox.tracestate = 'rojo=a,b'$$);
+SELECT regress.try(format('SET outbox.tracestate = %L', repeat('k=v,', 33) || 'k=v'));
 RESET outbox.traceparent;
 RESET outbox.tracestate;
 
@@ -100,10 +89,10 @@ RESET outbox.tracestate;
 SELECT aggregate_version, headers FROM outbox WHERE aggregate_id = 'tr' ORDER BY aggregate_version;
 -- The trace headers count in the record size check: 999,352 bytes fit
 -- exactly without them, not with them.
-SELECT pg_temp.try(format('SELECT outbox_emit_raw(%L, %L, %L, %L::text)', 'order', 'big-raw', 't',
+SELECT regress.try(format('SELECT outbox_emit_raw(%L, %L, %L, %L::text)', 'order', 'big-raw', 't',
                           repeat('x', 999352)));
 SET outbox.traceparent = '00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01';
-SELECT pg_temp.try(format('SELECT outbox_emit_raw(%L, %L, %L, %L::text)', 'order', 'big-raw', 't',
+SELECT regress.try(format('SELECT outbox_emit_raw(%L, %L, %L, %L::text)', 'order', 'big-raw', 't',
                           repeat('x', 999352)));
 RESET outbox.traceparent;
 
@@ -121,11 +110,11 @@ SELECT count(*) FROM outbox_emit_many(ARRAY[]::outbox_event[]);
 SELECT count(*) FROM outbox_emit_many(NULL);
 \pset format unaligned
 \pset tuples_only on
-SELECT pg_temp.try($$SELECT * FROM outbox_emit_many(ARRAY[
+SELECT regress.try($$SELECT * FROM outbox_emit_many(ARRAY[
 	ROW('order', 'many-3', 'A', '{}', NULL, NULL, NULL, NULL),
 	ROW('order', 'many-3', 'A', '{}', NULL, '{"event_id": "x"}', NULL, NULL)]::outbox_event[])$$);
-SELECT pg_temp.try($$SELECT * FROM outbox_emit_many(ARRAY[NULL]::outbox_event[])$$);
-SELECT pg_temp.try($$SELECT * FROM outbox_emit_many(ARRAY[ROW(NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL)]::outbox_event[])$$);
+SELECT regress.try($$SELECT * FROM outbox_emit_many(ARRAY[NULL]::outbox_event[])$$);
+SELECT regress.try($$SELECT * FROM outbox_emit_many(ARRAY[ROW(NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL)]::outbox_event[])$$);
 -- Which event failed is in the error's context.
 \set SHOW_CONTEXT errors
 SELECT * FROM outbox_emit_many(ARRAY[
@@ -147,13 +136,13 @@ SELECT aggregate_version, topic
 SELECT aggregate_version, event_type, event_id = 'many-raw-evt' AS given_id, payload, payload_bytes, headers
   FROM outbox WHERE aggregate_id = 'many-raw' ORDER BY aggregate_version;
 SET outbox.max_payload_bytes = 10;
-SELECT pg_temp.try($$SELECT * FROM outbox_emit_many_raw(ARRAY[
+SELECT regress.try($$SELECT * FROM outbox_emit_many_raw(ARRAY[
 	ROW('order', 'many-raw', 'T', 'éééééé', NULL, NULL, NULL, NULL)]::outbox_event_text[])$$);
-SELECT pg_temp.try($$SELECT * FROM outbox_emit_many_raw(ARRAY[
+SELECT regress.try($$SELECT * FROM outbox_emit_many_raw(ARRAY[
 	ROW('order', 'many-raw', 'B', '\x00010203040506070809'::bytea, NULL, NULL, NULL, NULL),
 	ROW('order', 'many-raw', 'B', '\x000102030405060708090a'::bytea, NULL, NULL, NULL, NULL)]::outbox_event_bytea[])$$);
 RESET outbox.max_payload_bytes;
-SELECT pg_temp.try($$SELECT * FROM outbox_emit_many_raw(ARRAY[
+SELECT regress.try($$SELECT * FROM outbox_emit_many_raw(ARRAY[
 	ROW('order', 'many-raw', 'T', 'x', NULL, '{"ID": "1"}', NULL, NULL)]::outbox_event_text[])$$);
 SELECT count(*) FROM outbox WHERE aggregate_id = 'many-raw';
 
