@@ -45,8 +45,9 @@
  *
  *	--status-file F --events N: for the peers (peers.c), which keep no
  *	per-event state in the database.  Reads "settled=S last_settle=EPOCH"
- *	from F before --exec, then polls F every --interval-ms until
- *	settled >= S + N.  seconds is as above; table_seconds is last_settle
+ *	from F before --exec (or takes S from --base S: a caller that resumes a
+ *	stopped peer reads it before the resume, which a fast peer would
+ *	otherwise race), then polls F every --interval-ms until settled >= S + N.  seconds is as above; table_seconds is last_settle
  *	(when the final batch was finished or its position confirmed) minus
  *	the commit time; first_ack_s is not known (printed as 0).
  *
@@ -92,7 +93,7 @@ main(int argc, char **argv)
 			   *status_file = NULL;
 	bool		outbox = false;
 	long		want_events = 0,
-				base = 0;
+				base = -1;
 	char		id0[32] = "0";
 	double		last_settle = 0;
 	long		interval_ms = 20,
@@ -125,6 +126,8 @@ main(int argc, char **argv)
 			status_file = val;
 		else if (strcmp(argv[i], "--events") == 0)
 			want_events = parse_long(argv[i], val, 1, 1000000000);
+		else if (strcmp(argv[i], "--base") == 0)
+			base = parse_long(argv[i], val, 0, 1000000000);
 		else if (strcmp(argv[i], "--exec") == 0)
 			exec = val;
 		else if (strcmp(argv[i], "--interval-ms") == 0)
@@ -137,8 +140,8 @@ main(int argc, char **argv)
 	}
 	if (dsn == NULL || (table != NULL) + (status_file != NULL) + outbox != 1 ||
 		(status_file != NULL && want_events < 1) || interval_ms < 1 || timeout_s < 1)
-		fatal("usage: drain_wait --dsn DSN {--table T | --outbox | --status-file F --events N} [--exec SQL] [--interval-ms 20] [--timeout-s 600]");
-	if (status_file)
+		fatal("usage: drain_wait --dsn DSN {--table T | --outbox | --status-file F --events N} [--base S] [--exec SQL] [--interval-ms 20] [--timeout-s 600]");
+	if (status_file && base < 0)
 		base = read_status(status_file, &last_settle);
 
 	conn = PQconnectdb(dsn);

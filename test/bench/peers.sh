@@ -21,6 +21,7 @@
 
 PEERS="ours relay relay1000 pgq logical logmsg"  # raw: throughput only
 peer_pid=
+PEER_BASE=
 peer_name() {
 	case $1 in
 		ours) echo "outbox worker" ;;
@@ -179,7 +180,7 @@ peer_drain() { # p [exec-sql] -> DRAIN_LINE
 		ours) drain outbox "$sql" ;;
 		relay | relay1000) drain relay_outbox "$sql" ;;
 		*) DRAIN_LINE=$("$bench/drain_wait" --dsn "$dsn" --status-file "$PEER_STATUS" --events "$PEER_EXPECT" \
-			--exec "$sql" --interval-ms 20 --timeout-s "$DRAIN_TIMEOUT") ;;
+			${PEER_BASE:+--base "$PEER_BASE"} --exec "$sql" --interval-ms 20 --timeout-s "$DRAIN_TIMEOUT") ;;
 	esac
 }
 # One event through the started publisher (metadata, connections, producer id).
@@ -256,12 +257,14 @@ peer_throughput() {
 		# the clock starts here, before the publisher may start: drain_wait's own
 		# connection time is counted (its commit_epoch - t0)
 		t0=$(date +%s.%N)
+		PEER_BASE=$(peer_settled) # (before the resume: a fast peer settles before drain_wait starts)
 		case $p in
 			ours) q -o /dev/null -c "SELECT outbox_resume()" ;;
 			logical | logmsg) kill -USR2 "$peer_pid" ;;
 			*) kill -CONT "$peer_pid" ;;
 		esac
 		peer_drain "$p"
+		PEER_BASE=
 		local secs
 		secs=$(awk -v a="$t0" -v c="$(kv "$DRAIN_LINE" commit_epoch)" -v s="$(kv "$DRAIN_LINE" seconds)" \
 			'BEGIN { printf "%.3f\n", c - a + s }')

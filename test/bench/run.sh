@@ -547,25 +547,26 @@ relay_preload() { # n aggregates topic
 		COMMIT;"
 }
 
-# Per-batch timings of the publisher from the debug1 lines logged since
-# byte offset $1: "batches events/batch fetch produce ack commit total" (ms).
+# The publisher's step timings from the debug1 lines logged since byte offset
+# $1: "reads events/read fetch produce settles aggregates/settle settle" (ms
+# per read or per settle).  A read (publish_fetch's "fetched N events in"
+# and "produced ... at" lines, timed from the read's start; fetch includes
+# the snapshot and the delta query, produce the WAL flush) and a settle
+# ("settled N aggregates ... in") are separate steps of the pipeline: a
+# settle runs whenever acknowledged aggregates are ready, between reads.
 batch_stats() {
 	tail -c +"$(($1 + 1))" "$pglog" | awk '
 		function after(w,   i) { for (i = 1; i <= NF; i++) if ($i == w) return $(i + 1); return "" }
 		/outbox: fetched [0-9]+ events in/ { p = $4; n[p] = after("fetched"); f[p] = after("in") }
-		/outbox: produced [0-9]+ events of/ { p = $4; pr[p] = after("at") }
-		/outbox: acknowledged at/ { p = $4; ak[p] = after("at") }
-		/outbox: committed [0-9]+ marks at/ {
+		/outbox: produced [0-9]+ events of/ {
 			p = $4
-			if (n[p] > 0) {
-				b++; ev += n[p]; sf += f[p]; sp += pr[p] - f[p]; sa += ak[p] - pr[p]
-				sc += after("at") - ak[p]; st += after("at")
-			}
+			if (n[p] > 0) { r++; ev += n[p]; sf += f[p]; sp += after("at") - f[p] }
 			n[p] = 0
 		}
+		/outbox: settled [0-9]+ aggregates/ { s++; sa += after("settled"); ss += after("in") }
 		END {
-			if (b == 0) { print "0 0 0 0 0 0 0"; exit }
-			printf "%d %.0f %.1f %.1f %.1f %.1f %.1f\n", b, ev / b, sf / b, sp / b, sa / b, sc / b, st / b
+			printf "%d %.0f %.1f %.1f %d %.0f %.1f\n", r, r ? ev / r : 0, r ? sf / r : 0, r ? sp / r : 0,
+				s, s ? sa / s : 0, s ? ss / s : 0
 		}'
 }
 
@@ -585,7 +586,7 @@ measure_ours() {
 	res "$key.events" "$(kv "$DRAIN_LINE" events)"
 	sleep 0.3 # let the last batch's debug lines reach the log
 	res "$key.batches" "$(batch_stats "$pos")"
-	say "  $key: ${R[$key.eps]} events/s (${R[$key.seconds]} s; batches: ${R[$key.batches]})"
+	say "  $key: ${R[$key.eps]} events/s (${R[$key.seconds]} s; reads events/read fetch produce settles aggs/settle settle: ${R[$key.batches]})"
 }
 measure_relay() { # key events aggregates [brokers]
 	local key=$1 n=$2 aggs=$3 br=${4:-$brokers}
@@ -833,7 +834,7 @@ if [ "$real" = 0 ]; then
 	cat >"$work/settle.sql" <<'EOF'
 EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF)
 WITH u AS (SELECT * FROM unnest(:'aggs'::text[], :'vers'::bigint[], :'xs'::xid[],
-		array_fill(:r, ARRAY[:n])) AS u(id, v, x, r)),
+		array_fill(:'r'::boolean, ARRAY[:n])) AS u(id, v, x, r)),
 	ins AS (INSERT INTO aggregate_publication (aggregate_id, last_published_version, last_published_at, updated_at)
 		SELECT u.id, u.v, now(), now() FROM u WHERE NOT u.r ON CONFLICT (aggregate_id) DO NOTHING RETURNING aggregate_id),
 	upd AS (UPDATE aggregate_publication a SET last_published_version = GREATEST(a.last_published_version, u.v),
@@ -1012,10 +1013,10 @@ if [ "$real" = 1 ]; then
 			echo "| $(fmt "$a") | ${R[b.ours.$a.seconds]} (${R[b.ours.$a.table_seconds]}) | ${R[b.ours.$a.first_ack]} s | ${R[b.relay.$a.seconds]} |"
 		done
 		echo
-		echo "The extension's per-batch means (ms, from the debug1 lines, as in (b); the d rows are from the"
+		echo "The extension's step means (ms, from the debug1 lines, as in (b); the d rows are from the"
 		echo "latency runs below):"
 		echo
-		echo "| run | batches | events/batch | fetch | produce | wait for acks | mark + commit | batch total |"
+		echo "| run | reads | events/read | fetch | produce | settles | aggregates/settle | settle + commit |"
 		echo "|---|---:|---:|---:|---:|---:|---:|---:|"
 		for k in $(printf 'b.ours.%s ' $B_AGGS) $(printf 'd.ours.%s ' $RATES); do
 			echo "| $k | $(bfield "$k" 1) | $(bfield "$k" 2) | $(bfield "$k" 3) | $(bfield "$k" 4) | $(bfield "$k" 5) | $(bfield "$k" 6) | $(bfield "$k" 7) |"
@@ -1323,19 +1324,21 @@ EOF
 	echo "Target: beat the relay 10×: $(met "${R[b.ours.10000.eps]} >= 10 * ${R[b.relay.10000.eps]}") at 10,000 aggregates ($(ratio "${R[b.ours.10000.eps]}" "${R[b.relay.10000.eps]}")×),"
 	echo "$(met "${R[b.ours.10.eps]} >= 10 * ${R[b.relay.10.eps]}") at 10 ($(ratio "${R[b.ours.10.eps]}" "${R[b.relay.10.eps]}")×), $(met "${R[b.ours.1.eps]} >= 10 * ${R[b.relay.1.eps]}") at 1 ($(ratio "${R[b.ours.1.eps]}" "${R[b.relay.1.eps]}")×)."
 	echo
-	echo "Where the extension's time goes — per-batch means from the server log (\`log_min_messages = debug1\`:"
-	echo "\"fetched ... produced ... acknowledged ... committed\"; ms, integer resolution per line):"
+	echo "Where the extension's time goes — step means from the server log (\`log_min_messages = debug1\`:"
+	echo "\"fetched ... produced\" per read, \"settled ... in\" per settle; ms, integer resolution per line;"
+	echo "acknowledgements are awaited between the steps, not in one):"
 	echo
-	echo "| run | batches | events/batch | fetch | produce | wait for acks | mark + commit | batch total | sum of batches / drain time |"
+	echo "| run | reads | events/read | fetch | produce | settles | aggregates/settle | settle + commit | time in steps / drain time |"
 	echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|"
 	for k in b.ours.10000 b.ours.10 b.ours.1 c.ours.1 c.ours.5 c.ours.20 e.ours.1.cold e.ours.1 e.ours.2.cold e.ours.2 e.ours.4.cold e.ours.4 f.ours.10000; do
 		[ -n "${R[$k.batches]:-}" ] || continue
 		b=$(bfield "$k" 1)
-		busy=$(awk -v b="$b" -v t="$(bfield "$k" 7)" 'BEGIN { print b * t / 1000 }')
+		busy=$(awk -v b="$b" -v f="$(bfield "$k" 3)" -v p="$(bfield "$k" 4)" -v s="$(bfield "$k" 5)" -v t="$(bfield "$k" 7)" \
+			'BEGIN { print (b * (f + p) + s * t) / 1000 }')
 		echo "| $k | $b | $(bfield "$k" 2) | $(bfield "$k" 3) | $(bfield "$k" 4) | $(bfield "$k" 5) | $(bfield "$k" 6) | $(bfield "$k" 7) | $(ratio "$busy" "${R[$k.seconds]}") |"
 	done
 	echo
-	echo "(With several workers the sum of batch times is over all workers, so it can exceed 1.)"
+	echo "(With several workers the time in steps is summed over all workers, so it can exceed 1.)"
 	echo
 	mk_=(${R[mark]:-})
 	if [ "${#mk_[@]}" = 3 ]; then
