@@ -424,9 +424,11 @@ peers_report() {
 	echo 'peers logical --dsn $DSN --brokers $BROKERS --slot $S --publication bench_peer_table --status-file F --latency-file L'
 	echo 'peers logical --dsn $DSN --brokers $BROKERS --slot $S --publication bench_peer_msgs --messages --status-file F --latency-file L'
 	echo 'relay raw --brokers $BROKERS --topic $T --events 100000 --aggregates 10000'
-	echo 'drain_wait --dsn $DSN --exec "<preload>" --table outbox|relay_outbox        # the extension, the relay'
+	echo 'drain_wait --dsn $DSN --exec "<preload>" --outbox                    # the extension (nothing in outbox_pending)'
+	echo 'drain_wait --dsn $DSN --exec "<preload>" --table relay_outbox        # the relay'
 	echo 'drain_wait --dsn $DSN --exec "<preload>" --status-file F --events 100000    # PgQ, logical decoding'
 	echo "pgbench -n -M prepared -c $LAT_CLIENTS -j 2 --rate R -T $P_LAT_S -f <one emit statement>"
+	echo 'psql -c "CALL bench_sample_settled(0.02)"    # beside the extension under pgbench (run.sh creates it)'
 	echo '```'
 	echo
 	echo "**Method.** Throughput: the publisher runs and is warm (one event published first); one"
