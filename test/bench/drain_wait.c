@@ -35,8 +35,9 @@
  *	--outbox: the extension's outbox, which records no per-event publish
  *	time: an event is published once its aggregate's last_published_version
  *	reaches it.  Polls SELECT EXISTS (SELECT 1 FROM outbox_pending) (by the
- *	txid index, from the publisher's horizon on); N is the number of outbox
- *	rows added since before --exec (ids above the max id then);
+ *	txid index, from the publisher's horizon on); N is the number of events
+ *	settled meanwhile: those pending before --exec plus the rows added
+ *	since (ids above the max id then);
  *	table_seconds is max(aggregate_publication.last_published_at) - commit
  *	(when the last settling began: the final acknowledgements were in);
  *	first_ack_s is min(last_published_at) - commit over the aggregates
@@ -95,6 +96,7 @@ main(int argc, char **argv)
 	long		want_events = 0,
 				base = -1;
 	char		id0[32] = "0";
+	long		pending0 = 0;
 	double		last_settle = 0;
 	long		interval_ms = 20,
 				timeout_s = 600;
@@ -150,8 +152,10 @@ main(int argc, char **argv)
 
 	if (outbox)
 	{
-		res = exec_ok(conn, "SELECT coalesce(max(id), 0) FROM outbox", PGRES_TUPLES_OK);
+		res = exec_ok(conn, "SELECT (SELECT coalesce(max(id), 0) FROM outbox), "
+					  "(SELECT count(*) FROM outbox_pending)", PGRES_TUPLES_OK);
 		snprintf(id0, sizeof(id0), "%s", PQgetvalue(res, 0, 0));
+		pending0 = atol(PQgetvalue(res, 0, 1));
 		PQclear(res);
 	}
 	if (exec)
@@ -218,11 +222,11 @@ main(int argc, char **argv)
 	}
 	if (outbox)
 		snprintf(sql, sizeof(sql),
-				 "SELECT (SELECT count(*) FROM outbox WHERE id > %s), "
+				 "SELECT %ld + (SELECT count(*) FROM outbox WHERE id > %s), "
 				 "coalesce(extract(epoch FROM max(last_published_at)) - %s, 0), "
 				 "coalesce(extract(epoch FROM min(last_published_at)) - %s, 0) "
 				 "FROM aggregate_publication WHERE last_published_at >= to_timestamp(%s)",
-				 id0, commit_epoch, commit_epoch, commit_epoch);
+				 pending0, id0, commit_epoch, commit_epoch, commit_epoch);
 	else
 		snprintf(sql, sizeof(sql),
 				 "SELECT count(*), "
