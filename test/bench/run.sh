@@ -51,7 +51,8 @@
 #
 # Environment: BENCH_OUT (output directory), BENCH_MOCK_NAGLE=1 (run a-e
 # against the mock as shipped too, i.e. without the TCP_NODELAY shim),
-# BENCH_PEERS_ONLY=1 (section p alone; writes peers.md into BENCH_OUT or
+# BENCH_PEERS_ONLY=1 (section p alone, then (e) for its 2- and 4-worker
+# figures; writes peers.md into BENCH_OUT or
 # /tmp/outbox-bench-peers/).  As root, installs Debian's postgresql-15-pgq3
 # for the PgQ peer if it is missing (benchmark only; not a CI dependency).
 #
