@@ -1,10 +1,11 @@
 /*-------------------------------------------------------------------------
  *
  * drain_wait.c
- *		Time how long a publisher takes to empty an outbox table.
+ *		Time how long a publisher takes to settle everything pending.
  *
  *	drain_wait --dsn DSN --table T [--exec SQL] [--interval-ms 20]
  *	           [--timeout-s 600]
+ *	drain_wait --dsn DSN --outbox [--exec SQL] ...
  *	drain_wait --dsn DSN --status-file F --events N [--exec SQL] ...
  *
  *	With --exec, first runs SQL (typically "BEGIN; <preload>; COMMIT") on
@@ -16,7 +17,8 @@
  *
  *	(what count(*) ... = 0 asks, but it stops at the first pending row of
  *	the partial index instead of counting 100,000 of them every 20 ms on a
- *	2-core machine) until it is false.  Prints one line:
+ *	2-core machine) until it is false.  T is a relay's table (relay.c):
+ *	the extension's outbox has no published_at.  Prints one line:
  *
  *	    drain: events=N seconds=S events_per_s=R table_seconds=TS first_ack_s=FA exec_s=E
  *
@@ -30,10 +32,23 @@
  *	the number of rows published since the commit.  Exit status 1 on
  *	timeout.
  *
+ *	--outbox: the extension's outbox, which records no per-event publish
+ *	time: an event is published once its aggregate's last_published_version
+ *	reaches it.  Polls SELECT EXISTS (SELECT 1 FROM outbox_pending) (by the
+ *	txid index, from the publisher's horizon on); N is the number of events
+ *	settled meanwhile: those pending before --exec plus the rows added
+ *	since (ids above the max id then);
+ *	table_seconds is max(aggregate_publication.last_published_at) - commit
+ *	(when the last settling began: the final acknowledgements were in);
+ *	first_ack_s is min(last_published_at) - commit over the aggregates
+ *	settled since the commit: each aggregate keeps only its latest settle
+ *	time, so this is an upper bound of the first acknowledgement.
+ *
  *	--status-file F --events N: for the peers (peers.c), which keep no
  *	per-event state in the database.  Reads "settled=S last_settle=EPOCH"
- *	from F before --exec, then polls F every --interval-ms until
- *	settled >= S + N.  seconds is as above; table_seconds is last_settle
+ *	from F before --exec (or takes S from --base S: a caller that resumes a
+ *	stopped peer reads it before the resume, which a fast peer would
+ *	otherwise race), then polls F every --interval-ms until settled >= S + N.  seconds is as above; table_seconds is last_settle
  *	(when the final batch was finished or its position confirmed) minus
  *	the commit time; first_ack_s is not known (printed as 0).
  *
@@ -46,6 +61,7 @@
  */
 #define _GNU_SOURCE
 
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -76,8 +92,11 @@ main(int argc, char **argv)
 			   *table = NULL,
 			   *exec = NULL,
 			   *status_file = NULL;
+	bool		outbox = false;
 	long		want_events = 0,
-				base = 0;
+				base = -1;
+	char		id0[32] = "0";
+	long		pending0 = 0;
 	double		last_settle = 0;
 	long		interval_ms = 20,
 				timeout_s = 600;
@@ -94,6 +113,11 @@ main(int argc, char **argv)
 	{
 		const char *val = i + 1 < argc ? argv[i + 1] : NULL;
 
+		if (strcmp(argv[i], "--outbox") == 0)
+		{
+			outbox = true;
+			continue;
+		}
 		if (val == NULL)
 			fatal("option %s needs an argument", argv[i]);
 		if (strcmp(argv[i], "--dsn") == 0)
@@ -104,6 +128,8 @@ main(int argc, char **argv)
 			status_file = val;
 		else if (strcmp(argv[i], "--events") == 0)
 			want_events = parse_long(argv[i], val, 1, 1000000000);
+		else if (strcmp(argv[i], "--base") == 0)
+			base = parse_long(argv[i], val, 0, 1000000000);
 		else if (strcmp(argv[i], "--exec") == 0)
 			exec = val;
 		else if (strcmp(argv[i], "--interval-ms") == 0)
@@ -114,16 +140,24 @@ main(int argc, char **argv)
 			fatal("unknown option \"%s\"", argv[i]);
 		i++;
 	}
-	if (dsn == NULL || (table == NULL) == (status_file == NULL) ||
+	if (dsn == NULL || (table != NULL) + (status_file != NULL) + outbox != 1 ||
 		(status_file != NULL && want_events < 1) || interval_ms < 1 || timeout_s < 1)
-		fatal("usage: drain_wait --dsn DSN {--table T | --status-file F --events N} [--exec SQL] [--interval-ms 20] [--timeout-s 600]");
-	if (status_file)
+		fatal("usage: drain_wait --dsn DSN {--table T | --outbox | --status-file F --events N} [--base S] [--exec SQL] [--interval-ms 20] [--timeout-s 600]");
+	if (status_file && base < 0)
 		base = read_status(status_file, &last_settle);
 
 	conn = PQconnectdb(dsn);
 	if (PQstatus(conn) != CONNECTION_OK)
 		fatal("could not connect: %s", PQerrorMessage(conn));
 
+	if (outbox)
+	{
+		res = exec_ok(conn, "SELECT (SELECT coalesce(max(id), 0) FROM outbox), "
+					  "(SELECT count(*) FROM outbox_pending)", PGRES_TUPLES_OK);
+		snprintf(id0, sizeof(id0), "%s", PQgetvalue(res, 0, 0));
+		pending0 = atol(PQgetvalue(res, 0, 1));
+		PQclear(res);
+	}
 	if (exec)
 	{
 		texec = now_s();
@@ -140,6 +174,8 @@ main(int argc, char **argv)
 	if (table)
 		snprintf(sql, sizeof(sql),
 				 "SELECT EXISTS (SELECT 1 FROM %s WHERE published_at IS NULL)", table);
+	else if (outbox)
+		snprintf(sql, sizeof(sql), "SELECT EXISTS (SELECT 1 FROM outbox_pending)");
 	deadline = t0 + timeout_s;
 	for (;;)
 	{
@@ -184,12 +220,20 @@ main(int argc, char **argv)
 		PQfinish(conn);
 		return 0;
 	}
-	snprintf(sql, sizeof(sql),
-			 "SELECT count(*), "
-			 "coalesce(extract(epoch FROM max(published_at)) - %s, 0), "
-			 "coalesce(extract(epoch FROM min(published_at)) - %s, 0) "
-			 "FROM %s WHERE published_at >= to_timestamp(%s)",
-			 commit_epoch, commit_epoch, table, commit_epoch);
+	if (outbox)
+		snprintf(sql, sizeof(sql),
+				 "SELECT %ld + (SELECT count(*) FROM outbox WHERE id > %s), "
+				 "coalesce(extract(epoch FROM max(last_published_at)) - %s, 0), "
+				 "coalesce(extract(epoch FROM min(last_published_at)) - %s, 0) "
+				 "FROM aggregate_publication WHERE last_published_at >= to_timestamp(%s)",
+				 pending0, id0, commit_epoch, commit_epoch, commit_epoch);
+	else
+		snprintf(sql, sizeof(sql),
+				 "SELECT count(*), "
+				 "coalesce(extract(epoch FROM max(published_at)) - %s, 0), "
+				 "coalesce(extract(epoch FROM min(published_at)) - %s, 0) "
+				 "FROM %s WHERE published_at >= to_timestamp(%s)",
+				 commit_epoch, commit_epoch, table, commit_epoch);
 	res = exec_ok(conn, sql, PGRES_TUPLES_OK);
 	{
 		long		n = atol(PQgetvalue(res, 0, 0));

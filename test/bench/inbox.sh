@@ -87,10 +87,10 @@ for _ in $(seq $((events / 10000))); do
 		jsonb_build_object('i', i), topic => 'bench')) FROM generate_series(1, 10000) i" >/dev/null
 done
 for _ in $(seq 1200); do
-	[ "$(psql -qXAt -d postgres -c 'SELECT count(*) FROM outbox WHERE published_at IS NULL')" = 0 ] && break
+	[ "$(psql -qXAt -d postgres -c 'SELECT count(*) FROM outbox_pending')" = 0 ] && break
 	sleep 0.1
 done
-total=$(psql -qXAt -d postgres -c 'SELECT count(*) FROM outbox WHERE published_at IS NOT NULL')
+total=$(psql -qXAt -d postgres -c 'SELECT count(*) FROM outbox_events WHERE state = '\''published'\''')
 echo "topic bench: $total events, 10000 aggregates, 16 partitions; fsync ${BENCH_FSYNC:-on}"
 
 # The inbox worker: from subscription to the last event applied.

@@ -98,7 +98,7 @@ for d in $DBS; do
 done
 for _ in $(seq 600); do
 	p=0
-	for d in $DBS; do p=$((p + $(q -d "$d" -c "SELECT count(*) FROM outbox WHERE published_at IS NULL"))); done
+	for d in $DBS; do p=$((p + $(q -d "$d" -c "SELECT count(*) FROM outbox_pending"))); done
 	[ "$p" = 0 ] && break
 	sleep 0.1
 done
@@ -121,7 +121,7 @@ run() { # k label
 	for d in $DBS; do
 		i=$((i + 1))
 		[ "$i" -gt "$k" ] && break
-		"$bench/drain_wait" --dsn "host=127.0.0.1 port=$PGPORT dbname=$d" --table outbox \
+		"$bench/drain_wait" --dsn "host=127.0.0.1 port=$PGPORT dbname=$d" --outbox \
 			--interval-ms 20 --timeout-s 600 --exec "SELECT outbox_resume()" >"$work/drain.$d" &
 		pids+=($!)
 	done

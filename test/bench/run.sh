@@ -18,7 +18,10 @@
 #      librdkafka producer
 #   c. (b, 10,000 aggregates) with the mock's round trip set to 1, 5, 20 ms
 #   d. emit-to-acknowledgement latency at steady 500/1,000/2,000/5,000
-#      events/s (pgbench --rate), from published_at - created_at per event
+#      events/s (pgbench --rate), per event: the relay's published_at -
+#      created_at; the extension's settle time of the event's aggregate
+#      (aggregate_publication.last_published_at, sampled every 20 ms by
+#      settle_sampler: the extension keeps no per-event publish time)
 #   e. 1, 2, 4 publisher workers on (b, 10,000 aggregates)
 #   p. the peers, in the same run: PgQ and logical-decoding relays
 #      (peers.c), the relay at LIMIT 100 / 1000 and raw librdkafka beside
@@ -48,7 +51,8 @@
 #
 # Environment: BENCH_OUT (output directory), BENCH_MOCK_NAGLE=1 (run a-e
 # against the mock as shipped too, i.e. without the TCP_NODELAY shim),
-# BENCH_PEERS_ONLY=1 (section p alone; writes peers.md into BENCH_OUT or
+# BENCH_PEERS_ONLY=1 (section p alone, then (e) for its 2- and 4-worker
+# figures; writes peers.md into BENCH_OUT or
 # /tmp/outbox-bench-peers/).  As root, installs Debian's postgresql-15-pgq3
 # for the PgQ peer if it is missing (benchmark only; not a CI dependency).
 #
@@ -325,6 +329,36 @@ CREATE TABLE relay_outbox (
 	published_at timestamptz
 );
 CREATE INDEX relay_outbox_pending_idx ON relay_outbox (id) WHERE published_at IS NULL;
+-- The extension's per-event publish times, which it does not record: every
+-- 20 ms (settle_sampler), the aggregates settled since, with the time their
+-- settling began (last_published_at; all their acknowledgements were in).
+-- An event's publish time is that of the first settle reaching its version.
+CREATE UNLOGGED TABLE bench_settled (
+	aggregate_id text NOT NULL,
+	version bigint NOT NULL,
+	at timestamptz NOT NULL,       -- last_published_at: when settling began
+	seen timestamptz NOT NULL,     -- when the sampler saw it committed
+	PRIMARY KEY (aggregate_id, version)
+);
+CREATE PROCEDURE bench_sample_settled(interval_s float8) LANGUAGE plpgsql AS $$
+DECLARE
+	t timestamptz := '-infinity';
+	t_next timestamptz;
+BEGIN
+	LOOP
+		t_next := clock_timestamp();
+		-- updated_at is the settling's start, before its commit: look 1 s back
+		-- so that a settle committed after the previous sample is not missed
+		INSERT INTO bench_settled
+		SELECT aggregate_id, last_published_version, last_published_at, clock_timestamp()
+		  FROM aggregate_publication
+		 WHERE updated_at > t - interval '1 s' AND last_published_at IS NOT NULL
+		ON CONFLICT DO NOTHING;
+		COMMIT;
+		t := t_next;
+		PERFORM pg_sleep(interval_s);
+	END LOOP;
+END $$;
 -- diagnostic: a plain table with every column, constraint and index of outbox
 CREATE TABLE outbox_copy (LIKE outbox INCLUDING ALL);
 CREATE TABLE orders (id int PRIMARY KEY, status text NOT NULL, total numeric NOT NULL,
@@ -353,7 +387,26 @@ set_debug() { # on|off: per-batch timings of the publisher in the server log
 	sleep 0.2
 }
 reset_tables() {
-	q -c "TRUNCATE outbox, aggregate_publication, relay_outbox" -c "CHECKPOINT"
+	q -c "TRUNCATE outbox, aggregate_publication, relay_outbox, bench_settled" -c "CHECKPOINT"
+}
+# The extension's settle sampler (bench_sample_settled, every 20 ms) and its
+# latency histogram before a steady run; settle_sampler_stop ends both.
+settle_sampler_start() {
+	PGAPPNAME=bench-settle-sampler q -c "CALL bench_sample_settled(0.02)" >/dev/null 2>&1 &
+	settle_sampler_pid=$!
+	q -F ' ' -c "SELECT le_ms, count FROM outbox_latency_histogram()" >"$work/hist.before"
+}
+settle_sampler_stop() { # key: R[key.hist] = p50 p99 bucket bounds (ms) of the histogram's delta
+	sleep 0.1 # one more sample after the last settle
+	q -o /dev/null -c "SELECT pg_cancel_backend(pid) FROM pg_stat_activity WHERE application_name = 'bench-settle-sampler'"
+	wait "$settle_sampler_pid" 2>/dev/null || true
+	settle_sampler_pid=
+	q -F ' ' -c "SELECT le_ms, count FROM outbox_latency_histogram()" >"$work/hist.after"
+	res "$1.hist" "$(paste -d' ' "$work/hist.before" "$work/hist.after" | awk '
+		{ le[NR] = $1; d[NR] = $4 - $2 } END {
+			n = d[NR]; if (n <= 0) { print "- -"; exit }
+			for (i = 1; i <= NR; i++) { if (p50 == "" && d[i] >= 0.5 * n) p50 = le[i]; if (p99 == "" && d[i] >= 0.99 * n) p99 = le[i] }
+			print p50, p99 }')"
 }
 
 start_relay() { # brokers
@@ -369,11 +422,14 @@ stop_relay() {
 }
 drain() { # table [exec-sql] -> $DRAIN_LINE
 	local rc=0
+	# (the extension: nothing in outbox_pending; a relay: no published_at IS NULL)
+	local what=(--table "$1")
+	[ "$1" = outbox ] && what=(--outbox)
 	if [ $# -gt 1 ]; then
-		DRAIN_LINE=$("$bench/drain_wait" --dsn "$dsn" --table "$1" --exec "$2" \
+		DRAIN_LINE=$("$bench/drain_wait" --dsn "$dsn" "${what[@]}" --exec "$2" \
 			--interval-ms 20 --timeout-s "$DRAIN_TIMEOUT") || rc=$?
 	else
-		DRAIN_LINE=$("$bench/drain_wait" --dsn "$dsn" --table "$1" --interval-ms 20 \
+		DRAIN_LINE=$("$bench/drain_wait" --dsn "$dsn" "${what[@]}" --interval-ms 20 \
 			--timeout-s "$DRAIN_TIMEOUT") || rc=$?
 	fi
 	[ "$rc" = 0 ] && return 0
@@ -444,15 +500,36 @@ met() { # awk condition
 }
 bfield() { awk -v i="$2" '{print $i}' <<<"${R[$1.batches]:-0 0 0 0 0 0 0}"; }
 lf() { awk -v i="$2" '{print $i}' <<<"${R[$1.stats]:-0 0 0 0}"; }
-# count p50 p99 max (ms) of published_at - created_at of a table's events
-# since a time, into R[key.stats] (read with lf); (d) and the peers (p)
+# Per-event latency rows (created_at, ms) of a table's events since a time:
+# the relay's published_at - created_at; the extension's from the settle
+# sampler: the first sampled settle of the event's aggregate that reaches its
+# version (ms NULL if none was sampled: counted apart, see lat_stats).
+lat_rows() { # table since [at|seen]
+	if [ "$1" = outbox ]; then
+		echo "SELECT o.created_at, extract(epoch FROM s.${3:-at} - o.created_at) * 1000 AS ms FROM outbox o
+			LEFT JOIN LATERAL (SELECT b.at, b.seen FROM bench_settled b WHERE b.aggregate_id = o.aggregate_id
+				AND b.version >= o.aggregate_version ORDER BY b.version LIMIT 1) s ON true
+			WHERE o.created_at >= '$2'"
+	else
+		echo "SELECT created_at, extract(epoch FROM published_at - created_at) * 1000 AS ms FROM $1
+			WHERE created_at >= '$2'"
+	fi
+}
+# count p50 p99 max (ms) of the per-event latency of a table's events since a
+# time, into R[key.stats] (read with lf); (d) and the peers (p).  The
+# extension's: also R[key.stats_seen], the same from the sampler's own clock
+# (seen - created_at: the settle's commit, to within the 20 ms sampling), and
+# R[key.unsampled], events whose settle the sampler missed (should be 0).
 lat_stats() { # key table since
-	res "$1.stats" "$(q -F ' ' -c "SELECT count(*),
+	local pct="count(ms),
 		round((percentile_disc(0.5) WITHIN GROUP (ORDER BY ms))::numeric, 1),
 		round((percentile_disc(0.99) WITHIN GROUP (ORDER BY ms))::numeric, 1),
-		round(max(ms)::numeric, 1)
-		FROM (SELECT extract(epoch FROM published_at - created_at) * 1000 AS ms FROM $2
-			WHERE created_at >= '$3') s")"
+		round(max(ms)::numeric, 1)"
+	res "$1.stats" "$(q -F ' ' -c "SELECT $pct FROM ($(lat_rows "$2" "$3")) s")"
+	if [ "$2" = outbox ]; then
+		res "$1.stats_seen" "$(q -F ' ' -c "SELECT $pct FROM ($(lat_rows "$2" "$3" seen)) s")"
+		res "$1.unsampled" "$(q -c "SELECT count(*) FILTER (WHERE ms IS NULL) FROM ($(lat_rows "$2" "$3")) s")"
+	fi
 }
 
 # The payload both sides store: ~95 bytes as JSON text.
@@ -471,25 +548,26 @@ relay_preload() { # n aggregates topic
 		COMMIT;"
 }
 
-# Per-batch timings of the publisher from the debug1 lines logged since
-# byte offset $1: "batches events/batch fetch produce ack commit total" (ms).
+# The publisher's step timings from the debug1 lines logged since byte offset
+# $1: "reads events/read fetch produce settles aggregates/settle settle" (ms
+# per read or per settle).  A read (publish_fetch's "fetched N events in"
+# and "produced ... at" lines, timed from the read's start; fetch includes
+# the snapshot and the delta query, produce the WAL flush) and a settle
+# ("settled N aggregates ... in") are separate steps of the pipeline: a
+# settle runs whenever acknowledged aggregates are ready, between reads.
 batch_stats() {
 	tail -c +"$(($1 + 1))" "$pglog" | awk '
 		function after(w,   i) { for (i = 1; i <= NF; i++) if ($i == w) return $(i + 1); return "" }
 		/outbox: fetched [0-9]+ events in/ { p = $4; n[p] = after("fetched"); f[p] = after("in") }
-		/outbox: produced [0-9]+ events of/ { p = $4; pr[p] = after("at") }
-		/outbox: acknowledged at/ { p = $4; ak[p] = after("at") }
-		/outbox: committed [0-9]+ marks at/ {
+		/outbox: produced [0-9]+ events of/ {
 			p = $4
-			if (n[p] > 0) {
-				b++; ev += n[p]; sf += f[p]; sp += pr[p] - f[p]; sa += ak[p] - pr[p]
-				sc += after("at") - ak[p]; st += after("at")
-			}
+			if (n[p] > 0) { r++; ev += n[p]; sf += f[p]; sp += after("at") - f[p] }
 			n[p] = 0
 		}
+		/outbox: settled [0-9]+ aggregates/ { s++; sa += after("settled"); ss += after("in") }
 		END {
-			if (b == 0) { print "0 0 0 0 0 0 0"; exit }
-			printf "%d %.0f %.1f %.1f %.1f %.1f %.1f\n", b, ev / b, sf / b, sp / b, sa / b, sc / b, st / b
+			printf "%d %.0f %.1f %.1f %d %.0f %.1f\n", r, r ? ev / r : 0, r ? sf / r : 0, r ? sp / r : 0,
+				s, s ? sa / s : 0, s ? ss / s : 0
 		}'
 }
 
@@ -509,7 +587,7 @@ measure_ours() {
 	res "$key.events" "$(kv "$DRAIN_LINE" events)"
 	sleep 0.3 # let the last batch's debug lines reach the log
 	res "$key.batches" "$(batch_stats "$pos")"
-	say "  $key: ${R[$key.eps]} events/s (${R[$key.seconds]} s; batches: ${R[$key.batches]})"
+	say "  $key: ${R[$key.eps]} events/s (${R[$key.seconds]} s; reads events/read fetch produce settles aggs/settle settle: ${R[$key.batches]})"
 }
 measure_relay() { # key events aggregates [brokers]
 	local key=$1 n=$2 aggs=$3 br=${4:-$brokers}
@@ -566,6 +644,15 @@ if [ "${BENCH_PEERS_ONLY:-0}" = 1 ] && [ "$real" = 0 ]; then
 	restart_pg 1
 	set +u
 	peers_run
+	# (e) for the report's 2- and 4-worker figures: one cold, one warm run each
+	set_debug on # (as in the full run's (e): the publisher's step timings)
+	say "e. workers: $N events over $AGGS_MAIN aggregates"
+	for w in 1 2 4; do
+		restart_pg "$w"
+		measure_ours "e.ours.$w.cold" "$N" "$AGGS_MAIN"
+		measure_ours "e.ours.$w" "$N" "$AGGS_MAIN"
+	done
+	set_debug off
 	peers_report >"$out/peers.md"
 	say "done: $out/peers.md"
 	exit 0
@@ -620,7 +707,7 @@ EOF
 		snap_end "$1" "$EMIT_S"
 		tps=$(sed -n 's/^tps = \([0-9.]*\) .*/\1/p' "$log")
 		res "$1.tps" "$tps"
-		res "$1.backlog" "$(q -c "SELECT (SELECT count(*) FROM outbox WHERE published_at IS NULL) + (SELECT count(*) FROM relay_outbox WHERE published_at IS NULL)")"
+		res "$1.backlog" "$(q -c "SELECT (SELECT count(*) FROM outbox_pending) + (SELECT count(*) FROM relay_outbox WHERE published_at IS NULL)")"
 		say "  $1: $tps tps"
 	}
 	script_of() {
@@ -732,9 +819,12 @@ done
 
 # (mock only: the marking by hand, and (c), which needs the mock's rtt)
 if [ "$real" = 0 ]; then
-	# The extension's marking statements (as prepared in src/worker.c) against
-	# the relay's, by hand on 10,000 pending events: EXPLAIN ANALYZE times, ms.
-	say "b'. marking 10,000 events by hand"
+	# The extension's settling statement (as prepared in src/publish_settle.c)
+	# against the relay's marking UPDATE, by hand on 10,000 pending events of
+	# 10,000 aggregates: EXPLAIN ANALYZE times, ms.  The extension writes one
+	# row per aggregate, not per event: first settle (INSERT path), then a
+	# second one over the same aggregates (UPDATE path, guarded by xmin).
+	say "b'. settling 10,000 events by hand"
 	restart_pg 0
 	reset_tables
 	q -o /dev/null -c "$(ours_preload 10000 10000 bench.mark)"
@@ -742,31 +832,38 @@ if [ "$real" = 0 ]; then
 		SELECT 'order-' || i, 1, 'bench.mark', jsonb_build_object('event_id', gen_random_uuid()::text), '{}'
 		FROM generate_series(0, 9999) i"
 	q -c CHECKPOINT
-	dtype=$(q -c "SELECT format_type(atttypid, atttypmod) FROM pg_attribute
-		WHERE attrelid = 'outbox'::regclass AND attname = 'disposition'")
 	res outbox.indexes "$(q -c "SELECT string_agg(c.relname, ', ' ORDER BY c.relname) FROM pg_index i
 		JOIN pg_class c ON c.oid = i.indexrelid WHERE i.indrelid = 'outbox'::regclass")"
-	res outbox.checks "$(q -c "SELECT count(*) FROM pg_constraint WHERE conrelid = 'outbox'::regclass AND contype = 'c'")"
-	psql -X -q -v ON_ERROR_STOP=1 -v dtype="$dtype" >"$work/mark.txt" 2>&1 <<'EOF' || true
+	cat >"$work/settle.sql" <<'EOF'
+EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF)
+WITH u AS (SELECT * FROM unnest(:'aggs'::text[], :'vers'::bigint[], :'xs'::xid[],
+		array_fill(:'r'::boolean, ARRAY[:n])) AS u(id, v, x, r)),
+	ins AS (INSERT INTO aggregate_publication (aggregate_id, last_published_version, last_published_at, updated_at)
+		SELECT u.id, u.v, now(), now() FROM u WHERE NOT u.r ON CONFLICT (aggregate_id) DO NOTHING RETURNING aggregate_id),
+	upd AS (UPDATE aggregate_publication a SET last_published_version = GREATEST(a.last_published_version, u.v),
+		last_published_at = now(), attempts = 0, last_error = NULL,
+		catch_up = a.catch_up OR a.next_attempt_at IS NOT NULL, next_attempt_at = NULL, updated_at = now()
+		FROM u WHERE u.r AND a.aggregate_id = u.id AND a.xmin = u.x RETURNING a.aggregate_id),
+	done AS (SELECT aggregate_id FROM ins UNION ALL SELECT aggregate_id FROM upd),
+	disposed AS (UPDATE outbox o SET disposition = d.action::outbox_disposition, disposed_at = now(),
+		attempts = o.attempts + CASE WHEN d.action = 'skipped' THEN 0 ELSE 1 END
+		FROM unnest('{}'::bigint[], '{}'::text[], '{}'::text[]) AS d(id, action, agg)
+		WHERE o.id = d.id AND d.agg IN (SELECT aggregate_id FROM done))
+SELECT count(*) FROM done;
+EOF
+	psql -X -q -v ON_ERROR_STOP=1 -v settle="$work/settle.sql" >"$work/mark.txt" 2>&1 <<'EOF' || true
 BEGIN;
-SELECT array_agg(id) AS ids, array_agg(aggregate_id) AS aggs, array_agg(aggregate_version) AS vers,
-	count(*) AS n FROM outbox WHERE published_at IS NULL \gset
-EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF) UPDATE outbox o SET published_at = now(), disposition = u.d,
-	attempts = o.attempts + CASE WHEN u.d = 'skipped' THEN 0 ELSE 1 END,
-	last_error = CASE WHEN u.d = 'published' THEN NULL ELSE o.last_error END,
-	kafka_partition = NULLIF(u.p, -1), kafka_offset = NULLIF(u.off, -1)
-	FROM unnest(:'ids'::bigint[], array_fill(3, ARRAY[:n]), array_fill(7::bigint, ARRAY[:n]),
-		array_fill(CAST('published' AS :dtype), ARRAY[:n])) AS u(id, p, off, d) WHERE o.id = u.id;
-SELECT pg_stat_get_xact_tuples_hot_updated('outbox'::regclass) AS hot,
-	pg_stat_get_xact_tuples_updated('outbox'::regclass) AS upd \gset
+SELECT array_agg(aggregate_id) AS aggs, array_agg(aggregate_version) AS vers,
+	array_agg('0'::xid) AS xs, count(*) AS n, false AS r FROM outbox_pending \gset
+\i :settle
+COMMIT;
+BEGIN;
+SELECT array_agg(aggregate_id) AS aggs, array_agg(last_published_version + 1) AS vers,
+	array_agg(xmin) AS xs, count(*) AS n, true AS r FROM aggregate_publication \gset
+\i :settle
+SELECT pg_stat_get_xact_tuples_hot_updated('aggregate_publication'::regclass) AS hot,
+	pg_stat_get_xact_tuples_updated('aggregate_publication'::regclass) AS upd \gset
 \echo HOT :hot of :upd
-EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF) INSERT INTO aggregate_publication AS a
-	(aggregate_id, last_published_version, last_published_at, updated_at)
-	SELECT u.id, u.v, now(), now() FROM unnest(:'aggs'::text[], :'vers'::bigint[]) AS u(id, v)
-	ON CONFLICT (aggregate_id) DO UPDATE SET
-	last_published_version = GREATEST(a.last_published_version, excluded.last_published_version),
-	last_published_at = excluded.last_published_at, attempts = 0, last_error = NULL,
-	next_attempt_at = NULL, updated_at = excluded.updated_at;
 COMMIT;
 BEGIN;
 SELECT array_agg(id) AS rids FROM relay_outbox WHERE published_at IS NULL \gset
@@ -777,7 +874,7 @@ EOF
 	res mark "$(sed -n 's/.*Execution Time: \([0-9.]*\) ms.*/\1/p' "$work/mark.txt" | xargs)"
 	[ -n "${R[mark]}" ] || cut -c1-300 "$work/mark.txt" | head -n 20 >&2
 	res mark.hot "$(sed -n 's/^HOT //p' "$work/mark.txt")"
-	say "  execution ms (extension UPDATE, extension upsert, relay UPDATE): ${R[mark]}"
+	say "  execution ms (extension settle: insert path, update path; relay UPDATE): ${R[mark]}"
 	restart_pg 1
 
 	# ------------------------------------------------ c. round-trip sensitivity
@@ -796,14 +893,13 @@ fi
 
 # ---------------------------------------------------------------- d. latency
 cdf() { # table since file: thinned CDF of the per-event latency in ms
-	q -c "SELECT round((extract(epoch FROM published_at - created_at) * 1000)::numeric, 3) FROM $1
-		WHERE created_at >= '$2' ORDER BY 1" >"$work/lat.raw"
+	q -c "SELECT round(ms::numeric, 3) FROM ($(lat_rows "$1" "$2")) s WHERE ms IS NOT NULL ORDER BY 1" >"$work/lat.raw"
 	awk -v n="$(wc -l <"$work/lat.raw")" 'BEGIN { step = int(n / 1500) + 1 }
 		{ i++; if (i % step == 0 || i == n || i == 1) print $1, i / n }' "$work/lat.raw" >"$3"
 }
 lat_tail() { # key table since: are the > 20 ms events spread out, or a few bad seconds?
-	res "$1.tail" "$(q -F ' ' -c "WITH l AS (SELECT date_trunc('second', created_at) AS s,
-			extract(epoch FROM published_at - created_at) * 1000 AS ms FROM $2 WHERE created_at >= '$3'),
+	res "$1.tail" "$(q -F ' ' -c "WITH l AS (SELECT date_trunc('second', created_at) AS s, ms
+			FROM ($(lat_rows "$2" "$3")) r),
 		per AS (SELECT s, count(*) FILTER (WHERE ms > 20) AS n FROM l GROUP BY s)
 		SELECT sum(n), count(*) FILTER (WHERE n > 0), coalesce(max(n), 0), count(*) FROM per")"
 }
@@ -836,6 +932,7 @@ lat_run() { # key side(ours|relay) rate [brokers]
 	fi
 	since=$(q -c "SELECT clock_timestamp()")
 	pos=$(stat -c %s "$pglog")
+	[ "$side" = ours ] && settle_sampler_start
 	snap_start
 	wait_sampler "$work/$key.waits" &
 	sampler=$!
@@ -850,6 +947,7 @@ lat_run() { # key side(ours|relay) rate [brokers]
 		awk -v n="$(wc -l <"$work/$key.waits")" '{ printf "%s%s %.0f%%", (NR > 1 ? ", " : ""), $2, 100 * $1 / n }')"
 	if [ "$side" = ours ]; then
 		drain outbox
+		settle_sampler_stop "$key"
 		sleep 0.3 # let the last batch's debug lines reach the log
 		res "$key.batches" "$(batch_stats "$pos")"
 		lat_stats "$key" outbox "$since"
@@ -918,10 +1016,10 @@ if [ "$real" = 1 ]; then
 			echo "| $(fmt "$a") | ${R[b.ours.$a.seconds]} (${R[b.ours.$a.table_seconds]}) | ${R[b.ours.$a.first_ack]} s | ${R[b.relay.$a.seconds]} |"
 		done
 		echo
-		echo "The extension's per-batch means (ms, from the debug1 lines, as in (b); the d rows are from the"
+		echo "The extension's step means (ms, from the debug1 lines, as in (b); the d rows are from the"
 		echo "latency runs below):"
 		echo
-		echo "| run | batches | events/batch | fetch | produce | wait for acks | mark + commit | batch total |"
+		echo "| run | reads | events/read | fetch | produce | settles | aggregates/settle | settle + commit |"
 		echo "|---|---:|---:|---:|---:|---:|---:|---:|"
 		for k in $(printf 'b.ours.%s ' $B_AGGS) $(printf 'd.ours.%s ' $RATES); do
 			echo "| $k | $(bfield "$k" 1) | $(bfield "$k" 2) | $(bfield "$k" 3) | $(bfield "$k" 4) | $(bfield "$k" 5) | $(bfield "$k" 6) | $(bfield "$k" 7) |"
@@ -938,7 +1036,7 @@ if [ "$real" = 1 ]; then
 		echo
 		echo "### Latency at a steady rate"
 		echo
-		echo "\`pgbench -n -M prepared -c $LAT_CLIENTS -j 2 --rate R -T $LAT_S\`, \`published_at - created_at\` of every event, as in (d)."
+		echo "\`pgbench -n -M prepared -c $LAT_CLIENTS -j 2 --rate R -T $LAT_S\`, publish time − \`created_at\` of every event, as in (d)."
 		echo
 		echo "| rate (events/s) | achieved tps (ext. / relay) | extension p50 | p99 | max | relay p50 | p99 | max | p99 relay / extension | publisher CPU % (ext. / relay) | events per extension batch |"
 		echo "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
@@ -1042,7 +1140,7 @@ plot "$work/rtt.dat" using 0:2:xtic(1) with linespoints lw 2 pt 7 ps 1.3 lc rgb 
      "$work/rtt.dat" using 0:(\$1 == 5 ? 10000 : 1/0) with points pt 2 ps 2.5 lw 2 lc rgb "red" title "target: 10,000 events/s at 5 ms"
 
 set output "$out/latency_cdf.png"
-set title "Emit-to-acknowledgement latency at 2,000 events/s\n(published_at - created_at of every event; mock Kafka, 3 brokers)"
+set title "Emit-to-acknowledgement latency at 2,000 events/s\n(publish time - created_at of every event; mock Kafka, 3 brokers)"
 set xlabel "latency (ms, log scale)"
 set ylabel "fraction of events"
 unset logscale y
@@ -1196,7 +1294,8 @@ EOF
 	echo "Method: the publisher (extension worker, or relay process) is running and warm (one event of"
 	echo "the same topic published first); one transaction emits (\`outbox_emit\` per row, from"
 	echo "\`generate_series\`) or inserts all events, aggregate \`order-<i mod A>\`; the clock starts when its"
-	echo "COMMIT returns; \`drain_wait\` polls \`SELECT EXISTS (SELECT 1 FROM <table> WHERE published_at IS NULL)\`"
+	echo "COMMIT returns; \`drain_wait\` polls \`SELECT EXISTS (SELECT 1 FROM outbox_pending)\` (the extension) or"
+	echo "\`SELECT EXISTS (SELECT 1 FROM relay_outbox WHERE published_at IS NULL)\` (the relay)"
 	echo "every 20 ms on one connection (= \`count(*) = 0\`, without counting 100,000 rows 50 times a second)"
 	echo "and stops the clock when nothing is pending.  events/s = events / that time.  Raw: time from the"
 	echo "first produce to the last ack."
@@ -1207,7 +1306,7 @@ EOF
 		echo "| $(fmt $a) | $(fmt "${R[b.ours.$a.eps]}") | $(fmt "${R[b.relay.$a.eps]}") | $(fmt "${R[b.raw.$a.eps]}") | **$(ratio "${R[b.ours.$a.eps]}" "${R[b.relay.$a.eps]}")×** | $(ratio "${R[b.ours.$a.eps]}" "${R[b.raw.$a.eps]}") | $(ratio "${R[b.relay.$a.eps]}" "${R[b.raw.$a.eps]}") |"
 	done
 	echo
-	echo "| aggregates | extension: s to drain (table: max(published_at) − commit) | first ack after commit | preload transaction | relay: s to drain | relay preload |"
+	echo "| aggregates | extension: s to drain (table: max(last_published_at) − commit) | first settle after commit (upper bound) | preload transaction | relay: s to drain | relay preload |"
 	echo "|---:|---|---:|---:|---:|---:|"
 	for a in 10000 10 1; do
 		echo "| $(fmt $a) | ${R[b.ours.$a.seconds]} (${R[b.ours.$a.table_seconds]}) | ${R[b.ours.$a.first_ack]} s | ${R[b.ours.$a.preload_s]} s | ${R[b.relay.$a.seconds]} | ${R[b.relay.$a.preload_s]} s |"
@@ -1228,30 +1327,34 @@ EOF
 	echo "Target: beat the relay 10×: $(met "${R[b.ours.10000.eps]} >= 10 * ${R[b.relay.10000.eps]}") at 10,000 aggregates ($(ratio "${R[b.ours.10000.eps]}" "${R[b.relay.10000.eps]}")×),"
 	echo "$(met "${R[b.ours.10.eps]} >= 10 * ${R[b.relay.10.eps]}") at 10 ($(ratio "${R[b.ours.10.eps]}" "${R[b.relay.10.eps]}")×), $(met "${R[b.ours.1.eps]} >= 10 * ${R[b.relay.1.eps]}") at 1 ($(ratio "${R[b.ours.1.eps]}" "${R[b.relay.1.eps]}")×)."
 	echo
-	echo "Where the extension's time goes — per-batch means from the server log (\`log_min_messages = debug1\`:"
-	echo "\"fetched ... produced ... acknowledged ... committed\"; ms, integer resolution per line):"
+	echo "Where the extension's time goes — step means from the server log (\`log_min_messages = debug1\`:"
+	echo "\"fetched ... produced\" per read, \"settled ... in\" per settle; ms, integer resolution per line;"
+	echo "acknowledgements are awaited between the steps, not in one):"
 	echo
-	echo "| run | batches | events/batch | fetch | produce | wait for acks | mark + commit | batch total | sum of batches / drain time |"
+	echo "| run | reads | events/read | fetch | produce | settles | aggregates/settle | settle + commit | time in steps / drain time |"
 	echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|"
 	for k in b.ours.10000 b.ours.10 b.ours.1 c.ours.1 c.ours.5 c.ours.20 e.ours.1.cold e.ours.1 e.ours.2.cold e.ours.2 e.ours.4.cold e.ours.4 f.ours.10000; do
 		[ -n "${R[$k.batches]:-}" ] || continue
 		b=$(bfield "$k" 1)
-		busy=$(awk -v b="$b" -v t="$(bfield "$k" 7)" 'BEGIN { print b * t / 1000 }')
+		busy=$(awk -v b="$b" -v f="$(bfield "$k" 3)" -v p="$(bfield "$k" 4)" -v s="$(bfield "$k" 5)" -v t="$(bfield "$k" 7)" \
+			'BEGIN { print (b * (f + p) + s * t) / 1000 }')
 		echo "| $k | $b | $(bfield "$k" 2) | $(bfield "$k" 3) | $(bfield "$k" 4) | $(bfield "$k" 5) | $(bfield "$k" 6) | $(bfield "$k" 7) | $(ratio "$busy" "${R[$k.seconds]}") |"
 	done
 	echo
-	echo "(With several workers the sum of batch times is over all workers, so it can exceed 1.)"
+	echo "(With several workers the time in steps is summed over all workers, so it can exceed 1.)"
 	echo
 	mk_=(${R[mark]:-})
 	if [ "${#mk_[@]}" = 3 ]; then
-		echo "The marking, by hand: the worker's two marking statements (as prepared in src/worker.c) on"
-		echo "10,000 pending events of 10,000 aggregates, and the relay's UPDATE of 10,000 rows"
-		echo "(\`EXPLAIN ANALYZE\` execution time, publisher stopped):"
+		echo "Settling, by hand: the worker's settling statement (as prepared in src/publish_settle.c: one"
+		echo "row of \`aggregate_publication\` per aggregate, nothing written per event) on 10,000 pending"
+		echo "events of 10,000 aggregates, first with no progress row yet (its INSERT path), then again over"
+		echo "the same aggregates (its UPDATE path, guarded by each row's xmin), and the relay's UPDATE of"
+		echo "10,000 rows (\`EXPLAIN ANALYZE\` execution time, publisher stopped):"
 		echo
 		echo "| statement | ms per 10,000 | µs per event |"
 		echo "|---|---:|---:|"
-		echo "| extension: \`UPDATE outbox ... FROM unnest(ids, partitions, offsets, dispositions)\` (6 columns; HOT updates: ${R[mark.hot]}; outbox's indexes: ${R[outbox.indexes]}; CHECK constraints: ${R[outbox.checks]}) | ${mk_[0]} | $(awk -v a="${mk_[0]}" 'BEGIN { printf "%.1f", a / 10 }') |"
-		echo "| extension: \`INSERT INTO aggregate_publication ... ON CONFLICT DO UPDATE\` (one row per aggregate) | ${mk_[1]} | $(awk -v a="${mk_[1]}" 'BEGIN { printf "%.1f", a / 10 }') |"
+		echo "| extension: settle, \`INSERT INTO aggregate_publication ... ON CONFLICT DO NOTHING\` (first settle of each aggregate) | ${mk_[0]} | $(awk -v a="${mk_[0]}" 'BEGIN { printf "%.1f", a / 10 }') |"
+		echo "| extension: settle, \`UPDATE aggregate_publication ... WHERE xmin = ...\` (HOT updates: ${R[mark.hot]}; \`outbox\` is not written, its indexes: ${R[outbox.indexes]}) | ${mk_[1]} | $(awk -v a="${mk_[1]}" 'BEGIN { printf "%.1f", a / 10 }') |"
 		echo "| relay: \`UPDATE relay_outbox SET published_at = clock_timestamp() WHERE id = ANY(...)\` (pk only) | ${mk_[2]} | $(awk -v a="${mk_[2]}" 'BEGIN { printf "%.1f", a / 10 }') |"
 		echo
 	fi
@@ -1283,12 +1386,18 @@ EOF
 	echo "\`pgbench -n -M prepared -c $LAT_CLIENTS -j 2 --rate R -T $LAT_S\`, each transaction one statement:"
 	echo "\`SELECT outbox_emit(...)\` (aggregate random of 10,000), or the relay's plain INSERT with the relay"
 	echo "running (100 rows per batch, 100 ms sleep after an empty fetch).  Measured per event, from the"
-	echo "table after the run: \`published_at - created_at\`.  created_at is \`clock_timestamp()\` at the emit,"
+	echo "tables after the run: publish time − \`created_at\`.  created_at is \`clock_timestamp()\` at the emit,"
 	echo "which for a one-statement transaction is just before its commit (so this is commit-to-ack plus"
-	echo "the statement's own run time, ~0.1-0.5 ms); published_at is when the publisher had all"
-	echo "acknowledgements of the event's batch (the extension: the time after its wait for delivery reports;"
-	echo "the relay: \`clock_timestamp()\` in its UPDATE, right after the flush), so the marking commit is not"
-	echo "included on either side.  Every event of the run counts, none is sampled."
+	echo "the statement's own run time, ~0.1-0.5 ms).  The relay's publish time is \`published_at\`"
+	echo "(\`clock_timestamp()\` in its UPDATE, right after the flush).  The extension records no per-event"
+	echo "publish time (an event is published once its aggregate's \`last_published_version\` reaches it):"
+	echo "a sampler session (\`bench_sample_settled\`, every 20 ms) copies the aggregates settled since"
+	echo "its last look, with \`last_published_at\` (when the settling began, all the aggregate's"
+	echo "acknowledgements in) into \`bench_settled\`; an event's publish time is that of the first sampled"
+	echo "settle reaching its version.  Exact unless one aggregate settled twice within 20 ms (then the"
+	echo "earlier event gets the later time: ≤ 20 ms too late); so the settle commit is not included on"
+	echo "either side.  Every event of the run counts (events whose settle was not sampled: none expected,"
+	echo "counted in results.tsv as \`unsampled\`)."
 	echo
 	echo "| rate (events/s) | achieved tps | extension p50 | p99 | max | relay p50 | p99 | max | p99 relay / extension | publisher CPU % (ext. / relay) | events per extension batch |"
 	echo "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
