@@ -87,6 +87,7 @@ static char *horizon_stored = NULL;
 
 static SPIPlanPtr load_plan = NULL;
 static SPIPlanPtr store_plan = NULL;
+static SPIPlanPtr forget_plan = NULL;
 
 /* Set up this module's memory (in the worker, once). */
 void
@@ -109,6 +110,7 @@ publish_stream_prepare(const char *s)
 	{
 		SPI_freeplan(load_plan);
 		SPI_freeplan(store_plan);
+		SPI_freeplan(forget_plan);
 	}
 	/* Another extension (dropped and created again): start from its horizon. */
 	started = false;
@@ -125,6 +127,10 @@ publish_stream_prepare(const char *s)
 										   "ON CONFLICT (worker) DO UPDATE SET snapshot = excluded.snapshot, "
 										   "updated_at = excluded.updated_at", s),
 								  2, store_types);
+	/* Horizons of workers that no longer exist (outbox.workers was lowered). */
+	forget_plan = outbox_keep_plan(psprintf(
+											"DELETE FROM %s.publisher_horizon WHERE worker >= $1", s),
+								   1, load_types);
 }
 
 /* Find the delta of a sequence number, or NULL (dropped by a reset). */
@@ -222,6 +228,14 @@ publish_stream_begin(int nshares, int share)
 
 	if (started && nshares == started_nshares && share == started_share)
 		return;
+	if (!started && publish_worker_index == 0)
+	{
+		Datum		n = Int32GetDatum(outbox_workers);
+
+		/* outbox.workers changes only with a restart: no such worker runs. */
+		if (SPI_execute_plan(forget_plan, &n, NULL, false, 0) != SPI_OK_DELETE)
+			elog(ERROR, "could not delete old publisher horizons");
+	}
 	if (SPI_execute_plan(load_plan, &arg, NULL, true, 1) != SPI_OK_SELECT)
 		elog(ERROR, "could not read the publisher horizon");
 	if (horizon)
