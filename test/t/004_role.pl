@@ -19,7 +19,7 @@ $node->safe_psql('postgres', q{
 	GRANT SELECT, UPDATE, DELETE ON outbox TO outbox_worker;
 	GRANT SELECT, INSERT, UPDATE ON aggregate_publication TO outbox_worker;
 	GRANT SELECT, INSERT, UPDATE ON publisher_horizon TO outbox_worker;
-	GRANT SELECT, DELETE ON inbox TO outbox_worker;
+	GRANT SELECT, UPDATE, DELETE ON inbox TO outbox_worker;
 	GRANT SELECT ON poison_policy, publisher_control TO outbox_worker;
 	CREATE ROLE app LOGIN;
 	GRANT EXECUTE ON FUNCTION outbox_emit(text, text, text, jsonb, text, jsonb, text, bigint),
