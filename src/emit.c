@@ -17,6 +17,7 @@
 #include "access/table.h"
 #include "access/tableam.h"
 #include "access/xact.h"
+#include "catalog/index.h"
 #include "catalog/pg_am.h"
 #include "catalog/pg_type.h"
 #include "commands/trigger.h"
@@ -103,6 +104,34 @@ static char *outbox_tracestate = NULL;
 #define TRACESTATE_MAX_BYTES 512
 
 /*
+ * len (at most 64) bytes from pg_strong_random(), drawn 512 at a time: one
+ * call costs as much as the rest of an event id.  Refilled in a new process
+ * (never shared with a forked child).
+ */
+static void
+strong_random_bytes(uint8 *buf, int len)
+{
+	static uint8 pool[512];
+	static int	pool_left = 0;
+	static int	pool_pid = 0;
+
+	Assert(len <= 64);
+	if (pool_left < len || pool_pid != MyProcPid)
+	{
+		if (!pg_strong_random(pool, sizeof(pool)))
+			ereport(ERROR,
+					(errcode(ERRCODE_INTERNAL_ERROR),
+					 errmsg("could not generate random values")));
+		pool_left = sizeof(pool);
+		pool_pid = MyProcPid;
+	}
+	memcpy(buf, pool + sizeof(pool) - pool_left, len);
+	/* Each byte is handed out once. */
+	memset(pool + sizeof(pool) - pool_left, 0, len);
+	pool_left -= len;
+}
+
+/*
  * RFC 9562 version 7: 48 bits of Unix milliseconds, then random bits.
  * Within one backend the 12 bits after the timestamp count sub-millisecond
  * calls so that ids from one session sort in creation order.
@@ -134,10 +163,7 @@ generate_uuid_v7(pg_uuid_t *uuid)
 		seq = (uint16) (outbox_random_u32() & 0x07ff);
 	}
 
-	if (!pg_strong_random(uuid->data + 8, UUID_LEN - 8))
-		ereport(ERROR,
-				(errcode(ERRCODE_INTERNAL_ERROR),
-				 errmsg("could not generate random values")));
+	strong_random_bytes(uuid->data + 8, UUID_LEN - 8);
 
 	ms_be = pg_hton64(ms << 16);
 	memcpy(uuid->data, &ms_be, 6);
@@ -796,7 +822,10 @@ typedef struct EmitRelations
 	Oid			publication;	/* aggregate_publication */
 	Oid			publication_pkey;	/* (aggregate_id) */
 	AttrNumber	last_published_attnum;
-	MemoryContext cxt;			/* the defaults */
+	int			nindexes;		/* the outbox's indexes */
+	Oid		   *index_oids;
+	IndexInfo **index_infos;	/* NULL: built per call */
+	MemoryContext cxt;			/* the defaults and index infos */
 } EmitRelations;
 
 static EmitRelations rels;
@@ -838,11 +867,25 @@ emit_subxact_callback(SubXactEvent event, SubTransactionId mySubid,
 		last_emit.valid = false;
 }
 
-/* Relcache invalidation callback: forget the tables if either changed. */
+/* Whether relid is one of the outbox's indexes. */
+static bool
+is_outbox_index(Oid relid)
+{
+	for (int i = 0; i < rels.nindexes; i++)
+		if (rels.index_oids[i] == relid)
+			return true;
+	return false;
+}
+
+/*
+ * Relcache invalidation callback: forget the tables if either changed, or
+ * an index of the outbox did (becoming ready for inserts, say).
+ */
 static void
 emit_relcache_callback(Datum arg, Oid relid)
 {
-	if (relid == InvalidOid || relid == rels.outbox || relid == rels.publication)
+	if (relid == InvalidOid || relid == rels.outbox || relid == rels.publication ||
+		is_outbox_index(relid))
 	{
 		rels.valid = false;
 		rels_invalidated = true;
@@ -911,6 +954,64 @@ open_extension_table(const char *name, Oid nspid)
 	return table_open(relid, AccessShareLock);
 }
 
+/*
+ * The outbox's indexes, with the IndexInfo of each plain btree index (no
+ * expression) built once per backend, its predicate ready to evaluate,
+ * rather than by ExecOpenIndices() and ExecInsertIndexTuples() on every
+ * call.  Other indexes an administrator may add get theirs per call: their
+ * access methods may keep per-call state in it.
+ */
+static void
+load_indexes(Relation rel)
+{
+	List	   *oids = RelationGetIndexList(rel);
+	MemoryContext old = MemoryContextSwitchTo(rels.cxt);
+	int			i = 0;
+	ListCell   *lc;
+
+	rels.index_oids = palloc(sizeof(Oid) * Max(list_length(oids), 1));
+	rels.index_infos = palloc0(sizeof(IndexInfo *) * Max(list_length(oids), 1));
+	foreach(lc, oids)
+	{
+		Relation	index = index_open(lfirst_oid(lc), AccessShareLock);
+
+		rels.index_oids[i] = lfirst_oid(lc);
+		if (index->rd_rel->relam == BTREE_AM_OID && RelationGetIndexExpressions(index) == NIL)
+		{
+			IndexInfo  *info = BuildIndexInfo(index);
+
+			if (info->ii_Predicate != NIL)
+				info->ii_PredicateState =
+					ExecInitQual((List *) expression_planner((Expr *) info->ii_Predicate), NULL);
+			rels.index_infos[i] = info;
+		}
+		index_close(index, AccessShareLock);
+		i++;
+	}
+	rels.nindexes = i;
+	MemoryContextSwitchTo(old);
+}
+
+/*
+ * Opens the outbox's indexes for inserts into rri, as ExecOpenIndices()
+ * does, with the IndexInfos load_indexes() built.
+ */
+static void
+open_indexes(ResultRelInfo *rri)
+{
+	rri->ri_NumIndices = rels.nindexes;
+	rri->ri_IndexRelationDescs = palloc(sizeof(Relation) * Max(rels.nindexes, 1));
+	rri->ri_IndexRelationInfo = palloc(sizeof(IndexInfo *) * Max(rels.nindexes, 1));
+	for (int i = 0; i < rels.nindexes; i++)
+	{
+		Relation	index = index_open(rels.index_oids[i], RowExclusiveLock);
+
+		rri->ri_IndexRelationDescs[i] = index;
+		rri->ri_IndexRelationInfo[i] = rels.index_infos[i] ? rels.index_infos[i] :
+			BuildIndexInfo(index);
+	}
+}
+
 /* The defaults of the outbox's columns that outbox_emit() does not set. */
 static void
 load_defaults(Relation rel)
@@ -957,6 +1058,7 @@ load_relations(Oid nspid)
 	last_emit.valid = false;
 	rels_invalidated = false;
 	rels.outbox = rels.publication = InvalidOid;
+	rels.nindexes = 0;
 
 	rel = open_extension_table("outbox", nspid);
 	rels.outbox = RelationGetRelid(rel);
@@ -969,6 +1071,7 @@ load_relations(Oid nspid)
 	rels.position_index = required_unique_index(rel, 2, key);
 	rels.event_id_index = required_unique_index(rel, 1, &rels.attnums[COL_EVENT_ID]);
 	load_defaults(rel);
+	load_indexes(rel);
 	table_close(rel, AccessShareLock);
 
 	rel = open_extension_table("aggregate_publication", nspid);
@@ -1046,7 +1149,7 @@ open_target(EmitTarget *t, Oid nspid)
 #endif
 	t->rri = makeNode(ResultRelInfo);
 	InitResultRelInfo(t->rri, t->rel, 1, NULL, 0);
-	ExecOpenIndices(t->rri, false);
+	open_indexes(t->rri);
 	t->position_index = t->event_id_index = NULL;
 	for (int i = 0; i < t->rri->ri_NumIndices; i++)
 	{
