@@ -5,19 +5,8 @@
 SET search_path = ob, public;
 \set SHOW_CONTEXT never
 CREATE EXTENSION amcheck;
-CREATE FUNCTION pg_temp.try(stmt text) RETURNS text LANGUAGE plpgsql AS $$
-DECLARE
-	st text; msg text; det text; hnt text;
-BEGIN
-	EXECUTE stmt;
-	RETURN 'ok';
-EXCEPTION WHEN OTHERS THEN
-	GET STACKED DIAGNOSTICS st = RETURNED_SQLSTATE, msg = MESSAGE_TEXT,
-		det = PG_EXCEPTION_DETAIL, hnt = PG_EXCEPTION_HINT;
-	RETURN st || ': ' || msg || coalesce(E'\n  DETAIL: ' || nullif(det, ''), '')
-		|| coalesce(E'\n  HINT: ' || nullif(hnt, ''), '');
-END
-$$;
+-- regress.try(stmt), from 00_setup.sql: 'ok', or the error's SQLSTATE,
+-- message, detail and hint.
 -- Every index of the outbox has exactly the rows it should.
 CREATE FUNCTION pg_temp.indexes_complete() RETURNS text LANGUAGE sql AS $$
 	SELECT string_agg(i.indexrelid::regclass::text, ', ' ORDER BY i.indexrelid::regclass::text)
@@ -35,7 +24,7 @@ SELECT count(*), min(aggregate_version), max(aggregate_version),
                          FROM generate_series(1, 1500) i));
 SELECT aggregate_version FROM outbox_emit('order', 'batch-1', 'E', '{}');
 SELECT aggregate_version FROM outbox_emit('order', 'batch-1', 'E', '{}', aggregate_version => 1510);
-SELECT pg_temp.try($$SELECT outbox_emit('order', 'batch-1', 'E', '{}', aggregate_version => 1510)$$);
+SELECT regress.try($$SELECT outbox_emit('order', 'batch-1', 'E', '{}', aggregate_version => 1510)$$);
 COMMIT;
 SELECT count(*), max(aggregate_version) FROM outbox WHERE aggregate_id = 'batch-1';
 
@@ -95,7 +84,7 @@ SELECT pg_temp.indexes_complete();
 
 -- A transaction that emits to more aggregates than the lock table holds
 -- (each stays locked until commit) gets an error that says so.
-SELECT regexp_replace(pg_temp.try($$
+SELECT regexp_replace(regress.try($$
 	SELECT count(*) FROM outbox_emit_many((SELECT array_agg(ROW('order', 'lockfill-' || i, 'E', '{}'::jsonb,
 	                                                            NULL, NULL, NULL, NULL)::outbox_event)
 	                                       FROM generate_series(1, 200000) i))$$),
