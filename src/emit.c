@@ -966,16 +966,19 @@ load_indexes(Relation rel)
 {
 	List	   *oids = RelationGetIndexList(rel);
 	MemoryContext old = MemoryContextSwitchTo(rels.cxt);
-	int			i = 0;
 	ListCell   *lc;
 
 	rels.index_oids = palloc(sizeof(Oid) * Max(list_length(oids), 1));
 	rels.index_infos = palloc0(sizeof(IndexInfo *) * Max(list_length(oids), 1));
 	foreach(lc, oids)
 	{
-		Relation	index = index_open(lfirst_oid(lc), AccessShareLock);
+		int			i = rels.nindexes;
+		Relation	index;
 
+		/* Known before it is opened: an invalidation meanwhile counts. */
 		rels.index_oids[i] = lfirst_oid(lc);
+		rels.nindexes++;
+		index = index_open(lfirst_oid(lc), AccessShareLock);
 		if (index->rd_rel->relam == BTREE_AM_OID && RelationGetIndexExpressions(index) == NIL)
 		{
 			IndexInfo  *info = BuildIndexInfo(index);
@@ -986,9 +989,7 @@ load_indexes(Relation rel)
 			rels.index_infos[i] = info;
 		}
 		index_close(index, AccessShareLock);
-		i++;
 	}
-	rels.nindexes = i;
 	MemoryContextSwitchTo(old);
 }
 
@@ -1258,13 +1259,11 @@ version_exhausted(const char *aggregate_id)
 /*
  * Whether heap has a row visible to snapshot whose first index column
  * equals key (text); the first in index order (backwards if backward).
- * If so, column attnum (bigint) of it in *value unless value is NULL, and
- * where it is in *tid unless tid is NULL.
+ * If so, column attnum (bigint) of it in *value unless value is NULL.
  */
 static bool
 index_first_value(Relation heap, Relation index, TupleTableSlot *slot, Datum key,
-				  Snapshot snapshot, bool backward, AttrNumber attnum, int64 *value,
-				  ItemPointer tid)
+				  Snapshot snapshot, bool backward, AttrNumber attnum, int64 *value)
 {
 	IndexScanDesc scan;
 	ScanKeyData skey;
@@ -1285,8 +1284,6 @@ index_first_value(Relation heap, Relation index, TupleTableSlot *slot, Datum key
 		if (found)
 			*value = DatumGetInt64(d);
 	}
-	if (found && tid != NULL)
-		*tid = slot->tts_tid;
 	index_endscan(scan);
 	/* Releases the heap page. */
 	ExecClearTuple(slot);
@@ -1296,22 +1293,20 @@ index_first_value(Relation heap, Relation index, TupleTableSlot *slot, Datum key
 /*
  * The aggregate's last emitted version as seen by a snapshot; 0 if none.
  * It is in the outbox while any row of the aggregate is kept (the last
- * entry of the position index, whose row is stored in *tid, or an invalid
- * tid if there is none), and in aggregate_publication once retention
- * deleted them all (only published rows are ever deleted).
+ * entry of the position index), and in aggregate_publication once
+ * retention deleted them all (only published rows are ever deleted).
  */
 static int64
-last_version(EmitTarget *t, Datum aggregate_id, Snapshot snapshot, ItemPointer tid)
+last_version(EmitTarget *t, Datum aggregate_id, Snapshot snapshot)
 {
 	int64		in_outbox = 0;
 	int64		published = 0;
 
-	ItemPointerSetInvalid(tid);
 	(void) index_first_value(t->rel, t->position_index, t->found, aggregate_id, snapshot,
-							 true, rels.attnums[COL_AGGREGATE_VERSION], &in_outbox, tid);
+							 true, rels.attnums[COL_AGGREGATE_VERSION], &in_outbox);
 	(void) index_first_value(t->publication, t->publication_pkey, t->found_publication,
 							 aggregate_id, snapshot, false, rels.last_published_attnum,
-							 &published, NULL);
+							 &published);
 	return Max(in_outbox, published);
 }
 
@@ -1547,7 +1542,7 @@ payload_size(Datum payload, bool raw)
  */
 static int64
 locked_last_version(EmitTarget *t, Datum aggregate_id, const char *aggregate_id_str,
-					Snapshot snapshot, ItemPointer tid)
+					Snapshot snapshot)
 {
 	int64		last;
 
@@ -1555,15 +1550,13 @@ locked_last_version(EmitTarget *t, Datum aggregate_id, const char *aggregate_id_
 		table_tuple_fetch_row_version(t->rel, &last_emit.tid, snapshot, t->found))
 	{
 		ExecClearTuple(t->found);
-		*tid = last_emit.tid;
 		return last_emit.version;
 	}
 
-	last = last_version(t, aggregate_id, snapshot, tid);
+	last = last_version(t, aggregate_id, snapshot);
 	if (IsolationUsesXactSnapshot())
 	{
-		ItemPointerData latest_tid;
-		int64		latest = last_version(t, aggregate_id, GetLatestSnapshot(), &latest_tid);
+		int64		latest = last_version(t, aggregate_id, GetLatestSnapshot());
 
 		if (latest != last)
 			ereport(ERROR,
@@ -1587,7 +1580,6 @@ assign_version(EmitTarget *t, Datum aggregate_id, const char *aggregate_id_str,
 			   Datum event_id, bool event_id_given, int64 version)
 {
 	Snapshot	snapshot;
-	ItemPointerData tid;
 	int64		last;
 
 	/*
@@ -1604,7 +1596,7 @@ assign_version(EmitTarget *t, Datum aggregate_id, const char *aggregate_id_str,
 	/* Which aggregate has it is not the caller's to know. */
 	if (event_id_given &&
 		index_first_value(t->rel, t->event_id_index, t->found, event_id, snapshot,
-						  false, InvalidAttrNumber, NULL, NULL))
+						  false, InvalidAttrNumber, NULL))
 		ereport(ERROR,
 				(errcode(ERRCODE_UNIQUE_VIOLATION),
 				 errmsg("outbox_emit: event_id \"%s\" was already emitted",
@@ -1612,7 +1604,7 @@ assign_version(EmitTarget *t, Datum aggregate_id, const char *aggregate_id_str,
 				 errhint("A retried transaction whose first attempt committed emits the same event_id twice."),
 				 errhidestmt(hide_statement)));
 
-	last = locked_last_version(t, aggregate_id, aggregate_id_str, snapshot, &tid);
+	last = locked_last_version(t, aggregate_id, aggregate_id_str, snapshot);
 	PopActiveSnapshot();
 
 	if (version == 0)
