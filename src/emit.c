@@ -1182,6 +1182,8 @@ close_target(EmitTarget *t)
 {
 	if (!t->open)
 		return;
+	/* The relations a trigger's firing opened (ExecGetTriggerResultRel). */
+	ExecCloseResultRelations(t->estate);
 	ExecCloseIndices(t->rri);
 	ExecResetTupleTable(t->estate->es_tupleTable, false);
 	FreeExecutorState(t->estate);
@@ -1703,13 +1705,18 @@ write_event(EmitArgs *a, EmitTarget *t, Oid nspid, Datum *result)
 	a->version = assign_version(t, values[COL_AGGREGATE_ID], a->aggregate_id,
 								values[COL_EVENT_ID], a->event_id_given, a->version);
 	values[COL_AGGREGATE_VERSION] = Int64GetDatum(a->version);
+	/* A trigger on the outbox may emit meanwhile: then its event is the last. */
+	last_emit.valid = false;
 	result[0] = Int64GetDatum(insert_event(t, values, nulls, &tid));
 	SetUserIdAndSecContext(save_userid, save_sec_context);
 
-	last_emit.valid = true;
-	last_emit.version = a->version;
-	last_emit.tid = tid;
-	strlcpy(last_emit.aggregate_id, a->aggregate_id, sizeof(last_emit.aggregate_id));
+	if (!last_emit.valid)
+	{
+		last_emit.valid = true;
+		last_emit.version = a->version;
+		last_emit.tid = tid;
+		strlcpy(last_emit.aggregate_id, a->aggregate_id, sizeof(last_emit.aggregate_id));
+	}
 
 	result[1] = values[COL_EVENT_ID];
 	result[2] = Int64GetDatum(a->version);

@@ -82,6 +82,25 @@ DROP INDEX outbox_test_type_idx, outbox_test_partial_idx, outbox_test_expr_idx;
 SELECT aggregate_version FROM outbox_emit('order', 'idx-after-drop', 'E', '{}');
 SELECT pg_temp.indexes_complete();
 
+-- A trigger on the outbox that emits itself, to the same aggregate: its
+-- event is the last one, and the relations its firing opened are closed
+-- (no relcache reference leak warning).
+CREATE FUNCTION pg_temp.echo() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+	IF NEW.event_type = 'Echo' THEN
+		PERFORM outbox_emit('order', NEW.aggregate_id, 'EchoReply', '{}');
+	END IF;
+	RETURN NULL;
+END
+$$;
+CREATE TRIGGER echo AFTER INSERT ON outbox FOR EACH ROW EXECUTE FUNCTION pg_temp.echo();
+BEGIN;
+SELECT aggregate_version FROM outbox_emit('order', 'echo-1', 'Echo', '{}');
+SELECT aggregate_version FROM outbox_emit('order', 'echo-1', 'After', '{}');
+COMMIT;
+SELECT aggregate_version, event_type FROM outbox WHERE aggregate_id = 'echo-1' ORDER BY 1;
+DROP TRIGGER echo ON outbox;
+
 -- A transaction that emits to more aggregates than the lock table holds
 -- (each stays locked until commit) gets an error that says so.
 SELECT regexp_replace(regress.try($$
