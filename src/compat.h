@@ -46,6 +46,9 @@ InitMaterializedSRF(FunctionCallInfo fcinfo, int flags)
 #endif
 
 #if PG_VERSION_NUM < 140000
+/* Closing the relations a trigger's firing opened was split out in 14. */
+#define ExecCloseResultRelations(estate) ExecCleanUpTriggerState(estate)
+
 static inline long
 TimestampDifferenceMilliseconds(TimestampTz start_time, TimestampTz stop_time)
 {

@@ -17,6 +17,7 @@
 #include "access/table.h"
 #include "access/tableam.h"
 #include "access/xact.h"
+#include "catalog/index.h"
 #include "catalog/pg_am.h"
 #include "catalog/pg_type.h"
 #include "commands/trigger.h"
@@ -103,6 +104,34 @@ static char *outbox_tracestate = NULL;
 #define TRACESTATE_MAX_BYTES 512
 
 /*
+ * len (at most 64) bytes from pg_strong_random(), drawn 512 at a time: one
+ * call costs as much as the rest of an event id.  Refilled in a new process
+ * (never shared with a forked child).
+ */
+static void
+strong_random_bytes(uint8 *buf, int len)
+{
+	static uint8 pool[512];
+	static int	pool_left = 0;
+	static int	pool_pid = 0;
+
+	Assert(len <= 64);
+	if (pool_left < len || pool_pid != MyProcPid)
+	{
+		if (!pg_strong_random(pool, sizeof(pool)))
+			ereport(ERROR,
+					(errcode(ERRCODE_INTERNAL_ERROR),
+					 errmsg("could not generate random values")));
+		pool_left = sizeof(pool);
+		pool_pid = MyProcPid;
+	}
+	memcpy(buf, pool + sizeof(pool) - pool_left, len);
+	/* Each byte is handed out once. */
+	memset(pool + sizeof(pool) - pool_left, 0, len);
+	pool_left -= len;
+}
+
+/*
  * RFC 9562 version 7: 48 bits of Unix milliseconds, then random bits.
  * Within one backend the 12 bits after the timestamp count sub-millisecond
  * calls so that ids from one session sort in creation order.
@@ -134,10 +163,7 @@ generate_uuid_v7(pg_uuid_t *uuid)
 		seq = (uint16) (outbox_random_u32() & 0x07ff);
 	}
 
-	if (!pg_strong_random(uuid->data + 8, UUID_LEN - 8))
-		ereport(ERROR,
-				(errcode(ERRCODE_INTERNAL_ERROR),
-				 errmsg("could not generate random values")));
+	strong_random_bytes(uuid->data + 8, UUID_LEN - 8);
 
 	ms_be = pg_hton64(ms << 16);
 	memcpy(uuid->data, &ms_be, 6);
@@ -796,7 +822,10 @@ typedef struct EmitRelations
 	Oid			publication;	/* aggregate_publication */
 	Oid			publication_pkey;	/* (aggregate_id) */
 	AttrNumber	last_published_attnum;
-	MemoryContext cxt;			/* the defaults */
+	int			nindexes;		/* the outbox's indexes */
+	Oid		   *index_oids;
+	IndexInfo **index_infos;	/* NULL: built per call */
+	MemoryContext cxt;			/* the defaults and index infos */
 } EmitRelations;
 
 static EmitRelations rels;
@@ -804,14 +833,63 @@ static EmitRelations rels;
 /* Set by an invalidation of the tables while load_relations() runs. */
 static bool rels_invalidated = false;
 
-/* Relcache invalidation callback: forget the tables if either changed. */
+/*
+ * The last version this transaction assigned, to the aggregate it emitted
+ * to last, and the row that has it.  The transaction holds that
+ * aggregate's lock since then, so no other can have added a version: while
+ * the row is still visible to it, it is the last one, and the next event of
+ * the aggregate (outbox_emit_many(), a statement emitting many events)
+ * needs no look-up.  Forgotten when the transaction ends, when a
+ * subtransaction aborts (the lock may have gone with it) and when the
+ * tables are looked up again.
+ */
+static struct
+{
+	bool		valid;
+	int64		version;
+	ItemPointerData tid;
+	char		aggregate_id[OUTBOX_MAX_IDENTIFIER_BYTES + 1];
+} last_emit;
+
+/* Transaction callback: last_emit is valid within one transaction only. */
+static void
+emit_xact_callback(XactEvent event, void *arg)
+{
+	last_emit.valid = false;
+}
+
+/* Subtransaction callback: an abort may have released the lock. */
+static void
+emit_subxact_callback(SubXactEvent event, SubTransactionId mySubid,
+					  SubTransactionId parentSubid, void *arg)
+{
+	if (event == SUBXACT_EVENT_ABORT_SUB)
+		last_emit.valid = false;
+}
+
+/* Whether relid is one of the outbox's indexes. */
+static bool
+is_outbox_index(Oid relid)
+{
+	for (int i = 0; i < rels.nindexes; i++)
+		if (rels.index_oids[i] == relid)
+			return true;
+	return false;
+}
+
+/*
+ * Relcache invalidation callback: forget the tables if either changed, or
+ * an index of the outbox did (becoming ready for inserts, say).
+ */
 static void
 emit_relcache_callback(Datum arg, Oid relid)
 {
-	if (relid == InvalidOid || relid == rels.outbox || relid == rels.publication)
+	if (relid == InvalidOid || relid == rels.outbox || relid == rels.publication ||
+		is_outbox_index(relid))
 	{
 		rels.valid = false;
 		rels_invalidated = true;
+		last_emit.valid = false;
 	}
 }
 
@@ -876,6 +954,65 @@ open_extension_table(const char *name, Oid nspid)
 	return table_open(relid, AccessShareLock);
 }
 
+/*
+ * The outbox's indexes, with the IndexInfo of each plain btree index (no
+ * expression) built once per backend, its predicate ready to evaluate,
+ * rather than by ExecOpenIndices() and ExecInsertIndexTuples() on every
+ * call.  Other indexes an administrator may add get theirs per call: their
+ * access methods may keep per-call state in it.
+ */
+static void
+load_indexes(Relation rel)
+{
+	List	   *oids = RelationGetIndexList(rel);
+	MemoryContext old = MemoryContextSwitchTo(rels.cxt);
+	ListCell   *lc;
+
+	rels.index_oids = palloc(sizeof(Oid) * Max(list_length(oids), 1));
+	rels.index_infos = palloc0(sizeof(IndexInfo *) * Max(list_length(oids), 1));
+	foreach(lc, oids)
+	{
+		int			i = rels.nindexes;
+		Relation	index;
+
+		/* Known before it is opened: an invalidation meanwhile counts. */
+		rels.index_oids[i] = lfirst_oid(lc);
+		rels.nindexes++;
+		index = index_open(lfirst_oid(lc), AccessShareLock);
+		if (index->rd_rel->relam == BTREE_AM_OID && RelationGetIndexExpressions(index) == NIL)
+		{
+			IndexInfo  *info = BuildIndexInfo(index);
+
+			if (info->ii_Predicate != NIL)
+				info->ii_PredicateState =
+					ExecInitQual((List *) expression_planner((Expr *) info->ii_Predicate), NULL);
+			rels.index_infos[i] = info;
+		}
+		index_close(index, AccessShareLock);
+	}
+	MemoryContextSwitchTo(old);
+}
+
+/*
+ * Opens the outbox's indexes for inserts into rri, as ExecOpenIndices()
+ * does, with the IndexInfos load_indexes() built.
+ */
+static void
+open_indexes(ResultRelInfo *rri)
+{
+	rri->ri_NumIndices = rels.nindexes;
+	rri->ri_IndexRelationDescs = palloc(sizeof(Relation) * Max(rels.nindexes, 1));
+	rri->ri_IndexRelationInfo = palloc(sizeof(IndexInfo *) * Max(rels.nindexes, 1));
+	for (int i = 0; i < rels.nindexes; i++)
+	{
+		Relation	index = index_open(rels.index_oids[i], RowExclusiveLock);
+
+		rri->ri_IndexRelationDescs[i] = index;
+		rri->ri_IndexRelationInfo[i] = rels.index_infos[i] ? rels.index_infos[i] :
+			BuildIndexInfo(index);
+	}
+}
+
 /* The defaults of the outbox's columns that outbox_emit() does not set. */
 static void
 load_defaults(Relation rel)
@@ -913,12 +1050,16 @@ load_relations(Oid nspid)
 		rels.cxt = AllocSetContextCreate(CacheMemoryContext, "outbox_emit relations",
 										 ALLOCSET_SMALL_SIZES);
 		CacheRegisterRelcacheCallback(emit_relcache_callback, (Datum) 0);
+		RegisterXactCallback(emit_xact_callback, NULL);
+		RegisterSubXactCallback(emit_subxact_callback, NULL);
 	}
 	MemoryContextReset(rels.cxt);
 	/* Valid only once complete (an error leaves it invalid) and current. */
 	rels.valid = false;
+	last_emit.valid = false;
 	rels_invalidated = false;
 	rels.outbox = rels.publication = InvalidOid;
+	rels.nindexes = 0;
 
 	rel = open_extension_table("outbox", nspid);
 	rels.outbox = RelationGetRelid(rel);
@@ -931,6 +1072,7 @@ load_relations(Oid nspid)
 	rels.position_index = required_unique_index(rel, 2, key);
 	rels.event_id_index = required_unique_index(rel, 1, &rels.attnums[COL_EVENT_ID]);
 	load_defaults(rel);
+	load_indexes(rel);
 	table_close(rel, AccessShareLock);
 
 	rel = open_extension_table("aggregate_publication", nspid);
@@ -946,24 +1088,52 @@ load_relations(Oid nspid)
 }
 
 /*
- * Inserts the event (values and nulls indexed by EmitColumn) into the
- * outbox the way logical replication's apply worker inserts a row: the
- * relation's own insert, index, constraint and trigger code, without a
- * plan.  Returns the new row's id.
+ * The outbox and aggregate_publication opened for the events of one call
+ * (one outbox_emit(), or every event of an outbox_emit_many()), by the
+ * first of them, under its aggregate's lock.  The look-ups use the indexes
+ * the insert opens anyway.
  */
-static int64
-insert_event(const Datum *values, const bool *nulls)
+typedef struct EmitTarget
 {
-	Relation	rel = table_open(rels.outbox, RowExclusiveLock);
-	EState	   *estate = CreateExecutorState();
-	ExprContext *econtext = GetPerTupleExprContext(estate);
-	RangeTblEntry *rte = makeNode(RangeTblEntry);
-	ResultRelInfo *rri = makeNode(ResultRelInfo);
-	TupleTableSlot *slot;
-	MemoryContext old_cxt;
-	bool		isnull;
-	int64		id;
+	MemoryContext cxt;			/* lives as long as the call */
+	bool		open;
+	Relation	rel;			/* the outbox */
+	EState	   *estate;
+	ResultRelInfo *rri;
+	Relation	position_index; /* rri's, not opened again */
+	Relation	event_id_index; /* rri's */
+	TupleTableSlot *slot;		/* the new row */
+	TupleTableSlot *found;		/* an outbox row a look-up reads */
+	ExprState **defaults;		/* rels.defaults, ready to evaluate */
+	Relation	publication;
+	Relation	publication_pkey;
+	TupleTableSlot *found_publication;
+} EmitTarget;
 
+/* Opens the tables for the events of a call (t->cxt set by the caller). */
+static void
+open_target(EmitTarget *t, Oid nspid)
+{
+	MemoryContext old_cxt = MemoryContextSwitchTo(t->cxt);
+	RangeTblEntry *rte = makeNode(RangeTblEntry);
+	TupleDesc	desc;
+
+	if (!rels.valid || rels.nspid != nspid)
+		load_relations(nspid);
+	t->rel = table_open(rels.outbox, RowExclusiveLock);
+	t->publication = table_open(rels.publication, AccessShareLock);
+	/* Taking the locks may have processed an invalidation of the tables. */
+	if (!rels.valid)
+		load_relations(nspid);
+	if (rels.outbox != RelationGetRelid(t->rel) ||
+		rels.publication != RelationGetRelid(t->publication))
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("outbox_emit: the outbox extension's tables were replaced concurrently"),
+				 errhint("Retry the transaction.")));
+	desc = RelationGetDescr(t->rel);
+
+	t->estate = CreateExecutorState();
 	rte->rtekind = RTE_RELATION;
 	rte->relid = rels.outbox;
 	rte->relkind = RELKIND_RELATION;
@@ -973,18 +1143,74 @@ insert_event(const Datum *values, const bool *nulls)
 		List	   *perminfos = NIL;
 
 		addRTEPermissionInfo(&perminfos, rte);
-		ExecInitRangeTable(estate, list_make1(rte), perminfos);
+		ExecInitRangeTable(t->estate, list_make1(rte), perminfos);
 	}
 #else
-	ExecInitRangeTable(estate, list_make1(rte));
+	ExecInitRangeTable(t->estate, list_make1(rte));
 #endif
-	InitResultRelInfo(rri, rel, 1, NULL, 0);
-	estate->es_output_cid = GetCurrentCommandId(true);
-	ExecOpenIndices(rri, false);
+	t->rri = makeNode(ResultRelInfo);
+	InitResultRelInfo(t->rri, t->rel, 1, NULL, 0);
+	open_indexes(t->rri);
+	t->position_index = t->event_id_index = NULL;
+	for (int i = 0; i < t->rri->ri_NumIndices; i++)
+	{
+		Relation	index = t->rri->ri_IndexRelationDescs[i];
 
-	/* Per event, not per call of outbox_emit_many(): freed with estate. */
-	old_cxt = MemoryContextSwitchTo(estate->es_query_cxt);
-	slot = ExecInitExtraTupleSlot(estate, RelationGetDescr(rel), &TTSOpsVirtual);
+		if (RelationGetRelid(index) == rels.position_index)
+			t->position_index = index;
+		else if (RelationGetRelid(index) == rels.event_id_index)
+			t->event_id_index = index;
+	}
+	if (t->position_index == NULL || t->event_id_index == NULL)
+		elog(ERROR, "outbox_emit: a unique index of the outbox is not open");
+	t->publication_pkey = index_open(rels.publication_pkey, AccessShareLock);
+
+	MemoryContextSwitchTo(t->estate->es_query_cxt);
+	t->slot = ExecInitExtraTupleSlot(t->estate, desc, &TTSOpsVirtual);
+	t->found = table_slot_create(t->rel, &t->estate->es_tupleTable);
+	t->found_publication = table_slot_create(t->publication, &t->estate->es_tupleTable);
+	t->defaults = palloc(sizeof(ExprState *) * Max(rels.ndefaults, 1));
+	for (int i = 0; i < rels.ndefaults; i++)
+		t->defaults[i] = ExecInitExpr(rels.defaults[i].expr, NULL);
+	MemoryContextSwitchTo(old_cxt);
+	t->open = true;
+}
+
+/* Closes what open_target() opened, if it did. */
+static void
+close_target(EmitTarget *t)
+{
+	if (!t->open)
+		return;
+	/* The relations a trigger's firing opened (ExecGetTriggerResultRel). */
+	ExecCloseResultRelations(t->estate);
+	ExecCloseIndices(t->rri);
+	ExecResetTupleTable(t->estate->es_tupleTable, false);
+	FreeExecutorState(t->estate);
+	index_close(t->publication_pkey, NoLock);
+	table_close(t->publication, NoLock);
+	table_close(t->rel, NoLock);
+	t->open = false;
+}
+
+/*
+ * Inserts the event (values and nulls indexed by EmitColumn) into the
+ * outbox the way logical replication's apply worker inserts a row: the
+ * relation's own insert, index, constraint and trigger code, without a
+ * plan.  Returns the new row's id, and where it is in *tid.
+ */
+static int64
+insert_event(EmitTarget *t, const Datum *values, const bool *nulls, ItemPointer tid)
+{
+	EState	   *estate = t->estate;
+	ExprContext *econtext = GetPerTupleExprContext(estate);
+	TupleTableSlot *slot = t->slot;
+	MemoryContext old_cxt;
+	bool		isnull;
+	int64		id;
+
+	/* Per event, not per call of outbox_emit_many(). */
+	old_cxt = MemoryContextSwitchTo(econtext->ecxt_per_tuple_memory);
 	ExecClearTuple(slot);
 	memset(slot->tts_isnull, true, sizeof(bool) * slot->tts_tupleDescriptor->natts);
 	for (int c = 0; c < EMIT_NCOLUMNS; c++)
@@ -994,29 +1220,27 @@ insert_event(const Datum *values, const bool *nulls)
 	}
 	for (int i = 0; i < rels.ndefaults; i++)
 	{
-		ExprState  *state = ExecInitExpr(rels.defaults[i].expr, NULL);
 		AttrNumber	attnum = rels.defaults[i].attnum;
 
-		slot->tts_values[attnum - 1] = ExecEvalExpr(state, econtext,
+		slot->tts_values[attnum - 1] = ExecEvalExpr(t->defaults[i], econtext,
 													&slot->tts_isnull[attnum - 1]);
 	}
 	ExecStoreVirtualTuple(slot);
 	MemoryContextSwitchTo(old_cxt);
 
+	estate->es_output_cid = GetCurrentCommandId(true);
 	AfterTriggerBeginQuery();
 #if PG_VERSION_NUM >= 140000
-	ExecSimpleRelationInsert(rri, estate, slot);
+	ExecSimpleRelationInsert(t->rri, estate, slot);
 #else
-	estate->es_result_relation_info = rri;
+	estate->es_result_relation_info = t->rri;
 	ExecSimpleRelationInsert(estate, slot);
 #endif
 	AfterTriggerEndQuery(estate);
 	id = DatumGetInt64(slot_getattr(slot, rels.id_attnum, &isnull));
-
-	ExecCloseIndices(rri);
-	ExecResetTupleTable(estate->es_tupleTable, false);
-	FreeExecutorState(estate);
-	table_close(rel, NoLock);
+	*tid = slot->tts_tid;
+	ExecClearTuple(slot);
+	ResetPerTupleExprContext(estate);
 
 	/* Later emits of this statement (emit_many, a query) must see it. */
 	CommandCounterIncrement();
@@ -1035,19 +1259,14 @@ version_exhausted(const char *aggregate_id)
 }
 
 /*
- * Column attnum of the first row of heap visible to snapshot, in index
- * order (backwards if backward), among those whose first index column
- * equals key (text); false if there is none.  The outbox is locked as the
- * insert will lock it, so that the lock is never upgraded in between.
+ * Whether heap has a row visible to snapshot whose first index column
+ * equals key (text); the first in index order (backwards if backward).
+ * If so, column attnum (bigint) of it in *value unless value is NULL.
  */
 static bool
-index_first_value(Oid heap_oid, Oid index_oid, Datum key, Snapshot snapshot,
-				  bool backward, AttrNumber attnum, Datum *value)
+index_first_value(Relation heap, Relation index, TupleTableSlot *slot, Datum key,
+				  Snapshot snapshot, bool backward, AttrNumber attnum, int64 *value)
 {
-	Relation	heap = table_open(heap_oid, heap_oid == rels.outbox ?
-								  RowExclusiveLock : AccessShareLock);
-	Relation	index = index_open(index_oid, AccessShareLock);
-	TupleTableSlot *slot = table_slot_create(heap, NULL);
 	IndexScanDesc scan;
 	ScanKeyData skey;
 	bool		found;
@@ -1061,13 +1280,15 @@ index_first_value(Oid heap_oid, Oid index_oid, Datum key, Snapshot snapshot,
 							   slot);
 	if (found && value != NULL)
 	{
-		*value = slot_getattr(slot, attnum, &isnull);
+		Datum		d = slot_getattr(slot, attnum, &isnull);
+
 		found = !isnull;
+		if (found)
+			*value = DatumGetInt64(d);
 	}
 	index_endscan(scan);
-	ExecDropSingleTupleTableSlot(slot);
-	index_close(index, NoLock);
-	table_close(heap, NoLock);
+	/* Releases the heap page. */
+	ExecClearTuple(slot);
 	return found;
 }
 
@@ -1078,16 +1299,17 @@ index_first_value(Oid heap_oid, Oid index_oid, Datum key, Snapshot snapshot,
  * retention deleted them all (only published rows are ever deleted).
  */
 static int64
-last_version(Datum aggregate_id, Snapshot snapshot)
+last_version(EmitTarget *t, Datum aggregate_id, Snapshot snapshot)
 {
-	Datum		in_outbox = Int64GetDatum(0);
-	Datum		published = Int64GetDatum(0);
+	int64		in_outbox = 0;
+	int64		published = 0;
 
-	(void) index_first_value(rels.outbox, rels.position_index, aggregate_id, snapshot,
+	(void) index_first_value(t->rel, t->position_index, t->found, aggregate_id, snapshot,
 							 true, rels.attnums[COL_AGGREGATE_VERSION], &in_outbox);
-	(void) index_first_value(rels.publication, rels.publication_pkey, aggregate_id, snapshot,
-							 false, rels.last_published_attnum, &published);
-	return Max(DatumGetInt64(in_outbox), DatumGetInt64(published));
+	(void) index_first_value(t->publication, t->publication_pkey, t->found_publication,
+							 aggregate_id, snapshot, false, rels.last_published_attnum,
+							 &published);
+	return Max(in_outbox, published);
 }
 
 /*
@@ -1315,13 +1537,49 @@ payload_size(Datum payload, bool raw)
 }
 
 /*
+ * The aggregate's last version under the aggregate's lock: from last_emit
+ * if this transaction emitted to it last and that row is still there, else
+ * looked up.  Under REPEATABLE READ or SERIALIZABLE, a serialization
+ * failure if a version was committed after the transaction's snapshot.
+ */
+static int64
+locked_last_version(EmitTarget *t, Datum aggregate_id, const char *aggregate_id_str,
+					Snapshot snapshot)
+{
+	int64		last;
+
+	if (last_emit.valid && strcmp(last_emit.aggregate_id, aggregate_id_str) == 0 &&
+		table_tuple_fetch_row_version(t->rel, &last_emit.tid, snapshot, t->found))
+	{
+		ExecClearTuple(t->found);
+		return last_emit.version;
+	}
+
+	last = last_version(t, aggregate_id, snapshot);
+	if (IsolationUsesXactSnapshot())
+	{
+		int64		latest = last_version(t, aggregate_id, GetLatestSnapshot());
+
+		if (latest != last)
+			ereport(ERROR,
+					(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
+					 errmsg("could not serialize access due to concurrent outbox_emit"),
+					 errdetail("Aggregate \"%s\" reached version " INT64_FORMAT " in a transaction that committed after this one's snapshot was taken.",
+							   display(aggregate_id_str), latest),
+					 errhint("The transaction might succeed if retried."),
+					 errhidestmt(hide_statement)));
+	}
+	return last;
+}
+
+/*
  * The version the event gets, read under the aggregate's lock: the next
  * one, or the caller's if above the last.  Checks a caller-given event_id
  * is new (event_id_given) for a clearer error than the unique index's.
  */
 static int64
-assign_version(Datum aggregate_id, Datum event_id, bool event_id_given,
-			   int64 version)
+assign_version(EmitTarget *t, Datum aggregate_id, const char *aggregate_id_str,
+			   Datum event_id, bool event_id_given, int64 version)
 {
 	Snapshot	snapshot;
 	int64		last;
@@ -1339,7 +1597,7 @@ assign_version(Datum aggregate_id, Datum event_id, bool event_id_given,
 
 	/* Which aggregate has it is not the caller's to know. */
 	if (event_id_given &&
-		index_first_value(rels.outbox, rels.event_id_index, event_id, snapshot,
+		index_first_value(t->rel, t->event_id_index, t->found, event_id, snapshot,
 						  false, InvalidAttrNumber, NULL))
 		ereport(ERROR,
 				(errcode(ERRCODE_UNIQUE_VIOLATION),
@@ -1348,33 +1606,20 @@ assign_version(Datum aggregate_id, Datum event_id, bool event_id_given,
 				 errhint("A retried transaction whose first attempt committed emits the same event_id twice."),
 				 errhidestmt(hide_statement)));
 
-	last = last_version(aggregate_id, snapshot);
-	if (IsolationUsesXactSnapshot())
-	{
-		int64		latest = last_version(aggregate_id, GetLatestSnapshot());
-
-		if (latest != last)
-			ereport(ERROR,
-					(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
-					 errmsg("could not serialize access due to concurrent outbox_emit"),
-					 errdetail("Aggregate \"%s\" reached version " INT64_FORMAT " in a transaction that committed after this one's snapshot was taken.",
-							   display(TextDatumGetCString(aggregate_id)), latest),
-					 errhint("The transaction might succeed if retried."),
-					 errhidestmt(hide_statement)));
-	}
+	last = locked_last_version(t, aggregate_id, aggregate_id_str, snapshot);
 	PopActiveSnapshot();
 
 	if (version == 0)
 	{
 		if (last == PG_INT64_MAX)
-			version_exhausted(TextDatumGetCString(aggregate_id));
+			version_exhausted(aggregate_id_str);
 		return last + 1;
 	}
 	if (version <= last)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("outbox_emit: aggregate_version " INT64_FORMAT " is not above the last emitted version " INT64_FORMAT " of aggregate \"%s\"",
-						version, last, display(TextDatumGetCString(aggregate_id))),
+						version, last, display(aggregate_id_str)),
 				 errhint("Omit aggregate_version to have the next version assigned."),
 				 errhidestmt(hide_statement)));
 	return version;
@@ -1397,33 +1642,50 @@ typedef struct EmitArgs
 } EmitArgs;
 
 /*
+ * Serializes emitters of an aggregate until commit, so that versions are
+ * assigned in commit order and a rollback leaves no hole.
+ */
+static void
+lock_aggregate(const char *aggregate_id)
+{
+	LOCKTAG		tag;
+
+	outbox_aggregate_locktag(&tag, aggregate_id, strlen(aggregate_id),
+							 OUTBOX_LOCKSPACE_EMIT);
+	/* Not waiting can fail only for want of room in the lock table. */
+	if (LockAcquireExtended(&tag, ExclusiveLock, false, false, false, NULL) ==
+		LOCKACQUIRE_NOT_AVAIL)
+		ereport(ERROR,
+				(errcode(ERRCODE_OUT_OF_MEMORY),
+				 errmsg("outbox_emit: no room in the lock table for the lock of aggregate \"%s\"",
+						display(aggregate_id)),
+				 errdetail("Each aggregate a transaction emits to stays locked until the transaction ends; "
+						   "the server's lock table holds about max_locks_per_transaction * (max_connections + max_prepared_transactions) locks."),
+				 errhint("Emit to fewer aggregates per transaction, or raise max_locks_per_transaction."),
+				 errhidestmt(hide_statement)));
+}
+
+/*
  * Writes the event to the outbox under its aggregate's lock, as the
  * outbox's owner (outbox_emit is not SECURITY DEFINER: this is the one
  * place that needs the owner's rights, and does only what is checked
  * above).  Fills result (emitted_event).
  */
 static void
-write_event(EmitArgs *a, Oid nspid, Datum *result)
+write_event(EmitArgs *a, EmitTarget *t, Oid nspid, Datum *result)
 {
 	Datum		values[EMIT_NCOLUMNS];
 	bool		nulls[EMIT_NCOLUMNS];
-	LOCKTAG		tag;
+	ItemPointerData tid;
 	Oid			save_userid;
 	int			save_sec_context;
 
 	/* The relation path below checks nothing of the kind itself. */
 	PreventCommandIfReadOnly("outbox_emit()");
 
-	/*
-	 * Serialize emitters of this aggregate until commit, so that versions
-	 * are assigned in commit order and a rollback leaves no hole.
-	 */
-	outbox_aggregate_locktag(&tag, a->aggregate_id, strlen(a->aggregate_id),
-							 OUTBOX_LOCKSPACE_EMIT);
-	(void) LockAcquire(&tag, ExclusiveLock, false, false);
-
-	if (!rels.valid || rels.nspid != nspid)
-		load_relations(nspid);
+	lock_aggregate(a->aggregate_id);
+	if (!t->open)
+		open_target(t, nspid);
 
 	memset(nulls, false, sizeof(nulls));
 	values[COL_EVENT_ID] = CStringGetTextDatum(a->event_id);
@@ -1440,34 +1702,71 @@ write_event(EmitArgs *a, Oid nspid, Datum *result)
 
 	GetUserIdAndSecContext(&save_userid, &save_sec_context);
 	SetUserIdAndSecContext(rels.owner, save_sec_context | SECURITY_LOCAL_USERID_CHANGE);
-	a->version = assign_version(values[COL_AGGREGATE_ID], values[COL_EVENT_ID],
-								a->event_id_given, a->version);
+	a->version = assign_version(t, values[COL_AGGREGATE_ID], a->aggregate_id,
+								values[COL_EVENT_ID], a->event_id_given, a->version);
 	values[COL_AGGREGATE_VERSION] = Int64GetDatum(a->version);
-	result[0] = Int64GetDatum(insert_event(values, nulls));
+	/* A trigger on the outbox may emit meanwhile: then its event is the last. */
+	last_emit.valid = false;
+	result[0] = Int64GetDatum(insert_event(t, values, nulls, &tid));
 	SetUserIdAndSecContext(save_userid, save_sec_context);
+
+	if (!last_emit.valid)
+	{
+		last_emit.valid = true;
+		last_emit.version = a->version;
+		last_emit.tid = tid;
+		strlcpy(last_emit.aggregate_id, a->aggregate_id, sizeof(last_emit.aggregate_id));
+	}
 
 	result[1] = values[COL_EVENT_ID];
 	result[2] = Int64GetDatum(a->version);
 	result[3] = values[COL_TOPIC];
 }
 
+/* What emit_event() keeps for the calls of one query. */
+typedef struct EmitCallInfo
+{
+	TupleDesc	tupdesc;		/* emitted_event, blessed */
+	Oid			nspid;			/* the extension's schema */
+} EmitCallInfo;
+
+/* The call's EmitCallInfo, made by its first call. */
+static EmitCallInfo *
+emit_call_info(FunctionCallInfo fcinfo)
+{
+	EmitCallInfo *info = fcinfo->flinfo->fn_extra;
+	MemoryContext old_cxt;
+	TupleDesc	tupdesc;
+
+	if (info != NULL)
+		return info;
+	old_cxt = MemoryContextSwitchTo(fcinfo->flinfo->fn_mcxt);
+	if (get_call_result_type(fcinfo, NULL, &tupdesc) != TYPEFUNC_COMPOSITE)
+		elog(ERROR, "outbox_emit must return a composite type");
+	info = palloc(sizeof(EmitCallInfo));
+	info->tupdesc = BlessTupleDesc(CreateTupleDescCopy(tupdesc));
+	info->nspid = get_func_namespace(fcinfo->flinfo->fn_oid);
+	MemoryContextSwitchTo(old_cxt);
+	fcinfo->flinfo->fn_extra = info;
+	return info;
+}
+
 /*
  * outbox_emit(aggregate_type, aggregate_id, event_type, payload,
  *			   topic, headers, event_id, aggregate_version), with a jsonb
- * payload, or a raw one (text or bytea, sent byte for byte) if raw.
+ * payload, or a raw one (text or bytea, sent byte for byte) if raw; into
+ * target, or into the outbox opened for this call if target is NULL.
  */
 static Datum
-emit_event(FunctionCallInfo fcinfo, bool raw)
+emit_event(FunctionCallInfo fcinfo, bool raw, EmitTarget *target)
 {
+	EmitCallInfo *info = emit_call_info(fcinfo);
 	EmitArgs	a;
+	EmitTarget	own_target;
 	size_t		payload_bytes = 0;
 	size_t		header_bytes = 0;
-	TupleDesc	tupdesc;
 	Datum		result[4];
 	bool		result_nulls[4] = {false, false, false, false};
-
-	if (get_call_result_type(fcinfo, NULL, &tupdesc) != TYPEFUNC_COMPOSITE)
-		elog(ERROR, "outbox_emit must return a composite type");
 
 	hide_statement = has_huge_argument(fcinfo);
 	a.raw = raw;
@@ -1521,18 +1820,25 @@ emit_event(FunctionCallInfo fcinfo, bool raw)
 					  publisher_record_bytes(a.aggregate_type, a.aggregate_id, a.event_type,
 											 a.event_id, a.topic));
 
-	write_event(&a, get_func_namespace(fcinfo->flinfo->fn_oid), result);
+	if (target == NULL)
+	{
+		own_target.cxt = CurrentMemoryContext;
+		own_target.open = false;
+		write_event(&a, &own_target, info->nspid, result);
+		close_target(&own_target);
+	}
+	else
+		write_event(&a, target, info->nspid, result);
 	outbox_note_emit();
 
-	tupdesc = BlessTupleDesc(tupdesc);
-	PG_RETURN_DATUM(HeapTupleGetDatum(heap_form_tuple(tupdesc, result, result_nulls)));
+	PG_RETURN_DATUM(HeapTupleGetDatum(heap_form_tuple(info->tupdesc, result, result_nulls)));
 }
 
 /* outbox_emit(): an event with a JSON payload (or none). */
 Datum
 outbox_emit(PG_FUNCTION_ARGS)
 {
-	return emit_event(fcinfo, false);
+	return emit_event(fcinfo, false, NULL);
 }
 
 /*
@@ -1542,7 +1848,7 @@ outbox_emit(PG_FUNCTION_ARGS)
 Datum
 outbox_emit_raw(PG_FUNCTION_ARGS)
 {
-	return emit_event(fcinfo, true);
+	return emit_event(fcinfo, true, NULL);
 }
 
 /* Error context of outbox_emit_many(): which event failed. */
@@ -1571,6 +1877,9 @@ emit_many(FunctionCallInfo fcinfo, bool raw)
 	TupleDesc	event_desc = NULL;
 	int			current = 0;
 	ErrorContextCallback errcallback;
+	EmitTarget	target;
+	MemoryContext event_cxt;
+	MemoryContext old_cxt;
 
 	LOCAL_FCINFO(call, 8);
 
@@ -1588,6 +1897,11 @@ emit_many(FunctionCallInfo fcinfo, bool raw)
 	errcallback.arg = &current;
 	errcallback.previous = error_context_stack;
 	error_context_stack = &errcallback;
+	/* The outbox is opened once for all events; memory is per event. */
+	target.cxt = CurrentMemoryContext;
+	target.open = false;
+	event_cxt = AllocSetContextCreate(CurrentMemoryContext, "outbox_emit_many event",
+									  ALLOCSET_DEFAULT_SIZES);
 	for (int i = 0; i < nelems; i++)
 	{
 		HeapTupleHeader event;
@@ -1608,6 +1922,7 @@ emit_many(FunctionCallInfo fcinfo, bool raw)
 			if (event_desc->natts != 8)
 				elog(ERROR, "outbox_emit_many: outbox_event must have 8 fields");
 		}
+		old_cxt = MemoryContextSwitchTo(event_cxt);
 		tuple.t_len = HeapTupleHeaderGetDatumLength(event);
 		ItemPointerSetInvalid(&tuple.t_self);
 		tuple.t_tableOid = InvalidOid;
@@ -1619,11 +1934,15 @@ emit_many(FunctionCallInfo fcinfo, bool raw)
 			call->args[a].isnull = nulls[a];
 		}
 
-		event = DatumGetHeapTupleHeader(emit_event(call, raw));
+		event = DatumGetHeapTupleHeader(emit_event(call, raw, &target));
 		tuple.t_len = HeapTupleHeaderGetDatumLength(event);
 		tuple.t_data = event;
 		tuplestore_puttuple(rsinfo->setResult, &tuple);
+		MemoryContextSwitchTo(old_cxt);
+		MemoryContextReset(event_cxt);
 	}
+	close_target(&target);
+	MemoryContextDelete(event_cxt);
 	error_context_stack = errcallback.previous;
 	return (Datum) 0;
 }
