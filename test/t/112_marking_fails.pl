@@ -26,7 +26,7 @@ $node->safe_psql('postgres', q{
 	CREATE ROLE outbox_worker LOGIN;
 	GRANT SELECT, UPDATE, DELETE ON outbox TO outbox_worker;
 	GRANT SELECT, INSERT, UPDATE ON aggregate_publication TO outbox_worker;
-	GRANT SELECT, INSERT, UPDATE ON publisher_horizon TO outbox_worker;
+	GRANT SELECT, INSERT, UPDATE, DELETE ON publisher_horizon TO outbox_worker;
 	GRANT SELECT, UPDATE, DELETE ON inbox TO outbox_worker;
 	GRANT SELECT ON poison_policy, publisher_control TO outbox_worker;
 });
