@@ -12,6 +12,7 @@
 #define OUTBOX_PUBLISH_H
 
 #include "access/xlogdefs.h"
+#include "storage/itemptr.h"
 #include "executor/spi.h"
 #include "utils/hsearch.h"
 #include "utils/jsonb.h"
@@ -149,6 +150,13 @@ extern void publish_read_init(void);
 extern bool publish_lookup_extension(void);
 extern int	publish_fetch(Flight *f, int nshares, int share, int max_events, int64 max_bytes);
 
+/* One event of a delta's manifest: where to fetch it, and what it must be. */
+typedef struct ManifestEntry
+{
+	int64		id;
+	ItemPointerData tid;		/* its row version when the delta was read */
+} ManifestEntry;
+
 /* publish_stream.c: the stream of commits, diverted aggregates, the horizon */
 extern void publish_stream_start(void);
 extern void publish_stream_prepare(const char *schema);
@@ -157,8 +165,8 @@ extern void publish_stream_begin(int nshares, int share);
 extern void publish_stream_store_horizon(void);
 extern const char *publish_stream_read_from(void);
 extern bool publish_stream_manifest_done(void);
-extern void publish_stream_new_delta(const char *snapshot, int64 *ids, int n);
-extern int	publish_stream_next_ids(int max, int64 **ids, int64 *seq);
+extern void publish_stream_new_delta(const char *snapshot, ManifestEntry *entries, int n);
+extern int	publish_stream_next_ids(int max, ManifestEntry **entries, int64 *seq);
 extern void publish_stream_ids_done(void);
 extern void publish_stream_owe(int64 seq);
 extern bool publish_stream_is_diverted(const char *aggregate_id);

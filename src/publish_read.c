@@ -26,7 +26,9 @@ static SPIPlanPtr snapshot_plan = NULL;
 static SPIPlanPtr paused_plan = NULL;
 static SPIPlanPtr delta_plan = NULL;
 static SPIPlanPtr unsettled_plan = NULL;
-static SPIPlanPtr fetch_plan = NULL;
+static SPIPlanPtr fetch_tid_plan = NULL;
+static SPIPlanPtr fetch_id_plan = NULL;
+static SPIPlanPtr progress_plan = NULL;
 static SPIPlanPtr listed_plan = NULL;
 static SPIPlanPtr held_plan = NULL;
 static SPIPlanPtr catch_up_plan = NULL;
@@ -77,16 +79,31 @@ extension_schema(Oid *nspid)
 	return SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2);
 }
 
-/* The columns of an event as copy_row() reads them, and the aggregate's row version. */
+/* The columns of an event as copy_row() reads them. */
 #define EVENT_COLUMNS \
 	"o.id, o.event_id, o.aggregate_type, o.aggregate_id, o.aggregate_version, " \
 	"o.event_type, o.topic, o.headers, o.payload::text, o.created_at, o.attempts, " \
-	"o.last_error, o.dead_letter_requested, p.xmin, o.payload_bytes "
+	"o.last_error, o.dead_letter_requested, o.payload_bytes "
+
+/* Columns of EVENT_COLUMNS copy_row() and stream_row() read. */
+#define COL_ID 1
+#define COL_AGGREGATE_ID 4
+#define COL_VERSION 5
+#define COL_PAYLOAD_BYTES 14
+/* The aggregate's row version, after EVENT_COLUMNS in a read by index. */
+#define COL_PUB_XMIN 15
 
 /* An aggregate the publisher reads by index, not from the stream (p: its row). */
 #define LISTED(p) \
 	"coalesce(" p ".paused OR " p ".blocked_version IS NOT NULL OR " \
 	p ".next_attempt_at IS NOT NULL OR " p ".catch_up, false)"
+
+/*
+ * The order a delta is read in: each aggregate's events together, in
+ * version order (grouped by hash: only each aggregate's own order matters),
+ * so that a batch holds whole aggregates and settles few rows.
+ */
+#define DELTA_ORDER " ORDER BY pg_catalog.hashtext(o.aggregate_id), o.aggregate_version"
 
 /* This worker's share of the buckets ($n: the number of shares, $n+1: ours). */
 #define SHARE(col, n, n1) \
@@ -98,7 +115,9 @@ prepare_read_plans(const char *s)
 {
 	Oid			delta_types[3] = {TEXTOID, INT4OID, INT4OID};
 	Oid			share_types[2] = {INT4OID, INT4OID};
-	Oid			fetch_types[1] = {INT8ARRAYOID};
+	Oid			fetch_tid_types[1] = {TIDARRAYOID};
+	Oid			fetch_id_types[1] = {INT8ARRAYOID};
+	Oid			progress_types[1] = {TEXTARRAYOID};
 	Oid			listed_types[3] = {INT4OID, INT4OID, INT4OID};
 	Oid			held_types[1] = {TEXTARRAYOID};
 	Oid			catch_up_types[2] = {TEXTARRAYOID, INT4OID};
@@ -113,33 +132,41 @@ prepare_read_plans(const char *s)
 	 * previous read's ($1) did not (those before its xmin it saw).
 	 */
 	delta_plan = outbox_keep_plan(psprintf(
-										   "SELECT o.id FROM %s.outbox o "
+										   "SELECT o.id, o.ctid FROM %s.outbox o "
 										   "WHERE o.txid >= pg_catalog.pg_snapshot_xmin($1::pg_catalog.pg_snapshot) "
 										   "AND NOT pg_catalog.pg_visible_in_snapshot(o.txid, $1::pg_catalog.pg_snapshot) "
 										   "AND pg_catalog.pg_visible_in_snapshot(o.txid, (SELECT pg_catalog.pg_current_snapshot())) "
-										   "AND " SHARE("o.aggregate_id", "$2", "$3") " ORDER BY o.id",
+										   "AND " SHARE("o.aggregate_id", "$2", "$3") DELTA_ORDER,
 										   s, OUTBOX_PUBLISH_BUCKETS),
 								  3, delta_types);
 
 	/* Without a horizon (first start, after a restore): every unsettled event. */
 	unsettled_plan = outbox_keep_plan(psprintf(
-											   "SELECT o.id FROM %s.outbox o "
+											   "SELECT o.id, o.ctid FROM %s.outbox o "
 											   "LEFT JOIN %s.aggregate_publication p ON p.aggregate_id = o.aggregate_id "
 											   "WHERE o.aggregate_version > coalesce(p.last_published_version, 0) "
 											   "AND o.disposition IS NULL "
-											   "AND " SHARE("o.aggregate_id", "$1", "$2") " ORDER BY o.id",
+											   "AND " SHARE("o.aggregate_id", "$1", "$2") DELTA_ORDER,
 											   s, s, OUTBOX_PUBLISH_BUCKETS),
 									  2, share_types);
 
-	/* A delta's events by id: the unsettled ones of aggregates not listed. */
-	fetch_plan = outbox_keep_plan(psprintf(
-										   "SELECT " EVENT_COLUMNS "FROM %s.outbox o "
-										   "LEFT JOIN %s.aggregate_publication p ON p.aggregate_id = o.aggregate_id "
-										   "WHERE o.id = ANY ($1) "
-										   "AND o.aggregate_version > coalesce(p.last_published_version, 0) "
-										   "AND o.disposition IS NULL AND NOT " LISTED("p") " ORDER BY o.id",
-										   s, s),
-								  1, fetch_types);
+	/*
+	 * A delta's events where the delta read them (no index to descend; a
+	 * row version that moved since is fetched by id instead), then their
+	 * aggregates' progress (once per aggregate, not per event).
+	 */
+	fetch_tid_plan = outbox_keep_plan(psprintf(
+											   "SELECT " EVENT_COLUMNS "FROM %s.outbox o "
+											   "WHERE o.ctid = ANY ($1) AND o.disposition IS NULL", s),
+									  1, fetch_tid_types);
+	fetch_id_plan = outbox_keep_plan(psprintf(
+											  "SELECT " EVENT_COLUMNS "FROM %s.outbox o "
+											  "WHERE o.id = ANY ($1) AND o.disposition IS NULL", s),
+									 1, fetch_id_types);
+	progress_plan = outbox_keep_plan(psprintf(
+											  "SELECT p.aggregate_id, p.last_published_version, " LISTED("p") ", p.xmin "
+											  "FROM %s.aggregate_publication p WHERE p.aggregate_id = ANY ($1)", s),
+									 1, progress_types);
 
 	/* Listed aggregates that may be published now (catch_up, backoff over). */
 	listed_plan = outbox_keep_plan(psprintf(
@@ -160,7 +187,7 @@ prepare_read_plans(const char *s)
 
 	/* Aggregates' unsettled events by index, each aggregate's in version order. */
 	catch_up_plan = outbox_keep_plan(psprintf(
-											  "SELECT " EVENT_COLUMNS "FROM %s.outbox o "
+											  "SELECT " EVENT_COLUMNS ", p.xmin FROM %s.outbox o "
 											  "LEFT JOIN %s.aggregate_publication p ON p.aggregate_id = o.aggregate_id "
 											  "WHERE o.aggregate_id = ANY ($1) "
 											  "AND o.aggregate_version > coalesce(p.last_published_version, 0) "
@@ -187,7 +214,7 @@ static void
 free_read_plans(void)
 {
 	SPIPlanPtr *plans[] = {&snapshot_plan, &paused_plan, &delta_plan, &unsettled_plan,
-	&fetch_plan, &listed_plan, &held_plan, &catch_up_plan, &clear_plan};
+	&fetch_tid_plan, &fetch_id_plan, &progress_plan, &listed_plan, &held_plan, &catch_up_plan, &clear_plan};
 
 	for (int i = 0; i < lengthof(plans); i++)
 		if (*plans[i])
@@ -230,14 +257,17 @@ publish_lookup_extension(void)
 	return true;
 }
 
-/* Copy one fetched row into ev, in the current memory context. */
+/*
+ * Copy one fetched row into ev, in the current memory context; its
+ * aggregate's row version (if it has a row) is pub_xmin.
+ */
 static void
-copy_row(BatchEvent *ev, HeapTuple tup, TupleDesc desc)
+copy_row(BatchEvent *ev, HeapTuple tup, TupleDesc desc, bool pub_row, TransactionId pub_xmin)
 {
 	bool		isnull;
 	Datum		d;
 
-	ev->id = DatumGetInt64(SPI_getbinval(tup, desc, 1, &isnull));
+	ev->id = DatumGetInt64(SPI_getbinval(tup, desc, COL_ID, &isnull));
 	ev->event_id = SPI_getvalue(tup, desc, 2);
 	ev->aggregate_type = SPI_getvalue(tup, desc, 3);
 	ev->aggregate_id = SPI_getvalue(tup, desc, 4);
@@ -247,7 +277,7 @@ copy_row(BatchEvent *ev, HeapTuple tup, TupleDesc desc)
 	d = SPI_getbinval(tup, desc, 8, &isnull);
 	ev->headers = isnull ? NULL : DatumGetJsonbPCopy(d);
 	/* A raw payload's exact bytes, else the JSON payload's text. */
-	d = SPI_getbinval(tup, desc, 15, &isnull);
+	d = SPI_getbinval(tup, desc, COL_PAYLOAD_BYTES, &isnull);
 	if (!isnull)
 	{
 		bytea	   *raw = DatumGetByteaPP(d);
@@ -268,8 +298,8 @@ copy_row(BatchEvent *ev, HeapTuple tup, TupleDesc desc)
 	ev->attempts = DatumGetInt32(SPI_getbinval(tup, desc, 11, &isnull));
 	ev->last_error = SPI_getvalue(tup, desc, 12);
 	ev->dead_letter_requested = DatumGetBool(SPI_getbinval(tup, desc, 13, &isnull));
-	ev->pub_xmin = DatumGetTransactionId(SPI_getbinval(tup, desc, 14, &isnull));
-	ev->pub_row = !isnull;
+	ev->pub_xmin = pub_xmin;
+	ev->pub_row = pub_row;
 	ev->action = EV_PUBLISH;
 	ev->produced = false;
 	ev->solo = false;
@@ -328,9 +358,13 @@ chunk_size(ReadState *rs)
 	return (int) Max(1, Min(Min(room, 1000), n));
 }
 
-/* Add a fetched row to the flight, owed by delta seq (0: none). */
+/*
+ * Add a fetched row to the flight, owed by delta seq (0: none); its
+ * aggregate's row version is pub_xmin, if it has a row.
+ */
 static void
-add_row(ReadState *rs, HeapTuple tup, TupleDesc desc, int64 seq, bool maybe_more)
+add_row(ReadState *rs, HeapTuple tup, TupleDesc desc, int64 seq, bool maybe_more,
+		bool pub_row, TransactionId pub_xmin)
 {
 	Flight	   *f = rs->f;
 	MemoryContext oldcxt = MemoryContextSwitchTo(f->cxt);
@@ -342,7 +376,7 @@ add_row(ReadState *rs, HeapTuple tup, TupleDesc desc, int64 seq, bool maybe_more
 		f->events = repalloc(f->events, sizeof(BatchEvent) * rs->size);
 	}
 	ev = &f->events[f->nevents];
-	copy_row(ev, tup, desc);
+	copy_row(ev, tup, desc, pub_row, pub_xmin);
 	ev->owed = seq;
 	ev->maybe_more = maybe_more;
 	MemoryContextSwitchTo(oldcxt);
@@ -473,7 +507,9 @@ read_by_index(ReadState *rs, int nshares, int share)
 		for (uint64 r = 0; r < SPI_processed; r++)
 		{
 			HeapTuple	tup = SPI_tuptable->vals[r];
-			char	   *id = row_text(tup, SPI_tuptable->tupdesc, 4);
+			char	   *id = row_text(tup, SPI_tuptable->tupdesc, COL_AGGREGATE_ID);
+			bool		no_row;
+			TransactionId xmin;
 
 			if (!has_room(rs))
 			{
@@ -483,7 +519,9 @@ read_by_index(ReadState *rs, int nshares, int share)
 			}
 			if (set_add(rs->caught, id))
 				owed = publish_stream_undivert(id, false);
-			add_row(rs, tup, SPI_tuptable->tupdesc, owed, false);
+			xmin = DatumGetTransactionId(SPI_getbinval(tup, SPI_tuptable->tupdesc,
+													   COL_PUB_XMIN, &no_row));
+			add_row(rs, tup, SPI_tuptable->tupdesc, owed, false, !no_row, xmin);
 		}
 		if (SPI_processed == 0 || truncated)
 			break;
@@ -551,7 +589,7 @@ read_new_delta(int nshares, int share)
 {
 	const char *from = publish_stream_read_from();
 	char	   *snapshot;
-	int64	   *ids;
+	ManifestEntry *entries;
 	Datum		args[3];
 	int			rc;
 
@@ -573,15 +611,17 @@ read_new_delta(int nshares, int share)
 	}
 	if (rc != SPI_OK_SELECT)
 		elog(ERROR, "could not read the stream");
-	ids = palloc(sizeof(int64) * Max(SPI_processed, 1));
+	entries = palloc(sizeof(ManifestEntry) * Max(SPI_processed, 1));
 	for (uint64 r = 0; r < SPI_processed; r++)
 	{
+		HeapTuple	tup = SPI_tuptable->vals[r];
 		bool		isnull;
 
-		ids[r] = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[r], SPI_tuptable->tupdesc,
-											 1, &isnull));
+		entries[r].id = DatumGetInt64(SPI_getbinval(tup, SPI_tuptable->tupdesc, 1, &isnull));
+		entries[r].tid = *(ItemPointer) DatumGetPointer(SPI_getbinval(tup, SPI_tuptable->tupdesc, 2,
+															&isnull));
 	}
-	publish_stream_new_delta(snapshot, ids, (int) SPI_processed);
+	publish_stream_new_delta(snapshot, entries, (int) SPI_processed);
 	elog(DEBUG1, "outbox: delta of " UINT64_FORMAT " events at %s", SPI_processed, snapshot);
 	SPI_freetuptable(SPI_tuptable);
 }
@@ -592,9 +632,10 @@ read_new_delta(int nshares, int share)
  * aggregate was just read by index (that read saw it).
  */
 static void
-stream_row(ReadState *rs, HeapTuple tup, TupleDesc desc, int64 seq)
+stream_row(ReadState *rs, HeapTuple tup, TupleDesc desc, int64 seq,
+		   bool pub_row, TransactionId pub_xmin)
 {
-	char	   *id = row_text(tup, desc, 4);
+	char	   *id = row_text(tup, desc, COL_AGGREGATE_ID);
 
 	if (set_has(rs->caught, id))
 		return;
@@ -606,32 +647,209 @@ stream_row(ReadState *rs, HeapTuple tup, TupleDesc desc, int64 seq)
 	}
 	if (set_add(rs->owed, id))
 		publish_stream_owe(seq);
-	add_row(rs, tup, desc, seq, false);
+	add_row(rs, tup, desc, seq, false, pub_row, pub_xmin);
+}
+
+/* A chunk of the manifest being fetched: each event's row, once found. */
+typedef struct Chunk
+{
+	ManifestEntry *entries;
+	int			n;
+	HeapTuple  *rows;			/* [n]; NULL: not found (yet) */
+	TupleDesc	desc;
+	HTAB	   *positions;		/* id -> ChunkPosition */
+	HTAB	   *progress;		/* aggregate id -> Progress */
+	SPITupleTable *tables[2];	/* the rows' (by ctid, by id) */
+} Chunk;
+
+typedef struct ChunkPosition
+{
+	int64		id;				/* hash key: must be first */
+	int			pos;
+} ChunkPosition;
+
+/* An aggregate's progress as the stream reads it. */
+typedef struct Progress
+{
+	char	   *aggregate_id;	/* hash key: must be first */
+	bool		has_row;
+	bool		listed;
+	int64		last_published_version;
+	TransactionId xmin;
+} Progress;
+
+/* Put the rows SPI_tuptable holds where the chunk expects their ids. */
+static void
+place_rows(Chunk *c)
+{
+	for (uint64 r = 0; r < SPI_processed; r++)
+	{
+		HeapTuple	tup = SPI_tuptable->vals[r];
+		bool		isnull;
+		int64		id = DatumGetInt64(SPI_getbinval(tup, SPI_tuptable->tupdesc, COL_ID, &isnull));
+		ChunkPosition *cp = hash_search(c->positions, &id, HASH_FIND, NULL);
+
+		/* A row version that came to the slot since is not ours. */
+		if (cp != NULL && c->rows[cp->pos] == NULL)
+			c->rows[cp->pos] = tup;
+	}
+	c->desc = SPI_tuptable->tupdesc;
+	c->tables[c->tables[0] ? 1 : 0] = SPI_tuptable;
+}
+
+/*
+ * Fetch the chunk's rows: where the delta found them, then by id those
+ * that moved (updated since: attempts, a disposition).  Rows disposed of
+ * are not fetched.
+ */
+static void
+fetch_chunk(Chunk *c, MemoryContext cxt)
+{
+	HASHCTL		hctl;
+	ItemPointerData *tids = MemoryContextAlloc(cxt, sizeof(ItemPointerData) * c->n);
+	Datum	   *d = MemoryContextAlloc(cxt, sizeof(Datum) * c->n);
+	int64	   *missing = MemoryContextAlloc(cxt, sizeof(int64) * c->n);
+	int			nmissing = 0;
+	Datum		arg;
+
+	memset(&hctl, 0, sizeof(hctl));
+	hctl.keysize = sizeof(int64);
+	hctl.entrysize = sizeof(ChunkPosition);
+	hctl.hcxt = cxt;
+	c->positions = hash_create("outbox chunk", c->n, &hctl, HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
+	c->rows = MemoryContextAllocZero(cxt, sizeof(HeapTuple) * c->n);
+	c->tables[0] = c->tables[1] = NULL;
+	for (int i = 0; i < c->n; i++)
+	{
+		ChunkPosition *cp = hash_search(c->positions, &c->entries[i].id, HASH_ENTER, NULL);
+
+		cp->pos = i;
+		tids[i] = c->entries[i].tid;
+		d[i] = PointerGetDatum(&tids[i]);
+	}
+	arg = PointerGetDatum(construct_array(d, c->n, TIDOID, sizeof(ItemPointerData), false,
+										  TYPALIGN_SHORT));
+	if (SPI_execute_plan(fetch_tid_plan, &arg, NULL, true, 0) != SPI_OK_SELECT)
+		elog(ERROR, "could not read the stream's events");
+	place_rows(c);
+
+	for (int i = 0; i < c->n; i++)
+		if (c->rows[i] == NULL)
+			missing[nmissing++] = c->entries[i].id;
+	if (nmissing == 0)
+		return;
+	arg = publish_int8_array(missing, nmissing);
+	if (SPI_execute_plan(fetch_id_plan, &arg, NULL, true, 0) != SPI_OK_SELECT)
+		elog(ERROR, "could not read the stream's events");
+	/* Both fetches return EVENT_COLUMNS: one descriptor serves. */
+	place_rows(c);
+}
+
+/* Read the progress of the chunk's aggregates, once each. */
+static void
+fetch_progress(Chunk *c, MemoryContext cxt)
+{
+	char	  **ids = MemoryContextAlloc(cxt, sizeof(char *) * Max(c->n, 1));
+	int			nids = 0;
+	Datum		arg;
+
+	c->progress = publish_aggregate_table("outbox progress", sizeof(Progress), c->n, cxt);
+	for (int i = 0; i < c->n; i++)
+	{
+		char	   *id;
+		Progress   *p;
+		bool		found;
+
+		if (c->rows[i] == NULL)
+			continue;
+		id = row_text(c->rows[i], c->desc, COL_AGGREGATE_ID);
+		p = hash_search(c->progress, &id, HASH_ENTER, &found);
+		if (!found)
+		{
+			p->aggregate_id = MemoryContextStrdup(cxt, id);
+			p->has_row = false;
+			ids[nids++] = p->aggregate_id;
+		}
+		pfree(id);
+	}
+	if (nids == 0)
+		return;
+	arg = publish_text_array(ids, nids);
+	if (SPI_execute_plan(progress_plan, &arg, NULL, true, 0) != SPI_OK_SELECT)
+		elog(ERROR, "could not read the aggregates' progress");
+	for (uint64 r = 0; r < SPI_processed; r++)
+	{
+		HeapTuple	tup = SPI_tuptable->vals[r];
+		TupleDesc	desc = SPI_tuptable->tupdesc;
+		char	   *id = row_text(tup, desc, 1);
+		Progress   *p = hash_search(c->progress, &id, HASH_FIND, NULL);
+		bool		isnull;
+
+		if (p == NULL)
+			continue;
+		p->has_row = true;
+		p->last_published_version = DatumGetInt64(SPI_getbinval(tup, desc, 2, &isnull));
+		p->listed = DatumGetBool(SPI_getbinval(tup, desc, 3, &isnull));
+		p->xmin = DatumGetTransactionId(SPI_getbinval(tup, desc, 4, &isnull));
+	}
+	SPI_freetuptable(SPI_tuptable);
+}
+
+/*
+ * The chunk's events, in the manifest's order, to the stream: those still
+ * unsettled of aggregates not listed (the others are read by index).
+ */
+static void
+stream_chunk(ReadState *rs, Chunk *c, int64 seq)
+{
+	for (int i = 0; i < c->n; i++)
+	{
+		HeapTuple	tup = c->rows[i];
+		char	   *id;
+		Progress   *p;
+		bool		isnull;
+
+		if (tup == NULL)
+			continue;
+		id = row_text(tup, c->desc, COL_AGGREGATE_ID);
+		p = hash_search(c->progress, &id, HASH_FIND, NULL);
+		pfree(id);
+		if (p->has_row &&
+			(p->listed ||
+			 DatumGetInt64(SPI_getbinval(tup, c->desc, COL_VERSION, &isnull)) <=
+			 p->last_published_version))
+			continue;
+		stream_row(rs, tup, c->desc, seq, p->has_row, p->xmin);
+	}
 }
 
 /* Read the stream's next events into the flight, a new delta if due. */
 static void
 read_stream(ReadState *rs, int nshares, int share)
 {
+	MemoryContext chunk_cxt = AllocSetContextCreate(CurrentMemoryContext, "outbox chunk",
+													ALLOCSET_DEFAULT_SIZES);
+
 	if (publish_stream_manifest_done())
 		read_new_delta(nshares, share);
 	while (has_room(rs))
 	{
-		int64	   *ids;
+		Chunk		c;
 		int64		seq;
-		int			n = publish_stream_next_ids(chunk_size(rs), &ids, &seq);
-		Datum		arg;
 
-		if (n == 0)
+		c.n = publish_stream_next_ids(chunk_size(rs), &c.entries, &seq);
+		if (c.n == 0)
 			break;
-		arg = publish_int8_array(ids, n);
-		if (SPI_execute_plan(fetch_plan, &arg, NULL, true, 0) != SPI_OK_SELECT)
-			elog(ERROR, "could not read the stream's events");
-		for (uint64 r = 0; r < SPI_processed; r++)
-			stream_row(rs, SPI_tuptable->vals[r], SPI_tuptable->tupdesc, seq);
-		SPI_freetuptable(SPI_tuptable);
+		fetch_chunk(&c, chunk_cxt);
+		fetch_progress(&c, chunk_cxt);
+		stream_chunk(rs, &c, seq);
+		for (int t = 0; t < lengthof(c.tables); t++)
+			if (c.tables[t])
+				SPI_freetuptable(c.tables[t]);
+		MemoryContextReset(chunk_cxt);
 		publish_stream_ids_done();
 	}
+	MemoryContextDelete(chunk_cxt);
 }
 
 /*

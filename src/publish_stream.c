@@ -64,8 +64,8 @@ static Delta *deltas_head = NULL;
 static Delta *deltas_tail = NULL;
 static int64 next_delta_seq = 1;
 
-/* The manifest of the newest delta: its events' ids in id order. */
-static int64 *manifest = NULL;
+/* The manifest of the newest delta: its events, in the order read. */
+static ManifestEntry *manifest = NULL;
 static int	manifest_len = 0;
 static int	manifest_pos = 0;
 
@@ -287,12 +287,12 @@ publish_stream_manifest_done(void)
 }
 
 /*
- * A new delta was read at snapshot (its events' ids in id order, n of them,
- * allocated in any context): it becomes the newest, and the next one
+ * A new delta was read at snapshot (its n events in the order to read
+ * them, allocated in any context): it becomes the newest, and the next one
  * starts from its snapshot.
  */
 void
-publish_stream_new_delta(const char *snapshot, int64 *ids, int n)
+publish_stream_new_delta(const char *snapshot, ManifestEntry *entries, int n)
 {
 	MemoryContext oldcxt = MemoryContextSwitchTo(stream_context);
 	Delta	   *d = palloc0(sizeof(Delta));
@@ -306,8 +306,8 @@ publish_stream_new_delta(const char *snapshot, int64 *ids, int n)
 	deltas_tail = d;
 	if (manifest)
 		pfree(manifest);
-	manifest = palloc(sizeof(int64) * Max(n, 1));
-	memcpy(manifest, ids, sizeof(int64) * n);
+	manifest = palloc(sizeof(ManifestEntry) * Max(n, 1));
+	memcpy(manifest, entries, sizeof(ManifestEntry) * n);
 	manifest_len = n;
 	manifest_pos = 0;
 	if (read_from)
@@ -319,22 +319,22 @@ publish_stream_new_delta(const char *snapshot, int64 *ids, int n)
 }
 
 /*
- * The next ids of the manifest to read, at most max: *ids points into the
- * manifest.  Returns their number; the newest delta is complete once it
- * returned the last.  The delta they owe is *seq.
+ * The next events of the manifest to read, at most max: *entries points
+ * into the manifest.  Returns their number; the newest delta is complete
+ * once it returned the last.  The delta they owe is *seq.
  */
 int
-publish_stream_next_ids(int max, int64 **ids, int64 *seq)
+publish_stream_next_ids(int max, ManifestEntry **entries, int64 *seq)
 {
 	int			n = Min(max, manifest_len - manifest_pos);
 
-	*ids = manifest + manifest_pos;
+	*entries = manifest + manifest_pos;
 	*seq = deltas_tail ? deltas_tail->seq : 0;
 	manifest_pos += n;
 	return n;
 }
 
-/* Done with the ids publish_stream_next_ids() returned: maybe complete. */
+/* Done with the events publish_stream_next_ids() returned: maybe complete. */
 void
 publish_stream_ids_done(void)
 {

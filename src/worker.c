@@ -613,8 +613,8 @@ worker_setup(void)
 	/*
 	 * The pending fraction swings from nothing to everything faster than
 	 * statistics follow; an estimate of a few pending rows made the fetch a
-	 * bitmap scan of every pending row plus a sort.  Walking the pending
-	 * index in id order is right at any backlog.
+	 * bitmap scan of every pending row plus a sort.  Walking an index is
+	 * right at any backlog.
 	 */
 	SetConfigOption("enable_bitmapscan", "off", PGC_SUSET, PGC_S_OVERRIDE);
 
@@ -632,8 +632,13 @@ worker_setup(void)
 	 * Every statement of ours finds its rows by an index.  With statistics
 	 * of an empty aggregate_publication (new, truncated) the read joined
 	 * each event to a sequential scan of it, 20 times slower once it grew.
+	 * A hash or merge join walks all of aggregate_publication for each
+	 * chunk of events (11.5 ms for 1,000 events of 1,000 aggregates when
+	 * it had 10,000 rows; 1.4 ms by a nested loop over its index).
 	 */
 	SetConfigOption("enable_seqscan", "off", PGC_SUSET, PGC_S_OVERRIDE);
+	SetConfigOption("enable_hashjoin", "off", PGC_SUSET, PGC_S_OVERRIDE);
+	SetConfigOption("enable_mergejoin", "off", PGC_SUSET, PGC_S_OVERRIDE);
 	SetConfigOption("jit", "off", PGC_SUSET, PGC_S_OVERRIDE);
 
 	loop_context = AllocSetContextCreate(TopMemoryContext, "outbox loop",
