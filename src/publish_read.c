@@ -9,6 +9,7 @@
 #include "postgres.h"
 
 #include "catalog/pg_type.h"
+#include "commands/extension.h"
 #include "executor/spi.h"
 #include "utils/array.h"
 #include "utils/builtins.h"
@@ -21,7 +22,7 @@
 int			outbox_batch_events = 10000;
 int			outbox_batch_bytes = 16 * 1024 * 1024;
 
-static Oid	plans_nspid = InvalidOid;
+static Oid	plans_extoid = InvalidOid;	/* the extension the plans are for */
 static SPIPlanPtr snapshot_plan = NULL;
 static SPIPlanPtr paused_plan = NULL;
 static SPIPlanPtr delta_plan = NULL;
@@ -62,21 +63,18 @@ publish_read_init(void)
 
 /* Schema of the extension in this database, or NULL if not installed. */
 static char *
-extension_schema(Oid *nspid)
+extension_schema(void)
 {
-	bool		isnull;
 	int			rc;
 
-	rc = SPI_execute("SELECT e.extnamespace, n.nspname FROM pg_catalog.pg_extension e "
+	rc = SPI_execute("SELECT n.nspname FROM pg_catalog.pg_extension e "
 					 "JOIN pg_catalog.pg_namespace n ON n.oid = e.extnamespace "
 					 "WHERE e.extname = 'outbox'", true, 1);
 	if (rc != SPI_OK_SELECT)
 		elog(ERROR, "could not look up the outbox extension");
 	if (SPI_processed == 0)
 		return NULL;
-	*nspid = DatumGetObjectId(SPI_getbinval(SPI_tuptable->vals[0],
-											SPI_tuptable->tupdesc, 1, &isnull));
-	return SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2);
+	return SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1);
 }
 
 /* The columns of an event as copy_row() reads them. */
@@ -224,20 +222,19 @@ free_read_plans(void)
 		}
 }
 
-/* Prepare every module's plans for the extension in schema (nspid). */
+/* Prepare every module's plans for the extension in schema. */
 static void
-prepare_plans(Oid nspid, const char *schema)
+prepare_plans(const char *schema)
 {
 	const char *s = quote_identifier(schema);
 
 	free_read_plans();
-	plans_nspid = InvalidOid;
+	plans_extoid = InvalidOid;
 	prepare_read_plans(s);
 	publish_stream_prepare(s);
 	publish_settle_prepare(s);
 	publish_poison_prepare(s);
 	publish_retention_prepare(s);
-	plans_nspid = nspid;
 }
 
 /*
@@ -247,13 +244,19 @@ prepare_plans(Oid nspid, const char *schema)
 bool
 publish_lookup_extension(void)
 {
-	Oid			nspid = InvalidOid;
-	char	   *schema = extension_schema(&nspid);
+	Oid			extoid = get_extension_oid("outbox", true);
+	char	   *schema;
 
+	if (!OidIsValid(extoid))
+		return false;
+	/* Not relocatable: the same extension stays in its schema. */
+	if (extoid == plans_extoid)
+		return true;
+	schema = extension_schema();
 	if (schema == NULL)
 		return false;
-	if (nspid != plans_nspid)
-		prepare_plans(nspid, schema);
+	prepare_plans(schema);
+	plans_extoid = extoid;
 	return true;
 }
 
