@@ -60,4 +60,11 @@ TimestampDifferenceMilliseconds(TimestampTz start_time, TimestampTz stop_time)
 }
 #endif
 
+/* A wait event set that lives until freed (PG17 ties them to resource owners). */
+#if PG_VERSION_NUM >= 170000
+#define outbox_create_wait_set(nevents) CreateWaitEventSet(NULL, (nevents))
+#else
+#define outbox_create_wait_set(nevents) CreateWaitEventSet(TopMemoryContext, (nevents))
+#endif
+
 #endif							/* OUTBOX_COMPAT_H */

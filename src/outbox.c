@@ -185,7 +185,17 @@ outbox_publish_locktag(LOCKTAG *tag, const char *aggregate_id)
 SPIPlanPtr
 outbox_keep_plan(const char *query, int nargs, Oid *argtypes)
 {
-	SPIPlanPtr	plan = SPI_prepare(query, nargs, argtypes);
+	return outbox_keep_plan_options(query, nargs, argtypes, 0);
+}
+
+/*
+ * The same, with cursor options: CURSOR_OPT_CUSTOM_PLAN plans a statement
+ * at every execution, for its parameters' values (plan_cache_mode = auto).
+ */
+SPIPlanPtr
+outbox_keep_plan_options(const char *query, int nargs, Oid *argtypes, int cursor_options)
+{
+	SPIPlanPtr	plan = SPI_prepare_cursor(query, nargs, argtypes, cursor_options);
 
 	if (plan == NULL)
 		elog(ERROR, "SPI_prepare failed for \"%s\": %s", query,

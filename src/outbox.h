@@ -137,5 +137,7 @@ extern void outbox_aggregate_locktag(LOCKTAG *tag, const char *aggregate_id,
 extern void outbox_publish_locktag(LOCKTAG *tag, const char *aggregate_id);
 extern struct _SPI_plan *outbox_keep_plan(const char *query, int nargs,
 										  Oid *argtypes);
+extern struct _SPI_plan *outbox_keep_plan_options(const char *query, int nargs,
+												  Oid *argtypes, int cursor_options);
 
 #endif							/* OUTBOX_H */

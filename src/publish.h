@@ -143,12 +143,23 @@ extern OutboxWorkerSlot *publish_slot;
 extern void publish_set_state(const char *state);
 extern void publish_process_reload(void);
 
+/*
+ * Keep a plan of the publisher's, planned once: with only nested loops over
+ * indexes allowed (worker_setup) the plan does not depend on parameters.
+ */
+static inline SPIPlanPtr
+publish_keep_plan(const char *query, int nargs, Oid *argtypes)
+{
+	return outbox_keep_plan_options(query, nargs, argtypes, CURSOR_OPT_GENERIC_PLAN);
+}
+
 /* publish_read.c: plans, and reading pending events */
 extern int	outbox_batch_events;
 extern int	outbox_batch_bytes;
 extern void publish_read_init(void);
-extern bool publish_lookup_extension(void);
+extern Oid	publish_lookup_extension(void);
 extern int	publish_fetch(Flight *f, int nshares, int share, int max_events, int64 max_bytes);
+extern void publish_listed_changed(void);
 
 /* One event of a delta's manifest: where to fetch it, and what it must be. */
 typedef struct ManifestEntry
@@ -206,6 +217,7 @@ extern void publish_aggregate_settled(Flight *f, BatchAggregate *agg);
 extern void publish_free_settled_flights(void);
 extern void publish_in_flight(int *events, int64 *bytes);
 extern long publish_hold_reading_ms(void);
+extern void publish_note_read(int nevents, int max_events);
 extern void publish_serve_reports(void);
 extern int	publish_check_timeouts(void);
 extern long publish_stalled_count(void);

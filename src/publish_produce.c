@@ -30,15 +30,25 @@
 
 /*
  * How long reading the next batch waits for the newest flight's reports:
- * a batch read while the last one is still out re-reads its rows (pending
- * until settled) only to skip them, so the healthy case waits the few
- * milliseconds acknowledgements take, and a partition that does not
- * acknowledge holds up reading only this long: 10 ms, and 1 ms more per
- * 100 events of the flight (a large one takes longer to acknowledge), up
- * to 200 ms.
+ * the aggregates of a flight still out are diverted from the next read (to
+ * be read by index later), so the healthy case waits the few milliseconds
+ * acknowledgements take, and a partition that does not acknowledge holds
+ * up reading only this long: 10 ms, and 1 ms more per 100 events of the
+ * flight (a large one takes longer to acknowledge), up to 200 ms.
  */
 #define HOLD_READING_MS 10
 #define HOLD_READING_MAX_MS 200
+
+/*
+ * And how long after a read that found less than a batch: the commits of
+ * those milliseconds are read together, in one transaction, instead of one
+ * read (and one settling) per commit.  A full batch (a backlog) reads on
+ * at once.
+ */
+#define READ_GAP_MS 5
+
+static TimestampTz last_read_at = 0;
+static bool last_read_full = false;
 
 int			outbox_delivery_timeout_ms = 10000;
 int			outbox_batch_aggregates = 10000;
@@ -485,14 +495,29 @@ long
 publish_hold_reading_ms(void)
 {
 	Flight	   *f = publish_flights;
+	TimestampTz now = GetCurrentTimestamp();
+	long		gap = 0;
 	long		limit;
 	long		age;
 
+	if (!last_read_full)
+	{
+		age = TimestampDifferenceMilliseconds(last_read_at, now);
+		gap = age < READ_GAP_MS ? READ_GAP_MS - age : 0;
+	}
 	if (f == NULL || f->outstanding == 0)
-		return 0;
+		return gap;
 	limit = Min(HOLD_READING_MS + f->nevents / 100, HOLD_READING_MAX_MS);
-	age = TimestampDifferenceMilliseconds(f->produced_at, GetCurrentTimestamp());
-	return age < limit ? limit - age : 0;
+	age = TimestampDifferenceMilliseconds(f->produced_at, now);
+	return Max(gap, age < limit ? limit - age : 0);
+}
+
+/* A read found nevents of the max_events it could take. */
+void
+publish_note_read(int nevents, int max_events)
+{
+	last_read_at = GetCurrentTimestamp();
+	last_read_full = nevents >= max_events;
 }
 
 /* Serve the delivery reports that arrived (and drain the wake-up pipe). */

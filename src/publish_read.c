@@ -24,7 +24,6 @@ int			outbox_batch_bytes = 16 * 1024 * 1024;
 
 static Oid	plans_extoid = InvalidOid;	/* the extension the plans are for */
 static SPIPlanPtr snapshot_plan = NULL;
-static SPIPlanPtr paused_plan = NULL;
 static SPIPlanPtr delta_plan = NULL;
 static SPIPlanPtr unsettled_plan = NULL;
 static SPIPlanPtr fetch_tid_plan = NULL;
@@ -37,6 +36,16 @@ static SPIPlanPtr clear_plan = NULL;
 
 /* Most aggregates one read looks up by index. */
 #define CATCH_UP_AGGREGATES 1000
+
+/*
+ * How often the aggregates the database lists are looked for when nothing
+ * says there are new ones: a backoff's end or an operator's function is
+ * seen this much later at most.
+ */
+#define LISTED_POLL_MS 100
+
+static TimestampTz listed_read_at = 0;
+static bool listed_changed = true;
 
 /* Define this module's settings (from _PG_init). */
 void
@@ -121,15 +130,18 @@ prepare_read_plans(const char *s)
 	Oid			catch_up_types[2] = {TEXTARRAYOID, INT4OID};
 	Oid			clear_types[2] = {TEXTARRAYOID, XIDARRAYOID};
 
-	snapshot_plan = outbox_keep_plan("SELECT pg_catalog.pg_current_snapshot()::text", 0, NULL);
-	paused_plan = outbox_keep_plan(psprintf("SELECT c.paused FROM %s.publisher_control c", s),
-								   0, NULL);
+	/* The read's snapshot, and whether publishing is paused as a whole. */
+	listed_changed = true;
+	snapshot_plan = publish_keep_plan(psprintf("SELECT pg_catalog.pg_current_snapshot()::text, "
+											   "coalesce((SELECT c.paused FROM %s.publisher_control c LIMIT 1), false)",
+											   s),
+									  0, NULL);
 
 	/*
 	 * A delta: the events of the transactions this snapshot sees and the
 	 * previous read's ($1) did not (those before its xmin it saw).
 	 */
-	delta_plan = outbox_keep_plan(psprintf(
+	delta_plan = publish_keep_plan(psprintf(
 										   "SELECT o.id, o.ctid FROM %s.outbox o "
 										   "WHERE o.txid >= pg_catalog.pg_snapshot_xmin($1::pg_catalog.pg_snapshot) "
 										   "AND NOT pg_catalog.pg_visible_in_snapshot(o.txid, $1::pg_catalog.pg_snapshot) "
@@ -139,7 +151,7 @@ prepare_read_plans(const char *s)
 								  3, delta_types);
 
 	/* Without a horizon (first start, after a restore): every unsettled event. */
-	unsettled_plan = outbox_keep_plan(psprintf(
+	unsettled_plan = publish_keep_plan(psprintf(
 											   "SELECT o.id, o.ctid FROM %s.outbox o "
 											   "LEFT JOIN %s.aggregate_publication p ON p.aggregate_id = o.aggregate_id "
 											   "WHERE o.aggregate_version > coalesce(p.last_published_version, 0) "
@@ -153,21 +165,21 @@ prepare_read_plans(const char *s)
 	 * row version that moved since is fetched by id instead), then their
 	 * aggregates' progress (once per aggregate, not per event).
 	 */
-	fetch_tid_plan = outbox_keep_plan(psprintf(
+	fetch_tid_plan = publish_keep_plan(psprintf(
 											   "SELECT " EVENT_COLUMNS "FROM %s.outbox o "
 											   "WHERE o.ctid = ANY ($1) AND o.disposition IS NULL", s),
 									  1, fetch_tid_types);
-	fetch_id_plan = outbox_keep_plan(psprintf(
+	fetch_id_plan = publish_keep_plan(psprintf(
 											  "SELECT " EVENT_COLUMNS "FROM %s.outbox o "
 											  "WHERE o.id = ANY ($1) AND o.disposition IS NULL", s),
 									 1, fetch_id_types);
-	progress_plan = outbox_keep_plan(psprintf(
+	progress_plan = publish_keep_plan(psprintf(
 											  "SELECT p.aggregate_id, p.last_published_version, " LISTED("p") ", p.xmin "
 											  "FROM %s.aggregate_publication p WHERE p.aggregate_id = ANY ($1)", s),
 									 1, progress_types);
 
 	/* Listed aggregates that may be published now (catch_up, backoff over). */
-	listed_plan = outbox_keep_plan(psprintf(
+	listed_plan = publish_keep_plan(psprintf(
 											"SELECT p.aggregate_id, p.xmin FROM %s.aggregate_publication p "
 											"WHERE (p.catch_up OR p.next_attempt_at IS NOT NULL) "
 											"AND NOT p.paused AND p.blocked_version IS NULL "
@@ -177,14 +189,14 @@ prepare_read_plans(const char *s)
 								   3, listed_types);
 
 	/* Of these aggregates, the ones listed and held (paused, blocked, backing off). */
-	held_plan = outbox_keep_plan(psprintf(
+	held_plan = publish_keep_plan(psprintf(
 										  "SELECT p.aggregate_id FROM %s.aggregate_publication p "
 										  "WHERE p.aggregate_id = ANY ($1) AND (p.paused OR p.blocked_version IS NOT NULL "
 										  "OR p.next_attempt_at > pg_catalog.now())", s),
 								 1, held_types);
 
 	/* Aggregates' unsettled events by index, each aggregate's in version order. */
-	catch_up_plan = outbox_keep_plan(psprintf(
+	catch_up_plan = outbox_keep_plan_options(psprintf(
 											  "SELECT " EVENT_COLUMNS ", p.xmin FROM %s.outbox o "
 											  "LEFT JOIN %s.aggregate_publication p ON p.aggregate_id = o.aggregate_id "
 											  "WHERE o.aggregate_id = ANY ($1) "
@@ -193,25 +205,25 @@ prepare_read_plans(const char *s)
 											  "AND NOT coalesce(p.paused OR p.blocked_version IS NOT NULL "
 											  "OR p.next_attempt_at > pg_catalog.now(), false) "
 											  "ORDER BY o.aggregate_id, o.aggregate_version LIMIT $2", s, s),
-									 2, catch_up_types);
+									 2, catch_up_types, CURSOR_OPT_CUSTOM_PLAN);
 
 	/*
 	 * Listed aggregates a read found nothing pending for go back to the
 	 * stream, unless their row changed since (an operator, a failure).
 	 */
-	clear_plan = outbox_keep_plan(psprintf(
+	clear_plan = outbox_keep_plan_options(psprintf(
 										   "UPDATE %s.aggregate_publication p SET catch_up = false, "
 										   "next_attempt_at = NULL, updated_at = pg_catalog.clock_timestamp() "
 										   "FROM unnest($1, $2) AS u(id, x) "
 										   "WHERE p.aggregate_id = u.id AND p.xmin = u.x", s),
-								  2, clear_types);
+								  2, clear_types, CURSOR_OPT_CUSTOM_PLAN);
 }
 
 /* Free the plans of the previous extension, if any. */
 static void
 free_read_plans(void)
 {
-	SPIPlanPtr *plans[] = {&snapshot_plan, &paused_plan, &delta_plan, &unsettled_plan,
+	SPIPlanPtr *plans[] = {&snapshot_plan, &delta_plan, &unsettled_plan,
 	&fetch_tid_plan, &fetch_id_plan, &progress_plan, &listed_plan, &held_plan, &catch_up_plan, &clear_plan};
 
 	for (int i = 0; i < lengthof(plans); i++)
@@ -239,25 +251,26 @@ prepare_plans(const char *schema)
 
 /*
  * In a transaction with a snapshot: find the extension and (re)prepare the
- * plans if it moved.  Returns false if it is not installed.
+ * plans if it moved.  Returns its OID, or InvalidOid if it is not
+ * installed.
  */
-bool
+Oid
 publish_lookup_extension(void)
 {
 	Oid			extoid = get_extension_oid("outbox", true);
 	char	   *schema;
 
 	if (!OidIsValid(extoid))
-		return false;
+		return InvalidOid;
 	/* Not relocatable: the same extension stays in its schema. */
 	if (extoid == plans_extoid)
-		return true;
+		return extoid;
 	schema = extension_schema();
 	if (schema == NULL)
-		return false;
+		return InvalidOid;
 	prepare_plans(schema);
 	plans_extoid = extoid;
-	return true;
+	return extoid;
 }
 
 /*
@@ -445,11 +458,17 @@ catch_up_candidates(int nshares, int share, HTAB *set, HTAB *listed_xmins)
 				n++;
 	}
 
+	if (!listed_changed &&
+		!TimestampDifferenceExceeds(listed_read_at, GetCurrentTimestamp(), LISTED_POLL_MS))
+		return n;
+	listed_read_at = GetCurrentTimestamp();
 	args[0] = Int32GetDatum(nshares);
 	args[1] = Int32GetDatum(share);
 	args[2] = Int32GetDatum(CATCH_UP_AGGREGATES);
 	if (SPI_execute_plan(listed_plan, args, NULL, true, 0) != SPI_OK_SELECT)
 		elog(ERROR, "could not read the listed aggregates");
+	/* More than one read takes: look again next time. */
+	listed_changed = SPI_processed >= CATCH_UP_AGGREGATES;
 	for (uint64 r = 0; r < SPI_processed; r++)
 	{
 		HeapTuple	tup = SPI_tuptable->vals[r];
@@ -586,19 +605,15 @@ clear_caught_up(char **cand, int ncand, HTAB *caught, HTAB *listed)
 		elog(ERROR, "could not return aggregates to the stream");
 }
 
-/* Read a new delta's manifest (at the read's snapshot). */
+/* Read a new delta's manifest (at the read's snapshot, as text). */
 static void
-read_new_delta(int nshares, int share)
+read_new_delta(const char *snapshot, int nshares, int share)
 {
 	const char *from = publish_stream_read_from();
-	char	   *snapshot;
 	ManifestEntry *entries;
 	Datum		args[3];
 	int			rc;
 
-	if (SPI_execute_plan(snapshot_plan, NULL, NULL, true, 1) != SPI_OK_SELECT)
-		elog(ERROR, "could not take the stream's snapshot");
-	snapshot = SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1);
 	if (from != NULL)
 	{
 		args[0] = CStringGetTextDatum(from);
@@ -828,13 +843,13 @@ stream_chunk(ReadState *rs, Chunk *c, int64 seq)
 
 /* Read the stream's next events into the flight, a new delta if due. */
 static void
-read_stream(ReadState *rs, int nshares, int share)
+read_stream(ReadState *rs, const char *snapshot, int nshares, int share)
 {
 	MemoryContext chunk_cxt = AllocSetContextCreate(CurrentMemoryContext, "outbox chunk",
 													ALLOCSET_DEFAULT_SIZES);
 
 	if (publish_stream_manifest_done())
-		read_new_delta(nshares, share);
+		read_new_delta(snapshot, nshares, share);
 	while (has_room(rs))
 	{
 		Chunk		c;
@@ -855,6 +870,13 @@ read_stream(ReadState *rs, int nshares, int share)
 	MemoryContextDelete(chunk_cxt);
 }
 
+/* The database lists new aggregates (a failure recorded): look at once. */
+void
+publish_listed_changed(void)
+{
+	listed_changed = true;
+}
+
 /*
  * Read a batch into the flight (in the read transaction, with its
  * snapshot): first aggregates to read by index (diverted, or listed by the
@@ -867,12 +889,13 @@ publish_fetch(Flight *f, int nshares, int share, int max_events, int64 max_bytes
 {
 	ReadState	rs;
 	bool		isnull;
+	char	   *snapshot;
 
-	if (SPI_execute_plan(paused_plan, NULL, NULL, true, 1) != SPI_OK_SELECT)
-		elog(ERROR, "could not read publisher_control");
-	if (SPI_processed > 0 &&
-		DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull)))
+	if (SPI_execute_plan(snapshot_plan, NULL, NULL, true, 1) != SPI_OK_SELECT)
+		elog(ERROR, "could not take the read's snapshot");
+	if (DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2, &isnull)))
 		return 0;
+	snapshot = SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1);
 
 	publish_stream_begin(nshares, share);
 	rs.f = f;
@@ -886,7 +909,7 @@ publish_fetch(Flight *f, int nshares, int share, int max_events, int64 max_bytes
 	f->bytes = 0;
 
 	read_by_index(&rs, nshares, share);
-	read_stream(&rs, nshares, share);
+	read_stream(&rs, snapshot, nshares, share);
 	publish_stream_store_horizon();
 
 	f->results = MemoryContextAllocZero(f->cxt, sizeof(DeliveryResult) * Max(f->nevents, 1));

@@ -31,7 +31,17 @@ static const char *const action_disposition[] = {
 	[EV_SKIP] = "skipped",
 };
 
-static SPIPlanPtr settle_plan = NULL;
+static SPIPlanPtr settle_plan = NULL;	/* planned for the arrays */
+static SPIPlanPtr settle_small_plan = NULL; /* planned once */
+static SPIPlanPtr progress_plan = NULL; /* only progress, of existing rows */
+static SPIPlanPtr progress_small_plan = NULL;
+
+/*
+ * Most aggregates a settling records with the plan planned once: with the
+ * arrays' redundant ANY conditions its worst join order costs n^2 array
+ * reads, nothing next to a planning at this size.
+ */
+#define SETTLE_SMALL 64
 
 /* Held marks (see PendingMarks), in marks_context. */
 static MemoryContext marks_context = NULL;
@@ -65,9 +75,15 @@ publish_settle_prepare(const char *s)
 {
 	Oid			types[8] = {TIMESTAMPTZOID, TEXTARRAYOID, INT8ARRAYOID, XIDARRAYOID,
 	BOOLARRAYOID, INT8ARRAYOID, TEXTARRAYOID, TEXTARRAYOID};
+	const char *sql;
 
 	if (settle_plan)
+	{
 		SPI_freeplan(settle_plan);
+		SPI_freeplan(settle_small_plan);
+		SPI_freeplan(progress_plan);
+		SPI_freeplan(progress_small_plan);
+	}
 
 	/*
 	 * One statement per settling: each aggregate's progress, recorded only
@@ -80,27 +96,58 @@ publish_settle_prepare(const char *s)
 	 * stream skipped its events meanwhile, and only a read by index that
 	 * finds nothing more returns it to the stream.
 	 */
-	settle_plan = outbox_keep_plan(psprintf(
-											"WITH u AS (SELECT * FROM unnest($2, $3, $4, $5) AS u(id, v, x, r)), "
-											"ins AS (INSERT INTO %s.aggregate_publication "
-											"(aggregate_id, last_published_version, last_published_at, updated_at) "
-											"SELECT u.id, u.v, $1, $1 FROM u WHERE NOT u.r "
-											"ON CONFLICT (aggregate_id) DO NOTHING RETURNING aggregate_id), "
-											"upd AS (UPDATE %s.aggregate_publication a SET "
-											"last_published_version = GREATEST(a.last_published_version, u.v), "
-											"last_published_at = $1, attempts = 0, last_error = NULL, "
-											"catch_up = a.catch_up OR a.next_attempt_at IS NOT NULL, "
-											"next_attempt_at = NULL, updated_at = $1 "
-											"FROM u WHERE u.r AND a.aggregate_id = u.id AND a.xmin = u.x "
-											"RETURNING a.aggregate_id), "
-											"done AS (SELECT aggregate_id FROM ins UNION ALL SELECT aggregate_id FROM upd), "
-											"disposed AS (UPDATE %s.outbox o SET disposition = d.action::%s.outbox_disposition, "
-											"disposed_at = $1, "
-											"attempts = o.attempts + CASE WHEN d.action = 'skipped' THEN 0 ELSE 1 END "
-											"FROM unnest($6, $7, $8) AS d(id, action, agg) "
-											"WHERE o.id = d.id AND d.agg IN (SELECT aggregate_id FROM done)) "
-											"SELECT aggregate_id FROM done", s, s, s, s),
-								   8, types);
+	sql = psprintf(
+				   "WITH u AS (SELECT * FROM unnest($2, $3, $4, $5) AS u(id, v, x, r)), "
+				   "ins AS (INSERT INTO %s.aggregate_publication "
+				   "(aggregate_id, last_published_version, last_published_at, updated_at) "
+				   "SELECT u.id, u.v, $1, $1 FROM u WHERE NOT u.r "
+				   "ON CONFLICT (aggregate_id) DO NOTHING RETURNING aggregate_id), "
+				   "upd AS (UPDATE %s.aggregate_publication a SET "
+				   "last_published_version = GREATEST(a.last_published_version, u.v), "
+				   "last_published_at = $1, attempts = 0, last_error = NULL, "
+				   "catch_up = a.catch_up OR a.next_attempt_at IS NOT NULL, "
+				   "next_attempt_at = NULL, updated_at = $1 "
+				   "FROM u WHERE u.r AND a.aggregate_id = u.id AND a.xmin = u.x "
+				   "AND a.aggregate_id = ANY ($2) "
+				   "RETURNING a.aggregate_id), "
+				   "done AS (SELECT aggregate_id FROM ins UNION ALL SELECT aggregate_id FROM upd), "
+				   "disposed AS (UPDATE %s.outbox o SET disposition = d.action::%s.outbox_disposition, "
+				   "disposed_at = $1, "
+				   "attempts = o.attempts + CASE WHEN d.action = 'skipped' THEN 0 ELSE 1 END "
+				   "FROM unnest($6, $7, $8) AS d(id, action, agg) "
+				   "WHERE o.id = d.id AND o.id = ANY ($6) "
+				   "AND d.agg IN (SELECT aggregate_id FROM done)) "
+				   "SELECT aggregate_id FROM done", s, s, s, s);
+	settle_plan = outbox_keep_plan_options(sql, 8, types, CURSOR_OPT_CUSTOM_PLAN);
+	settle_small_plan = outbox_keep_plan_options(sql, 8, types, CURSOR_OPT_GENERIC_PLAN);
+
+	/*
+	 * The common case, and a fraction of the executor start-up: every
+	 * aggregate has its row, nothing was dead-lettered or skipped.  The same
+	 * update as upd above.
+	 */
+	sql = psprintf("UPDATE %s.aggregate_publication a SET "
+				   "last_published_version = GREATEST(a.last_published_version, u.v), "
+				   "last_published_at = $1, attempts = 0, last_error = NULL, "
+				   "catch_up = a.catch_up OR a.next_attempt_at IS NOT NULL, "
+				   "next_attempt_at = NULL, updated_at = $1 "
+				   "FROM unnest($2, $3, $4) AS u(id, v, x) "
+				   "WHERE a.aggregate_id = u.id AND a.xmin = u.x AND a.aggregate_id = ANY ($2) "
+				   "RETURNING a.aggregate_id", s);
+	progress_plan = outbox_keep_plan_options(sql, 4, types, CURSOR_OPT_CUSTOM_PLAN);
+	progress_small_plan = outbox_keep_plan_options(sql, 4, types, CURSOR_OPT_GENERIC_PLAN);
+}
+
+/* Does every aggregate of the marks have its row, and nothing a disposition? */
+static bool
+progress_only(PendingMarks *pm)
+{
+	if (pm->ndisposed > 0)
+		return false;
+	for (int i = 0; i < pm->nprogress; i++)
+		if (!pm->progress_rows[i])
+			return false;
+	return true;
 }
 
 /* A bigint[] for a plan argument. */
@@ -160,6 +207,8 @@ apply_marks(PendingMarks *pm, TimestampTz now)
 {
 	Datum		args[8];
 	uint64		n;
+	bool		small = pm->nprogress + pm->ndisposed <= SETTLE_SMALL;
+	int			rc;
 
 	if (pm->nprogress == 0)
 		return 0;
@@ -167,11 +216,17 @@ apply_marks(PendingMarks *pm, TimestampTz now)
 	args[1] = publish_text_array(pm->progress_ids, pm->nprogress);
 	args[2] = publish_int8_array(pm->progress_versions, pm->nprogress);
 	args[3] = publish_xid_array(pm->progress_xmins, pm->nprogress);
-	args[4] = publish_bool_array(pm->progress_rows, pm->nprogress);
-	args[5] = publish_int8_array(pm->disposed_ids, pm->ndisposed);
-	args[6] = publish_text_array(pm->disposed_actions, pm->ndisposed);
-	args[7] = publish_text_array(pm->disposed_aggregates, pm->ndisposed);
-	if (SPI_execute_plan(settle_plan, args, NULL, false, 0) != SPI_OK_SELECT)
+	if (progress_only(pm))
+		rc = SPI_execute_plan(small ? progress_small_plan : progress_plan, args, NULL, false, 0);
+	else
+	{
+		args[4] = publish_bool_array(pm->progress_rows, pm->nprogress);
+		args[5] = publish_int8_array(pm->disposed_ids, pm->ndisposed);
+		args[6] = publish_text_array(pm->disposed_actions, pm->ndisposed);
+		args[7] = publish_text_array(pm->disposed_aggregates, pm->ndisposed);
+		rc = SPI_execute_plan(small ? settle_small_plan : settle_plan, args, NULL, false, 0);
+	}
+	if (rc != SPI_OK_SELECT && rc != SPI_OK_UPDATE_RETURNING)
 		elog(ERROR, "could not record the aggregates' progress");
 	n = SPI_processed;
 	for (uint64 r = 0; r < n; r++)
@@ -205,6 +260,7 @@ publish_retry_marks(void)
 	TimestampTz now = GetCurrentTimestamp();
 	int			n = publish_pending_marks->nprogress;
 	uint64		applied = 0;
+	Oid			ext;
 	bool		same;
 
 	publish_set_state("marking published (retry)");
@@ -214,8 +270,8 @@ publish_retry_marks(void)
 		elog(ERROR, "SPI_connect failed");
 	PushActiveSnapshot(GetTransactionSnapshot());
 	/* A dropped (or dropped and recreated) extension took the events with it. */
-	same = publish_lookup_extension() &&
-		get_extension_oid("outbox", true) == publish_pending_marks->extension;
+	ext = publish_lookup_extension();
+	same = OidIsValid(ext) && ext == publish_pending_marks->extension;
 	if (same)
 	{
 		applied = apply_marks(publish_pending_marks, now);
@@ -248,14 +304,17 @@ publish_retry_marks(void)
 }
 
 
-/* Empty marks for up to nevents events of naggregates, in marks_context. */
+/*
+ * Empty marks for up to nevents events of naggregates of the extension
+ * (InvalidOid: none), in marks_context.
+ */
 static PendingMarks *
-new_marks(int nevents, int naggregates)
+new_marks(int nevents, int naggregates, Oid extension)
 {
 	MemoryContext oldcxt = MemoryContextSwitchTo(marks_context);
 	PendingMarks *pm = palloc0(sizeof(PendingMarks));
 
-	pm->extension = get_extension_oid("outbox", true);
+	pm->extension = extension;
 	pm->progress_ids = palloc(sizeof(char *) * (naggregates + 1));
 	pm->progress_versions = palloc(sizeof(int64) * (naggregates + 1));
 	pm->progress_xmins = palloc(sizeof(TransactionId) * (naggregates + 1));
@@ -583,7 +642,7 @@ publish_settle_ready(void)
 		elog(ERROR, "SPI_connect failed");
 	PushActiveSnapshot(GetTransactionSnapshot());
 
-	pm = new_marks(nevents, naggregates);
+	pm = new_marks(nevents, naggregates, publish_lookup_extension());
 	cs.pm = pm;
 	cs.failures = palloc(sizeof(BatchEvent *) * (naggregates + 1));
 	cs.failure_flights = palloc(sizeof(Flight *) * (naggregates + 1));
@@ -593,8 +652,7 @@ publish_settle_ready(void)
 	if (pm->nprogress > 0)
 		publish_pending_marks = pm;
 	/* A dropped extension took the events with it: nothing to record. */
-	applied = publish_lookup_extension() &&
-		get_extension_oid("outbox", true) == pm->extension;
+	applied = OidIsValid(pm->extension);
 	if (applied)
 	{
 		nprogress = (int) apply_marks(pm, now);

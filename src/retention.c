@@ -89,7 +89,7 @@ publish_retention_prepare(const char *s)
 	 * updates an aggregate's rows in its own order): never waiting, it
 	 * cannot deadlock with them.
 	 */
-	retention_plan = outbox_keep_plan(psprintf(
+	retention_plan = publish_keep_plan(psprintf(
 										   "WITH w AS (SELECT id, aggregate_id, aggregate_version, "
 										   "created_at < pg_catalog.now() - pg_catalog.make_interval(secs => $1) AS old "
 										   "FROM %s.outbox WHERE id > $3 ORDER BY id LIMIT $2 FOR UPDATE SKIP LOCKED), "
@@ -156,7 +156,7 @@ retention_batch(void)
 	if (SPI_connect() != SPI_OK_CONNECT)
 		elog(ERROR, "SPI_connect failed");
 	PushActiveSnapshot(GetTransactionSnapshot());
-	if (publish_lookup_extension())
+	if (OidIsValid(publish_lookup_extension()))
 	{
 		if (outbox_retention_s >= 0)
 			deleted = retention_outbox();
