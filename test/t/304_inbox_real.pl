@@ -241,6 +241,7 @@ sub pstatus
 		"SELECT $expr FROM inbox_status WHERE consumer = 'billing' AND topic = '$topic' AND \"partition\" = $p");
 }
 
+# Set outbox.$k to $v and reload the configuration.
 sub set_policy
 {
 	my ($k, $v) = @_;
