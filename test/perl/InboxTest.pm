@@ -103,8 +103,11 @@ sub producer_expected
 		   FROM outbox WHERE $where ORDER BY aggregate_id, aggregate_version");
 }
 
-# The consumer database's check: every committed event applied exactly
-# once, per aggregate in version order.  Returns a list of problems.
+# The consumer database's check: every committed event (matching $where)
+# applied exactly once, per aggregate in version order.  Returns a list of
+# problems.  Versions a policy dropped ($where leaves them out) may be
+# missing between two applied ones; any other hole is caught by the
+# comparison with the producer's events.
 sub consumer_verdict
 {
 	my ($node, $where) = @_;
@@ -121,7 +124,7 @@ sub consumer_verdict
 	my $inversions = $node->safe_psql('consumer', q{
 		SELECT count(*) FROM (SELECT version, lag(version) OVER (PARTITION BY aggregate_id ORDER BY seq) AS prev
 								FROM app.applied) s
-		 WHERE prev IS NOT NULL AND version <> prev + 1});
+		 WHERE prev IS NOT NULL AND version <= prev});
 	push @problems, "$inversions applications out of version order" if $inversions;
 	return @problems;
 }

@@ -13,7 +13,12 @@
 #   4. a slow handler: the messages fetched take longer than
 #      max.poll.interval.ms to apply; transactions bounded by
 #      outbox.inbox_batch_time, with a poll between them, keep the worker
-#      in its group (test/t/306 asserts that on the mock).
+#      in its group (test/t/306 asserts that on the mock);
+#   5. a handler that fails for chosen events under each poison policy
+#      (block, then inbox_retry or inbox_skip; dead_letter; skip), then
+#      upstream skips (outbox_skip) under each gap policy (apply, block),
+#      as test/t/303 on the mock: the dropped events are left out of the
+#      check, which still wants every other one once, in version order.
 use strict;
 use warnings;
 
@@ -178,6 +183,189 @@ my $status = $node->safe_psql('consumer',
 	q{SELECT string_agg(format('p%s applied=%s dup=%s', "partition", applied, duplicates), ' ' ORDER BY "partition")
 	    FROM inbox_status});
 note "FIGURES inbox_real $status";
+
+# 5. Poison and gaps.  Each aggregate psn-* emits v1 (applied, to learn its
+# partition), v2 (refused by the handler, or skipped upstream), v3; the
+# partition's counters are compared with their values before.
+my $t_poison = time;
+$node->append_conf('postgresql.conf', qq{outbox.inbox_max_attempts = 3\noutbox.inbox_retry_backoff = '100ms'\n});
+$node->reload;
+$node->safe_psql('consumer', 'UPDATE app.knobs SET fail = true, delay = 0');
+my @dropped;    # event ids a policy dropped: not applied, left out of the check
+
+# Poll a consumer-database query until it returns $want (60 s at most).
+sub wait_for
+{
+	my ($query, $want) = @_;
+	my $t0 = time;
+	my $got;
+	while (time - $t0 < 60)
+	{
+		$got = $node->safe_psql('consumer', $query);
+		return 1 if $got eq $want;
+		sleep 0.1;
+	}
+	diag "waited for [$query] = [$want], last got [$got]";
+	return 0;
+}
+
+# Emit an event of aggregate $agg; its event id.
+sub emit_one
+{
+	my ($agg, $payload) = @_;
+	return $node->safe_psql('postgres',
+		"SELECT event_id FROM outbox_emit('load', '$agg', 'Changed', '$payload')");
+}
+
+# The query of $agg's applied versions, in the order applied.
+sub versions_q
+{
+	return "SELECT string_agg(version::text, ',' ORDER BY seq) FROM app.applied WHERE aggregate_id = '$_[0]'";
+}
+
+# Emit v1 of $agg, wait until it is applied; the partition it came from.
+sub start_aggregate
+{
+	my ($agg) = @_;
+	emit_one($agg, '{}');
+	wait_for(versions_q($agg), '1') or return undef;
+	return $node->safe_psql('consumer',
+		"SELECT \"partition\" FROM app.applied WHERE aggregate_id = '$agg'");
+}
+
+# Columns of partition $p's row of inbox_status (an SQL expression).
+sub pstatus
+{
+	my ($p, $expr) = @_;
+	return $node->safe_psql('consumer',
+		"SELECT $expr FROM inbox_status WHERE consumer = 'billing' AND topic = '$topic' AND \"partition\" = $p");
+}
+
+# Set outbox.$k to $v and reload the configuration.
+sub set_policy
+{
+	my ($k, $v) = @_;
+	$node->append_conf('postgresql.conf', "outbox.$k = '$v'\n");
+	$node->reload;
+}
+
+# block: the partition stops at the message, other partitions go on.
+my $p = start_aggregate('psn-blk');
+ok(defined $p, 'block: v1 applied');
+my %before = map { $_ => pstatus($p, $_) } qw(errors skipped dead_lettered gaps);
+my $poison = emit_one('psn-blk', '{"fail": true}');
+emit_one('psn-blk', '{}');
+ok(wait_for("SELECT state FROM inbox_status WHERE \"partition\" = $p AND consumer = 'billing'", 'blocked'),
+	"block: partition $p is blocked");
+is(pstatus($p, "attempts || ' ' || errors - $before{errors}"), '3 3',
+	'block: after 3 attempts (outbox.inbox_max_attempts), each counted as an error');
+like(pstatus($p, 'last_error'), qr/handler refuses \Q$poison\E/, 'block: inbox_status shows the handler\'s error');
+# Behind the poison message in its partition, or in another partition.
+my ($same, $other) = map { $node->safe_psql('consumer',
+	"SELECT min(aggregate_id) FROM app.applied WHERE aggregate_id LIKE 'agg-%' AND \"partition\" $_ $p") } ('=', '<>');
+my $same_eid = emit_one($same, '{}');
+my $other_eid = emit_one($other, '{}');
+ok(wait_for("SELECT count(*) FROM app.applied WHERE event_id = '$other_eid'", '1'),
+	'block: another partition goes on');
+is($node->safe_psql('consumer', "SELECT count(*) FROM app.applied WHERE event_id = '$same_eid'"), '0',
+	'block: another aggregate of the blocked partition waits');
+is($node->safe_psql('consumer', versions_q('psn-blk')), '1', 'block: nothing past the poison message is applied');
+is(pstatus($p, 'state'), 'blocked', 'block: still blocked');
+$node->safe_psql('consumer', 'UPDATE app.knobs SET fail = false');
+is($node->safe_psql('consumer', "SELECT inbox_retry('billing', '$topic', $p)"), 't', 'block: inbox_retry');
+ok(wait_for(versions_q('psn-blk'), '1,2,3'), 'block: after inbox_retry the fixed handler applies it and the next, in order');
+ok(wait_for("SELECT count(*) FROM app.applied WHERE event_id = '$same_eid'", '1'),
+	'block: the other aggregate of the partition follows');
+is(pstatus($p, "state || ' ' || attempts"), 'running 0', 'block: running again');
+$node->safe_psql('consumer', 'UPDATE app.knobs SET fail = true');
+
+# block, then inbox_skip: the message is dropped.
+$p = start_aggregate('psn-bsk');
+ok(defined $p, 'inbox_skip: v1 applied');
+%before = map { $_ => pstatus($p, $_) } qw(errors skipped dead_lettered gaps);
+push @dropped, emit_one('psn-bsk', '{"fail": true}');
+emit_one('psn-bsk', '{}');
+ok(wait_for("SELECT state FROM inbox_status WHERE \"partition\" = $p AND consumer = 'billing'", 'blocked'),
+	"inbox_skip: partition $p is blocked first");
+is($node->safe_psql('consumer', "SELECT inbox_skip('billing', '$topic', $p)"), 't', 'inbox_skip');
+ok(wait_for(versions_q('psn-bsk'), '1,3'), 'inbox_skip: the poison message is dropped, the next applied');
+is(pstatus($p, "state || ' ' || skipped - $before{skipped}"), 'running 1', 'inbox_skip: counted as skipped');
+
+# dead_letter: into inbox_dead_letter with its error, the partition goes on.
+set_policy('inbox_poison_policy', 'dead_letter');
+$p = start_aggregate('psn-dl');
+ok(defined $p, 'dead_letter: v1 applied');
+%before = map { $_ => pstatus($p, $_) } qw(errors skipped dead_lettered gaps);
+$poison = emit_one('psn-dl', '{"fail": true}');
+push @dropped, $poison;
+emit_one('psn-dl', '{}');
+ok(wait_for(versions_q('psn-dl'), '1,3'), 'dead_letter: the next message is applied');
+is($node->safe_psql('consumer',
+	qq{SELECT (message).aggregate_id || ' ' || (message).aggregate_version || ' ' || (message)."partition" || ' ' ||
+			  attempts || ' ' || (error LIKE 'handler refuses%') || ' ' || ((message).payload ->> 'fail')
+		 FROM inbox_dead_letter WHERE consumer = 'billing' AND (message).event_id = '$poison'}),
+	"psn-dl 2 $p 3 true true", 'dead_letter: the message, its error and attempts are in inbox_dead_letter');
+is(pstatus($p, "state || ' ' || dead_lettered - $before{dead_lettered} || ' ' || errors - $before{errors}"),
+	'running 1 3', 'dead_letter: counted, the partition running');
+
+# skip: dropped, counted.
+set_policy('inbox_poison_policy', 'skip');
+$p = start_aggregate('psn-skp');
+ok(defined $p, 'skip: v1 applied');
+%before = map { $_ => pstatus($p, $_) } qw(errors skipped dead_lettered gaps);
+push @dropped, emit_one('psn-skp', '{"fail": true}');
+emit_one('psn-skp', '{}');
+ok(wait_for(versions_q('psn-skp'), '1,3'), 'skip: the next message is applied');
+is(pstatus($p, "state || ' ' || skipped - $before{skipped} || ' ' || dead_lettered - $before{dead_lettered}"),
+	'running 1 0', 'skip: counted as skipped, not dead-lettered');
+
+# A replay of the disposed-of aggregates: duplicates, not new attempts.
+my $dups = $node->safe_psql('consumer', q{SELECT sum(duplicates) FROM inbox_status WHERE consumer = 'billing'});
+$node->safe_psql('postgres', q{SELECT outbox_replay('psn-dl', 1), outbox_replay('psn-skp', 1)});
+ok(wait_for(q{SELECT sum(duplicates) FROM inbox_status WHERE consumer = 'billing'}, $dups + 6),
+	'replayed disposed-of events are duplicates');
+is($node->safe_psql('consumer', q{SELECT count(*) FROM inbox_dead_letter}), '1', 'no second dead letter');
+my $where = 'event_id NOT IN (' . join(', ', map { "'$_'" } @dropped) . ')';
+my @problems = consumer_verdict($node, $where);
+is_deeply(\@problems, [], 'poison policies: every event but the dropped applied once, in version order')
+  or diag join("\n", @problems);
+
+# Upstream skip: the publisher of psn-gap paused, v2 and v3 emitted, v2
+# given up on with outbox_skip(), publishing resumed: v3 follows v1.
+sub upstream_skip
+{
+	my ($agg) = @_;
+	$node->safe_psql('postgres', "SELECT outbox_pause('$agg')");
+	my $eid = emit_one($agg, '{}');
+	emit_one($agg, '{}');
+	$node->safe_psql('postgres', "SELECT outbox_skip('$eid', 'poison upstream')");
+	$node->safe_psql('postgres', "SELECT outbox_resume('$agg')");
+	push @dropped, $eid;
+}
+$p = start_aggregate('psn-gap');
+ok(defined $p, 'gap policy apply: v1 applied');
+%before = map { $_ => pstatus($p, $_) } qw(errors skipped dead_lettered gaps);
+upstream_skip('psn-gap');
+ok(wait_for(versions_q('psn-gap'), '1,3'), 'gap policy apply: the event after an upstream skip is applied');
+is(pstatus($p, "state || ' ' || gaps - $before{gaps}"), 'running 1', 'gap policy apply: the gap is counted');
+
+set_policy('inbox_gap_policy', 'block');
+emit_one('psn-gap', '{}');
+ok(wait_for(versions_q('psn-gap'), '1,3,4'), 'gap policy block: v4 applied');
+upstream_skip('psn-gap');
+ok(wait_for("SELECT state FROM inbox_status WHERE \"partition\" = $p AND consumer = 'billing'", 'blocked'),
+	"gap policy block: partition $p is blocked");
+like(pstatus($p, 'blocked_reason'), qr/^gap: aggregate "psn-gap" expected version 5, got 6/,
+	'gap policy block: the reason says which');
+is($node->safe_psql('consumer', versions_q('psn-gap')), '1,3,4', 'gap policy block: nothing past the gap is applied');
+is($node->safe_psql('consumer', "SELECT inbox_retry('billing', '$topic', $p)"), 't', 'gap policy block: inbox_retry');
+ok(wait_for(versions_q('psn-gap'), '1,3,4,6'), 'gap policy block: inbox_retry accepts the gap');
+is(pstatus($p, "state || ' ' || gaps - $before{gaps}"), 'running 2', 'gap policy block: the accepted gap is counted');
+$where = 'event_id NOT IN (' . join(', ', map { "'$_'" } @dropped) . ')';
+@problems = consumer_verdict($node, $where);
+is_deeply(\@problems, [], 'gap policies: every event but the skipped applied once, in version order')
+  or diag join("\n", @problems);
+note sprintf 'FIGURES inbox_real phase=poison_gaps total_s=%.1f', time - $t_poison;
 
 $node->stop;
 $rk->stop;
