@@ -97,6 +97,7 @@ extension_schema(void)
 #define COL_AGGREGATE_ID 4
 #define COL_VERSION 5
 #define COL_PAYLOAD_BYTES 14
+#define EVENT_NCOLUMNS 14
 /* The aggregate's row version, after EVENT_COLUMNS in a read by index. */
 #define COL_PUB_XMIN 15
 
@@ -273,47 +274,58 @@ publish_lookup_extension(void)
 	return extoid;
 }
 
+
+/* A text column's value as a C string (a copy), or NULL. */
+static inline char *
+column_text(Datum *values, bool *nulls, int col)
+{
+	return nulls[col - 1] ? NULL : TextDatumGetCString(values[col - 1]);
+}
+
 /*
  * Copy one fetched row into ev, in the current memory context; its
- * aggregate's row version (if it has a row) is pub_xmin.
+ * aggregate's row version (if it has a row) is pub_xmin.  The row is
+ * deformed once: column by column, each variable-width one is found by
+ * walking the row again.
  */
 static void
 copy_row(BatchEvent *ev, HeapTuple tup, TupleDesc desc, bool pub_row, TransactionId pub_xmin)
 {
-	bool		isnull;
-	Datum		d;
+	Datum		values[EVENT_NCOLUMNS + 1];
+	bool		nulls[EVENT_NCOLUMNS + 1];
 
-	ev->id = DatumGetInt64(SPI_getbinval(tup, desc, COL_ID, &isnull));
-	ev->event_id = SPI_getvalue(tup, desc, 2);
-	ev->aggregate_type = SPI_getvalue(tup, desc, 3);
-	ev->aggregate_id = SPI_getvalue(tup, desc, 4);
-	ev->version = DatumGetInt64(SPI_getbinval(tup, desc, 5, &isnull));
-	ev->event_type = SPI_getvalue(tup, desc, 6);
-	ev->topic = SPI_getvalue(tup, desc, 7);
-	d = SPI_getbinval(tup, desc, 8, &isnull);
-	ev->headers = isnull ? NULL : DatumGetJsonbPCopy(d);
+	/* EVENT_COLUMNS, and the aggregate's row version in a read by index. */
+	Assert(desc->natts == EVENT_NCOLUMNS || desc->natts == COL_PUB_XMIN);
+	heap_deform_tuple(tup, desc, values, nulls);
+	ev->id = DatumGetInt64(values[COL_ID - 1]);
+	ev->event_id = column_text(values, nulls, 2);
+	ev->aggregate_type = column_text(values, nulls, 3);
+	ev->aggregate_id = column_text(values, nulls, COL_AGGREGATE_ID);
+	ev->version = DatumGetInt64(values[COL_VERSION - 1]);
+	ev->event_type = column_text(values, nulls, 6);
+	ev->topic = column_text(values, nulls, 7);
+	ev->headers = nulls[7] ? NULL : DatumGetJsonbPCopy(values[7]);
 	/* A raw payload's exact bytes, else the JSON payload's text. */
-	d = SPI_getbinval(tup, desc, COL_PAYLOAD_BYTES, &isnull);
-	if (!isnull)
+	if (!nulls[COL_PAYLOAD_BYTES - 1])
 	{
-		bytea	   *raw = DatumGetByteaPP(d);
+		bytea	   *raw = DatumGetByteaPP(values[COL_PAYLOAD_BYTES - 1]);
 
 		/* A chunk of its own: produce_event() frees it once sent. */
 		ev->payload_len = VARSIZE_ANY_EXHDR(raw);
 		ev->payload = palloc(ev->payload_len + 1);
 		memcpy(ev->payload, VARDATA_ANY(raw), ev->payload_len);
-		if ((Pointer) raw != DatumGetPointer(d))
+		if ((Pointer) raw != DatumGetPointer(values[COL_PAYLOAD_BYTES - 1]))
 			pfree(raw);
 	}
 	else
 	{
-		ev->payload = SPI_getvalue(tup, desc, 9);
+		ev->payload = column_text(values, nulls, 9);
 		ev->payload_len = ev->payload ? strlen(ev->payload) : 0;
 	}
-	ev->created_at = DatumGetTimestampTz(SPI_getbinval(tup, desc, 10, &isnull));
-	ev->attempts = DatumGetInt32(SPI_getbinval(tup, desc, 11, &isnull));
-	ev->last_error = SPI_getvalue(tup, desc, 12);
-	ev->dead_letter_requested = DatumGetBool(SPI_getbinval(tup, desc, 13, &isnull));
+	ev->created_at = DatumGetTimestampTz(values[9]);
+	ev->attempts = DatumGetInt32(values[10]);
+	ev->last_error = column_text(values, nulls, 12);
+	ev->dead_letter_requested = DatumGetBool(values[12]);
 	ev->pub_xmin = pub_xmin;
 	ev->pub_row = pub_row;
 	ev->action = EV_PUBLISH;
@@ -650,11 +662,9 @@ read_new_delta(const char *snapshot, int nshares, int share)
  * aggregate was just read by index (that read saw it).
  */
 static void
-stream_row(ReadState *rs, HeapTuple tup, TupleDesc desc, int64 seq,
+stream_row(ReadState *rs, HeapTuple tup, TupleDesc desc, const char *id, int64 seq,
 		   bool pub_row, TransactionId pub_xmin)
 {
-	char	   *id = row_text(tup, desc, COL_AGGREGATE_ID);
-
 	if (set_has(rs->caught, id))
 		return;
 	if (!has_room(rs) || publish_aggregate_busy(id) || publish_stream_is_diverted(id))
@@ -674,6 +684,7 @@ typedef struct Chunk
 	ManifestEntry *entries;
 	int			n;
 	HeapTuple  *rows;			/* [n]; NULL: not found (yet) */
+	char	  **aggregate_ids;	/* [n]: each row's */
 	TupleDesc	desc;
 	HTAB	   *positions;		/* id -> ChunkPosition */
 	HTAB	   *progress;		/* aggregate id -> Progress */
@@ -772,6 +783,7 @@ fetch_progress(Chunk *c, MemoryContext cxt)
 	Datum		arg;
 
 	c->progress = publish_aggregate_table("outbox progress", sizeof(Progress), c->n, cxt);
+	c->aggregate_ids = MemoryContextAlloc(cxt, sizeof(char *) * c->n);
 	for (int i = 0; i < c->n; i++)
 	{
 		char	   *id;
@@ -780,7 +792,7 @@ fetch_progress(Chunk *c, MemoryContext cxt)
 
 		if (c->rows[i] == NULL)
 			continue;
-		id = row_text(c->rows[i], c->desc, COL_AGGREGATE_ID);
+		id = TextDatumGetCString(heap_getattr(c->rows[i], COL_AGGREGATE_ID, c->desc, &found));
 		p = hash_search(c->progress, &id, HASH_ENTER, &found);
 		if (!found)
 		{
@@ -788,6 +800,7 @@ fetch_progress(Chunk *c, MemoryContext cxt)
 			p->has_row = false;
 			ids[nids++] = p->aggregate_id;
 		}
+		c->aggregate_ids[i] = p->aggregate_id;
 		pfree(id);
 	}
 	if (nids == 0)
@@ -823,21 +836,18 @@ stream_chunk(ReadState *rs, Chunk *c, int64 seq)
 	for (int i = 0; i < c->n; i++)
 	{
 		HeapTuple	tup = c->rows[i];
-		char	   *id;
 		Progress   *p;
 		bool		isnull;
 
 		if (tup == NULL)
 			continue;
-		id = row_text(tup, c->desc, COL_AGGREGATE_ID);
-		p = hash_search(c->progress, &id, HASH_FIND, NULL);
-		pfree(id);
+		p = hash_search(c->progress, &c->aggregate_ids[i], HASH_FIND, NULL);
 		if (p->has_row &&
 			(p->listed ||
 			 DatumGetInt64(SPI_getbinval(tup, c->desc, COL_VERSION, &isnull)) <=
 			 p->last_published_version))
 			continue;
-		stream_row(rs, tup, c->desc, seq, p->has_row, p->xmin);
+		stream_row(rs, tup, c->desc, p->aggregate_id, seq, p->has_row, p->xmin);
 	}
 }
 
