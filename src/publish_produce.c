@@ -495,21 +495,30 @@ long
 publish_hold_reading_ms(void)
 {
 	Flight	   *f = publish_flights;
-	TimestampTz now = GetCurrentTimestamp();
-	long		gap = 0;
 	long		limit;
 	long		age;
 
-	if (!last_read_full)
-	{
-		age = TimestampDifferenceMilliseconds(last_read_at, now);
-		gap = age < READ_GAP_MS ? READ_GAP_MS - age : 0;
-	}
 	if (f == NULL || f->outstanding == 0)
-		return gap;
+		return 0;
 	limit = Min(HOLD_READING_MS + f->nevents / 100, HOLD_READING_MAX_MS);
-	age = TimestampDifferenceMilliseconds(f->produced_at, now);
-	return Max(gap, age < limit ? limit - age : 0);
+	age = TimestampDifferenceMilliseconds(f->produced_at, GetCurrentTimestamp());
+	return age < limit ? limit - age : 0;
+}
+
+/*
+ * Milliseconds until a read wanted now may happen (see READ_GAP_MS).  It
+ * only delays a read: while nothing wants one the worker waits as long as
+ * it would.
+ */
+long
+publish_read_gap_ms(void)
+{
+	long		age;
+
+	if (last_read_full)
+		return 0;
+	age = TimestampDifferenceMilliseconds(last_read_at, GetCurrentTimestamp());
+	return age < READ_GAP_MS ? READ_GAP_MS - age : 0;
 }
 
 /* A read found nevents of the max_events it could take. */

@@ -96,6 +96,9 @@ static TimestampTz last_probe_at = 0;
 /* A reload was processed since the producer settings were last compared. */
 static bool reloaded_in_batch = false;
 
+/* A read was due but came too soon after the previous one (READ_GAP_MS). */
+static bool read_wanted = false;
+
 static char last_logged_error[256];
 
 /*
@@ -338,16 +341,33 @@ pipeline_step(void)
 		nevents < outbox_batch_events && nbytes < outbox_batch_bytes &&
 		publish_hold_reading_ms() == 0 && !kafka_unreachable())
 	{
-		int			r = run_flight(outbox_batch_events - nevents,
-								   outbox_batch_bytes - nbytes);
+		/* Too soon after a read: idle_wait() waits out the gap first. */
+		read_wanted = publish_read_gap_ms() > 0;
+		if (!read_wanted)
+		{
+			int			r = run_flight(outbox_batch_events - nevents,
+									   outbox_batch_bytes - nbytes);
 
-		if (r < 0 && n == 0 && publish_flights == NULL)
-			n = -1;
-		else if (r > 0)
-			n += r;
+			if (r < 0 && n == 0 && publish_flights == NULL)
+				n = -1;
+			else if (r > 0)
+				n += r;
+		}
 	}
 	publish_check_fatal();
 	return n;
+}
+
+/*
+ * Milliseconds reading is held back: for the newest flight's reports, and,
+ * if a read is wanted, for the gap after the previous one.
+ */
+static long
+read_hold_ms(void)
+{
+	long		hold = publish_hold_reading_ms();
+
+	return read_wanted ? Max(hold, publish_read_gap_ms()) : hold;
 }
 
 /*
@@ -386,7 +406,7 @@ static int
 idle_wait(long wait_ms, bool failed)
 {
 	TimestampTz end = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), wait_ms);
-	bool		held = !failed && publish_hold_reading_ms() > 0;
+	bool		held = !failed && read_hold_ms() > 0;
 	bool		settle = !failed && publish_pending_marks == NULL;
 
 	for (;;)
@@ -401,7 +421,7 @@ idle_wait(long wait_ms, bool failed)
 		if (publish_flights != NULL)
 			remaining = Min(remaining, STALLED_POLL_MS);
 		if (held)
-			remaining = Min(remaining, Max(publish_hold_reading_ms(), 1));
+			remaining = Min(remaining, Max(read_hold_ms(), 1));
 		if (settle && !publish_settle_due(&due_ms) && publish_any_ready())
 			remaining = Min(remaining, Max(due_ms, 1));
 		if (WaitEventSetWait(wait_set_for(fd), remaining, &event, 1, PG_WAIT_EXTENSION) == 0)
@@ -414,7 +434,7 @@ idle_wait(long wait_ms, bool failed)
 			return rc;
 		if (publish_check_timeouts() > 0 ||
 			(settle && publish_settle_due(NULL)) ||
-			(held && publish_hold_reading_ms() == 0))
+			(held && read_hold_ms() == 0))
 			return 0;
 		if (GetCurrentTimestamp() >= end)
 			return rc;
