@@ -156,7 +156,9 @@ publish_keep_plan(const char *query, int nargs, Oid *argtypes)
 /* publish_read.c: plans, and reading pending events */
 extern int	outbox_batch_events;
 extern int	outbox_batch_bytes;
+extern int	outbox_read_interval_ms;
 extern void publish_read_init(void);
+extern long publish_read_gap_ms(void);
 extern Oid	publish_lookup_extension(void);
 extern int	publish_fetch(Flight *f, int nshares, int share, int max_events, int64 max_bytes);
 extern void publish_listed_changed(void);
@@ -217,8 +219,6 @@ extern void publish_aggregate_settled(Flight *f, BatchAggregate *agg);
 extern void publish_free_settled_flights(void);
 extern void publish_in_flight(int *events, int64 *bytes);
 extern long publish_hold_reading_ms(void);
-extern long publish_read_gap_ms(void);
-extern void publish_note_read(int nevents, int max_events);
 extern void publish_serve_reports(void);
 extern int	publish_check_timeouts(void);
 extern long publish_stalled_count(void);

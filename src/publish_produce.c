@@ -39,16 +39,6 @@
 #define HOLD_READING_MS 10
 #define HOLD_READING_MAX_MS 200
 
-/*
- * And how long after a read that found less than a batch: the commits of
- * those milliseconds are read together, in one transaction, instead of one
- * read (and one settling) per commit.  A full batch (a backlog) reads on
- * at once.
- */
-#define READ_GAP_MS 5
-
-static TimestampTz last_read_at = 0;
-static bool last_read_full = false;
 
 int			outbox_delivery_timeout_ms = 10000;
 int			outbox_batch_aggregates = 10000;
@@ -505,29 +495,6 @@ publish_hold_reading_ms(void)
 	return age < limit ? limit - age : 0;
 }
 
-/*
- * Milliseconds until a read wanted now may happen (see READ_GAP_MS).  It
- * only delays a read: while nothing wants one the worker waits as long as
- * it would.
- */
-long
-publish_read_gap_ms(void)
-{
-	long		age;
-
-	if (last_read_full)
-		return 0;
-	age = TimestampDifferenceMilliseconds(last_read_at, GetCurrentTimestamp());
-	return age < READ_GAP_MS ? READ_GAP_MS - age : 0;
-}
-
-/* A read found nevents of the max_events it could take. */
-void
-publish_note_read(int nevents, int max_events)
-{
-	last_read_at = GetCurrentTimestamp();
-	last_read_full = nevents >= max_events;
-}
 
 /* Serve the delivery reports that arrived (and drain the wake-up pipe). */
 void

@@ -96,7 +96,7 @@ static TimestampTz last_probe_at = 0;
 /* A reload was processed since the producer settings were last compared. */
 static bool reloaded_in_batch = false;
 
-/* A read was due but came too soon after the previous one (READ_GAP_MS). */
+/* A read was due but came too soon after the previous one (outbox.read_interval). */
 static bool read_wanted = false;
 
 static char last_logged_error[256];
@@ -274,7 +274,6 @@ run_flight(int max_events, int64 max_bytes)
 	bucket_share(&nshares, &share);
 	f = publish_flight_begin();
 	nevents = publish_fetch(f, nshares, share, max_events, max_bytes);
-	publish_note_read(nevents, max_events);
 	elog(DEBUG1, "outbox: fetched %d events in %ld ms", nevents,
 		 TimestampDifferenceMilliseconds(GetCurrentStatementStartTimestamp(), GetCurrentTimestamp()));
 	/* Release the snapshot: nothing below needs one. */
