@@ -43,9 +43,9 @@ static SPIPlanPtr clear_plan = NULL;
 #define CATCH_UP_AGGREGATES 1000
 
 /*
- * How often the aggregates the database lists are looked for when nothing
- * says there are new ones: a backoff's end or an operator's function is
- * seen this much later at most.
+ * How often the aggregates the database lists are looked for while there
+ * were none and nothing says there are new ones: a backoff's end or an
+ * operator's function is seen this much later at most.
  */
 #define LISTED_POLL_MS 100
 
@@ -511,8 +511,11 @@ catch_up_candidates(int nshares, int share, HTAB *set, HTAB *listed_xmins)
 	args[2] = Int32GetDatum(CATCH_UP_AGGREGATES);
 	if (SPI_execute_plan(listed_plan, args, NULL, true, 0) != SPI_OK_SELECT)
 		elog(ERROR, "could not read the listed aggregates");
-	/* More than one read takes: look again next time. */
-	listed_changed = SPI_processed >= CATCH_UP_AGGREGATES;
+	/*
+	 * Any found: look again next time (the read that finds one with nothing
+	 * more pending returns it to the stream); only none waits the poll.
+	 */
+	listed_changed = SPI_processed > 0;
 	for (uint64 r = 0; r < SPI_processed; r++)
 	{
 		HeapTuple	tup = SPI_tuptable->vals[r];
