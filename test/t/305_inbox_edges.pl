@@ -4,13 +4,16 @@
 # docs/postgres_exporter.yml; inbox retention in the consumer database,
 # which the publisher does not serve (the inbox worker runs it there), and
 # a replay after it is still a duplicate; a handler that moves its
-# aggregate's row of inbox_aggregate (the versions are still stored).
+# aggregate's row of inbox_aggregate (the versions are still stored);
+# messages not from the publisher: one event twice in a batch without a
+# version header, and messages with no identity header at all.
 use strict;
 use warnings;
 
 use PostgreSQL::Test::Utils;
 use Test::More;
 use Time::HiRes qw(time sleep);
+use IPC::Run;
 
 use MockKafka;
 use OutboxTest;
@@ -19,8 +22,9 @@ use InboxTest;
 my $dir = $PostgreSQL::Test::Utils::tmp_check;
 mkdir "$dir/mock";
 my $topic = 'outbox.event.edge';
+my $raw_topic = 'raw.edge';
 my $mk = MockKafka->start(dir => "$dir/mock", brokers => 1,
-	topics => ["$topic:1"], max_seconds => 600);
+	topics => ["$topic:1", "$raw_topic:1"], max_seconds => 600);
 my $node = inbox_node('inbox_edges', $mk);
 setup_consumer($node, 'billing', $topic);
 $node->safe_psql('consumer', 'UPDATE app.knobs SET fail = false');
@@ -202,6 +206,67 @@ is($node->safe_psql('consumer', q{SELECT count(*) FROM (SELECT aggregate_id, max
 	GROUP BY 1) m LEFT JOIN inbox_aggregate a ON a.consumer = 'mover' AND a.aggregate_id = m.aggregate_id
 	WHERE a.last_version IS DISTINCT FROM m.v}), '0',
 	'every aggregate whose row the handler moved has its last version stored');
+
+# 7. Messages another producer wrote, into partition 0 of their own topic
+# (kcat, one call per header set, so that each pair is one record batch):
+# the same event twice back to back with an event_id header and no
+# aggregate_version (no version check: only the claim can drop the second
+# copy), then a payload twice with no header at all (each copy is its own
+# message, identified by topic/partition/offset).  Written before the
+# subscription, so that its first batch holds all four.  The claims are
+# kept from now on (part 4 set a retention of 1 s).
+$node->append_conf('postgresql.conf', "outbox.inbox_retention = -1\n");
+$node->reload;
+sub produce_raw
+{
+	my ($headers, @values) = @_;
+	my ($out, $err) = ('', '');
+	IPC::Run::run([ 'kcat', '-P', '-b', $mk->bootstrap, '-t', $raw_topic, '-p', '0',
+					'-X', 'linger.ms=100', (map { ('-H', $_) } @$headers) ],
+		'<', \join('', map { "$_\n" } @values), '>', \$out, '2>', \$err,
+		IPC::Run::timeout(60))
+	  or die "kcat failed: $err";
+}
+produce_raw([ 'event_id=raw-dup-1', 'aggregate_id=r' ], '{"n": 1}', '{"n": 1}');
+produce_raw([], '{"n": 2}', '{"n": 2}');
+$fallbacks = inbox_counter('batch_fallbacks');
+$dups = inbox_counter('duplicates');
+$node->safe_psql('consumer', qq{SET ROLE app;
+	SELECT inbox_subscribe('raw', ARRAY['$raw_topic'], 'app.apply(inbox_message)'::regprocedure)});
+ok($node->poll_query_until('consumer',
+		"SELECT next_offset = 4 FROM inbox_offset WHERE consumer = 'raw'"),
+	'raw: the stored offset moved past the four messages')
+  or diag $node->safe_psql('consumer', "SELECT * FROM inbox_status WHERE consumer = 'raw'");
+is($node->safe_psql('consumer', qq{SELECT string_agg(coalesce(event_id, '-') || ' ' || "offset"
+	|| ' ' || coalesce(aggregate_id, '-') || ' ' || coalesce(version::text, '-') || ' ' || payload::text, ', ' ORDER BY seq)
+	FROM app.applied WHERE topic = '$raw_topic'}),
+	'raw-dup-1 0 r - {"n": 1}, - 2 - - {"n": 2}, - 3 - - {"n": 2}',
+	'raw: the event with an event_id applied once, each message without one applied');
+is($node->safe_psql('consumer', q{SELECT applied || ' ' || duplicates || ' ' || gaps || ' ' || errors
+	|| ' ' || dead_lettered || ' ' || skipped || ' ' || state || ' ' || coalesce(last_error, '-')
+	FROM inbox_status WHERE consumer = 'raw'}),
+	'3 1 0 0 0 0 running -', 'raw: inbox_status counts the second copy as a duplicate, nothing failed');
+is(inbox_counter('duplicates') - $dups, 1, 'counter inbox_duplicates counts the second copy');
+is(inbox_counter('batch_fallbacks'), $fallbacks,
+	'the copy within the batch was dropped before the claims (no unique violation, no careful path)');
+is($node->safe_psql('consumer', q{SELECT string_agg(event_id, ' ' ORDER BY event_id COLLATE "C") FROM inbox WHERE consumer = 'raw'}),
+	"raw-dup-1 $raw_topic/0/2 $raw_topic/0/3",
+	'raw: claimed by event_id, else by topic/partition/offset');
+
+# The stored offset set back to 0 and the worker restarted: it seeks
+# there, and all four come again; with no version to check, the claims
+# drop them (on the careful path: each claim conflicts).
+$node->safe_psql('consumer', "UPDATE inbox_offset SET next_offset = 0 WHERE consumer = 'raw'");
+$node->safe_psql('consumer',
+	"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE backend_type = 'outbox inbox worker'");
+ok($node->poll_query_until('consumer',
+		"SELECT next_offset = 4 AND duplicates = 5 FROM inbox_offset WHERE consumer = 'raw'"),
+	'raw: re-delivered from offset 0, all four dropped as duplicates')
+  or diag $node->safe_psql('consumer', "SELECT * FROM inbox_status WHERE consumer = 'raw'");
+is($node->safe_psql('consumer', "SELECT count(*) FROM app.applied WHERE topic = '$raw_topic'"), '3',
+	'raw: nothing applied again');
+is($node->safe_psql('consumer', q{SELECT errors || ' ' || state FROM inbox_status WHERE consumer = 'raw'}),
+	'0 running', 'raw: the partition runs');
 
 $node->stop;
 $mk->stop;
