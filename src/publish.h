@@ -13,6 +13,7 @@
 
 #include "access/xlogdefs.h"
 #include "storage/itemptr.h"
+#include "utils/relcache.h"
 #include "executor/spi.h"
 #include "utils/hsearch.h"
 #include "utils/jsonb.h"
@@ -169,6 +170,38 @@ typedef struct ManifestEntry
 	int64		id;
 	ItemPointerData tid;		/* its row version when the delta was read */
 } ManifestEntry;
+
+/*
+ * The columns an event is made of, in the order the reads by SQL select
+ * them (EVENT_COLUMNS); rows read from the heap have them where the table
+ * has them (publish_heap_columns()).
+ */
+typedef enum EventColumn
+{
+	EC_ID,
+	EC_EVENT_ID,
+	EC_AGGREGATE_TYPE,
+	EC_AGGREGATE_ID,
+	EC_VERSION,
+	EC_EVENT_TYPE,
+	EC_TOPIC,
+	EC_HEADERS,
+	EC_PAYLOAD,
+	EC_CREATED_AT,
+	EC_ATTEMPTS,
+	EC_LAST_ERROR,
+	EC_DEAD_LETTER_REQUESTED,
+	EC_PAYLOAD_BYTES,
+	EC_NCOLUMNS
+} EventColumn;
+
+/* publish_heap.c: a delta's rows from the heap, a page at a time */
+extern void publish_heap_prepare(Oid nsp);
+extern Oid	publish_heap_relid(void);
+extern Relation publish_heap_open(void);
+extern const int *publish_heap_columns(void);
+extern void publish_heap_fetch(Relation rel, ManifestEntry *entries, int n, HeapTuple *rows,
+							   MemoryContext cxt);
 
 /* publish_stream.c: the stream of commits, diverted aggregates, the horizon */
 extern void publish_stream_start(void);

@@ -8,12 +8,16 @@
  */
 #include "postgres.h"
 
+#include "access/table.h"
+#include "catalog/namespace.h"
 #include "catalog/pg_type.h"
 #include "commands/extension.h"
 #include "executor/spi.h"
 #include "utils/array.h"
 #include "utils/builtins.h"
 #include "utils/guc.h"
+#include "utils/inval.h"
+#include "utils/jsonb.h"
 #include "utils/memutils.h"
 
 #include "outbox.h"
@@ -28,10 +32,10 @@ static TimestampTz last_read_at = 0;
 static bool last_read_full = false;
 
 static Oid	plans_extoid = InvalidOid;	/* the extension the plans are for */
+static bool extension_stale = true; /* look it up before trusting plans_extoid */
 static SPIPlanPtr snapshot_plan = NULL;
 static SPIPlanPtr delta_plan = NULL;
 static SPIPlanPtr unsettled_plan = NULL;
-static SPIPlanPtr fetch_tid_plan = NULL;
 static SPIPlanPtr fetch_id_plan = NULL;
 static SPIPlanPtr progress_plan = NULL;
 static SPIPlanPtr listed_plan = NULL;
@@ -124,14 +128,11 @@ extension_schema(void)
 	"o.event_type, o.topic, o.headers, o.payload::text, o.created_at, o.attempts, " \
 	"o.last_error, o.dead_letter_requested, o.payload_bytes "
 
-/* Columns of EVENT_COLUMNS copy_row() and stream_row() read. */
-#define COL_ID 1
-#define COL_AGGREGATE_ID 4
-#define COL_VERSION 5
-#define COL_PAYLOAD_BYTES 14
-#define EVENT_NCOLUMNS 14
+/* Where the columns are in a row of EVENT_COLUMNS: in EventColumn order. */
+static const int sql_columns[EC_NCOLUMNS] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13};
+#define COL_AGGREGATE_ID (EC_AGGREGATE_ID + 1)
 /* The aggregate's row version, after EVENT_COLUMNS in a read by index. */
-#define COL_PUB_XMIN 15
+#define COL_PUB_XMIN (EC_NCOLUMNS + 1)
 
 /* An aggregate the publisher reads by index, not from the stream (p: its row). */
 #define LISTED(p) \
@@ -155,7 +156,6 @@ prepare_read_plans(const char *s)
 {
 	Oid			delta_types[3] = {TEXTOID, INT4OID, INT4OID};
 	Oid			share_types[2] = {INT4OID, INT4OID};
-	Oid			fetch_tid_types[1] = {TIDARRAYOID};
 	Oid			fetch_id_types[1] = {INT8ARRAYOID};
 	Oid			progress_types[1] = {TEXTARRAYOID};
 	Oid			listed_types[3] = {INT4OID, INT4OID, INT4OID};
@@ -194,16 +194,12 @@ prepare_read_plans(const char *s)
 									  2, share_types);
 
 	/*
-	 * A delta's events where the delta read them (no index to descend; a
-	 * row version that moved since is fetched by id instead), then their
-	 * aggregates' progress (once per aggregate, not per event).
+	 * A delta's events are read where the delta found them
+	 * (publish_heap.c); a row version that moved since is found by id.
+	 * Then their aggregates' progress (once per aggregate, not per event).
 	 */
-	fetch_tid_plan = publish_keep_plan(psprintf(
-											   "SELECT " EVENT_COLUMNS "FROM %s.outbox o "
-											   "WHERE o.ctid = ANY ($1) AND o.disposition IS NULL", s),
-									  1, fetch_tid_types);
 	fetch_id_plan = publish_keep_plan(psprintf(
-											  "SELECT " EVENT_COLUMNS "FROM %s.outbox o "
+											  "SELECT o.id, o.ctid FROM %s.outbox o "
 											  "WHERE o.id = ANY ($1) AND o.disposition IS NULL", s),
 									 1, fetch_id_types);
 	progress_plan = publish_keep_plan(psprintf(
@@ -257,7 +253,7 @@ static void
 free_read_plans(void)
 {
 	SPIPlanPtr *plans[] = {&snapshot_plan, &delta_plan, &unsettled_plan,
-	&fetch_tid_plan, &fetch_id_plan, &progress_plan, &listed_plan, &held_plan, &catch_up_plan, &clear_plan};
+	&fetch_id_plan, &progress_plan, &listed_plan, &held_plan, &catch_up_plan, &clear_plan};
 
 	for (int i = 0; i < lengthof(plans); i++)
 		if (*plans[i])
@@ -282,82 +278,137 @@ prepare_plans(const char *schema)
 	publish_retention_prepare(s);
 }
 
+/* A relcache invalidation of the outbox or of everything: look up again. */
+static void
+extension_relcache_callback(Datum arg, Oid relid)
+{
+	if (!OidIsValid(relid) || relid == publish_heap_relid())
+		extension_stale = true;
+}
+
 /*
  * In a transaction with a snapshot: find the extension and (re)prepare the
  * plans if it moved.  Returns its OID, or InvalidOid if it is not
- * installed.
+ * installed.  Looked up in the catalog only after the outbox table had a
+ * relcache invalidation (DROP EXTENSION drops it): a catalog scan per read
+ * was 3.5% of the worker's CPU under a steady load.
  */
 Oid
 publish_lookup_extension(void)
 {
-	Oid			extoid = get_extension_oid("outbox", true);
+	static bool callback_registered = false;
+	Oid			extoid;
 	char	   *schema;
 
+	if (!callback_registered)
+	{
+		CacheRegisterRelcacheCallback(extension_relcache_callback, (Datum) 0);
+		callback_registered = true;
+	}
+	if (!extension_stale && OidIsValid(plans_extoid))
+		return plans_extoid;
+	extoid = get_extension_oid("outbox", true);
 	if (!OidIsValid(extoid))
 		return InvalidOid;
 	/* Not relocatable: the same extension stays in its schema. */
-	if (extoid == plans_extoid)
-		return extoid;
-	schema = extension_schema();
-	if (schema == NULL)
-		return InvalidOid;
-	prepare_plans(schema);
-	plans_extoid = extoid;
+	if (extoid != plans_extoid)
+	{
+		schema = extension_schema();
+		if (schema == NULL)
+			return InvalidOid;
+		prepare_plans(schema);
+		publish_heap_prepare(get_namespace_oid(schema, false));
+		plans_extoid = extoid;
+	}
+	extension_stale = false;
 	return extoid;
 }
 
 
-/* A text column's value as a C string (a copy), or NULL. */
+/* Column c of a deformed row as a C string (a copy), or NULL. */
 static inline char *
-column_text(Datum *values, bool *nulls, int col)
+column_text(Datum *values, bool *nulls, const int *col, EventColumn c)
 {
-	return nulls[col - 1] ? NULL : TextDatumGetCString(values[col - 1]);
+	return nulls[col[c]] ? NULL : TextDatumGetCString(values[col[c]]);
 }
 
-/*
- * Copy one fetched row into ev, in the current memory context; its
- * aggregate's row version (if it has a row) is pub_xmin.  The row is
- * deformed once: column by column, each variable-width one is found by
- * walking the row again.
- */
+/* A raw payload's exact bytes, else the JSON payload's text, into ev. */
 static void
-copy_row(BatchEvent *ev, HeapTuple tup, TupleDesc desc, bool pub_row, TransactionId pub_xmin)
+copy_payload(BatchEvent *ev, Datum *values, bool *nulls, const int *col, bool json)
 {
-	Datum		values[EVENT_NCOLUMNS + 1];
-	bool		nulls[EVENT_NCOLUMNS + 1];
-
-	/* EVENT_COLUMNS, and the aggregate's row version in a read by index. */
-	Assert(desc->natts == EVENT_NCOLUMNS || desc->natts == COL_PUB_XMIN);
-	heap_deform_tuple(tup, desc, values, nulls);
-	ev->id = DatumGetInt64(values[COL_ID - 1]);
-	ev->event_id = column_text(values, nulls, 2);
-	ev->aggregate_type = column_text(values, nulls, 3);
-	ev->aggregate_id = column_text(values, nulls, COL_AGGREGATE_ID);
-	ev->version = DatumGetInt64(values[COL_VERSION - 1]);
-	ev->event_type = column_text(values, nulls, 6);
-	ev->topic = column_text(values, nulls, 7);
-	ev->headers = nulls[7] ? NULL : DatumGetJsonbPCopy(values[7]);
-	/* A raw payload's exact bytes, else the JSON payload's text. */
-	if (!nulls[COL_PAYLOAD_BYTES - 1])
+	if (!nulls[col[EC_PAYLOAD_BYTES]])
 	{
-		bytea	   *raw = DatumGetByteaPP(values[COL_PAYLOAD_BYTES - 1]);
+		bytea	   *raw = DatumGetByteaPP(values[col[EC_PAYLOAD_BYTES]]);
 
 		/* A chunk of its own: produce_event() frees it once sent. */
 		ev->payload_len = VARSIZE_ANY_EXHDR(raw);
 		ev->payload = palloc(ev->payload_len + 1);
 		memcpy(ev->payload, VARDATA_ANY(raw), ev->payload_len);
-		if ((Pointer) raw != DatumGetPointer(values[COL_PAYLOAD_BYTES - 1]))
+		if ((Pointer) raw != DatumGetPointer(values[col[EC_PAYLOAD_BYTES]]))
 			pfree(raw);
+	}
+	else if (nulls[col[EC_PAYLOAD]])
+	{
+		ev->payload = NULL;
+		ev->payload_len = 0;
+	}
+	else if (json)
+	{
+		Jsonb	   *jb = DatumGetJsonbP(values[col[EC_PAYLOAD]]);
+		StringInfoData buf;
+
+		/* Its text built aside and copied: the builder over-allocates. */
+		initStringInfo(&buf);
+		(void) JsonbToCString(&buf, &jb->root, VARSIZE(jb));
+		ev->payload_len = buf.len;
+		ev->payload = palloc(buf.len + 1);
+		memcpy(ev->payload, buf.data, buf.len + 1);
+		pfree(buf.data);
+		if ((Pointer) jb != DatumGetPointer(values[col[EC_PAYLOAD]]))
+			pfree(jb);
 	}
 	else
 	{
-		ev->payload = column_text(values, nulls, 9);
-		ev->payload_len = ev->payload ? strlen(ev->payload) : 0;
+		ev->payload = column_text(values, nulls, col, EC_PAYLOAD);
+		ev->payload_len = strlen(ev->payload);
 	}
-	ev->created_at = DatumGetTimestampTz(values[9]);
-	ev->attempts = DatumGetInt32(values[10]);
-	ev->last_error = column_text(values, nulls, 12);
-	ev->dead_letter_requested = DatumGetBool(values[12]);
+}
+
+/*
+ * Copy one row into ev, in the current memory context: a row of the
+ * outbox (columns where publish_heap_columns() says, the payload jsonb) or
+ * of EVENT_COLUMNS (sql_columns, the payload's text); its aggregate's row
+ * version (if it has a row) is pub_xmin.  The row is deformed once.
+ */
+static void
+copy_row(BatchEvent *ev, HeapTuple tup, TupleDesc desc, const int *col, bool pub_row,
+		 TransactionId pub_xmin)
+{
+	Datum		values_local[32];
+	bool		nulls_local[32];
+	Datum	   *values = values_local;
+	bool	   *nulls = nulls_local;
+
+	if (desc->natts > lengthof(values_local))
+	{
+		values = palloc(sizeof(Datum) * desc->natts);
+		nulls = palloc(sizeof(bool) * desc->natts);
+	}
+	heap_deform_tuple(tup, desc, values, nulls);
+	ev->id = DatumGetInt64(values[col[EC_ID]]);
+	ev->event_id = column_text(values, nulls, col, EC_EVENT_ID);
+	ev->aggregate_type = column_text(values, nulls, col, EC_AGGREGATE_TYPE);
+	ev->aggregate_id = column_text(values, nulls, col, EC_AGGREGATE_ID);
+	ev->version = DatumGetInt64(values[col[EC_VERSION]]);
+	ev->event_type = column_text(values, nulls, col, EC_EVENT_TYPE);
+	ev->topic = column_text(values, nulls, col, EC_TOPIC);
+	ev->headers = nulls[col[EC_HEADERS]] ? NULL : DatumGetJsonbPCopy(values[col[EC_HEADERS]]);
+	copy_payload(ev, values, nulls, col,
+				 TupleDescAttr(desc, col[EC_PAYLOAD])->atttypid == JSONBOID);
+	ev->created_at = DatumGetTimestampTz(values[col[EC_CREATED_AT]]);
+	ev->attempts = DatumGetInt32(values[col[EC_ATTEMPTS]]);
+	ev->last_error = column_text(values, nulls, col, EC_LAST_ERROR);
+	ev->dead_letter_requested = DatumGetBool(values[col[EC_DEAD_LETTER_REQUESTED]]);
 	ev->pub_xmin = pub_xmin;
 	ev->pub_row = pub_row;
 	ev->action = EV_PUBLISH;
@@ -365,6 +416,11 @@ copy_row(BatchEvent *ev, HeapTuple tup, TupleDesc desc, bool pub_row, Transactio
 	ev->solo = false;
 	ev->retry_alone = false;
 	ev->next = -1;
+	if (values != values_local)
+	{
+		pfree(values);
+		pfree(nulls);
+	}
 }
 
 /* Bytes an event holds in memory: what outbox.batch_bytes counts. */
@@ -419,12 +475,13 @@ chunk_size(ReadState *rs)
 }
 
 /*
- * Add a fetched row to the flight, owed by delta seq (0: none); its
- * aggregate's row version is pub_xmin, if it has a row.
+ * Add a fetched row (its columns where col says) to the flight, owed by
+ * delta seq (0: none); its aggregate's row version is pub_xmin, if it has
+ * a row.
  */
 static void
-add_row(ReadState *rs, HeapTuple tup, TupleDesc desc, int64 seq, bool maybe_more,
-		bool pub_row, TransactionId pub_xmin)
+add_row(ReadState *rs, HeapTuple tup, TupleDesc desc, const int *col, int64 seq,
+		bool maybe_more, bool pub_row, TransactionId pub_xmin)
 {
 	Flight	   *f = rs->f;
 	MemoryContext oldcxt = MemoryContextSwitchTo(f->cxt);
@@ -436,7 +493,7 @@ add_row(ReadState *rs, HeapTuple tup, TupleDesc desc, int64 seq, bool maybe_more
 		f->events = repalloc(f->events, sizeof(BatchEvent) * rs->size);
 	}
 	ev = &f->events[f->nevents];
-	copy_row(ev, tup, desc, pub_row, pub_xmin);
+	copy_row(ev, tup, desc, col, pub_row, pub_xmin);
 	ev->owed = seq;
 	ev->maybe_more = maybe_more;
 	MemoryContextSwitchTo(oldcxt);
@@ -590,7 +647,7 @@ read_by_index(ReadState *rs, int nshares, int share)
 				owed = publish_stream_undivert(id, false);
 			xmin = DatumGetTransactionId(SPI_getbinval(tup, SPI_tuptable->tupdesc,
 													   COL_PUB_XMIN, &no_row));
-			add_row(rs, tup, SPI_tuptable->tupdesc, owed, false, !no_row, xmin);
+			add_row(rs, tup, SPI_tuptable->tupdesc, sql_columns, owed, false, !no_row, xmin);
 		}
 		if (SPI_processed == 0 || truncated)
 			break;
@@ -710,7 +767,7 @@ stream_row(ReadState *rs, HeapTuple tup, TupleDesc desc, const char *id, int64 s
 	}
 	if (set_add(rs->owed, id))
 		publish_stream_owe(seq);
-	add_row(rs, tup, desc, seq, false, pub_row, pub_xmin);
+	add_row(rs, tup, desc, publish_heap_columns(), seq, false, pub_row, pub_xmin);
 }
 
 /* A chunk of the manifest being fetched: each event's row, once found. */
@@ -718,12 +775,11 @@ typedef struct Chunk
 {
 	ManifestEntry *entries;
 	int			n;
-	HeapTuple  *rows;			/* [n]; NULL: not found (yet) */
+	HeapTuple  *rows;			/* [n]; NULL: not found */
 	char	  **aggregate_ids;	/* [n]: each row's */
-	TupleDesc	desc;
-	HTAB	   *positions;		/* id -> ChunkPosition */
+	Relation	rel;			/* the outbox: the rows' descriptor */
+	const int  *col;			/* where the rows' columns are */
 	HTAB	   *progress;		/* aggregate id -> Progress */
-	SPITupleTable *tables[2];	/* the rows' (by ctid, by id) */
 } Chunk;
 
 typedef struct ChunkPosition
@@ -742,71 +798,77 @@ typedef struct Progress
 	TransactionId xmin;
 } Progress;
 
-/* Put the rows SPI_tuptable holds where the chunk expects their ids. */
-static void
-place_rows(Chunk *c)
-{
-	for (uint64 r = 0; r < SPI_processed; r++)
-	{
-		HeapTuple	tup = SPI_tuptable->vals[r];
-		bool		isnull;
-		int64		id = DatumGetInt64(SPI_getbinval(tup, SPI_tuptable->tupdesc, COL_ID, &isnull));
-		ChunkPosition *cp = hash_search(c->positions, &id, HASH_FIND, NULL);
-
-		/* A row version that came to the slot since is not ours. */
-		if (cp != NULL && c->rows[cp->pos] == NULL)
-			c->rows[cp->pos] = tup;
-	}
-	c->desc = SPI_tuptable->tupdesc;
-	c->tables[c->tables[0] ? 1 : 0] = SPI_tuptable;
-}
-
 /*
- * Fetch the chunk's rows: where the delta found them, then by id those
- * that moved (updated since: attempts, a disposition).  Rows disposed of
- * are not fetched.
+ * Fetch the chunk's missing rows (nmissing of them) by id: those that moved
+ * since the delta (updated: attempts, a disposition) are found by index at
+ * their new place.  Rows disposed of are not fetched.
  */
 static void
-fetch_chunk(Chunk *c, MemoryContext cxt)
+fetch_moved(Chunk *c, int nmissing, MemoryContext cxt)
 {
 	HASHCTL		hctl;
-	ItemPointerData *tids = MemoryContextAlloc(cxt, sizeof(ItemPointerData) * c->n);
-	Datum	   *d = MemoryContextAlloc(cxt, sizeof(Datum) * c->n);
-	int64	   *missing = MemoryContextAlloc(cxt, sizeof(int64) * c->n);
-	int			nmissing = 0;
+	HTAB	   *positions;
+	int64	   *ids = MemoryContextAlloc(cxt, sizeof(int64) * nmissing);
+	ManifestEntry *moved;
+	HeapTuple  *rows;
+	int			n = 0;
 	Datum		arg;
 
 	memset(&hctl, 0, sizeof(hctl));
 	hctl.keysize = sizeof(int64);
 	hctl.entrysize = sizeof(ChunkPosition);
 	hctl.hcxt = cxt;
-	c->positions = hash_create("outbox chunk", c->n, &hctl, HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
-	c->rows = MemoryContextAllocZero(cxt, sizeof(HeapTuple) * c->n);
-	c->tables[0] = c->tables[1] = NULL;
-	for (int i = 0; i < c->n; i++)
-	{
-		ChunkPosition *cp = hash_search(c->positions, &c->entries[i].id, HASH_ENTER, NULL);
-
-		cp->pos = i;
-		tids[i] = c->entries[i].tid;
-		d[i] = PointerGetDatum(&tids[i]);
-	}
-	arg = PointerGetDatum(construct_array(d, c->n, TIDOID, sizeof(ItemPointerData), false,
-										  TYPALIGN_SHORT));
-	if (SPI_execute_plan(fetch_tid_plan, &arg, NULL, true, 0) != SPI_OK_SELECT)
-		elog(ERROR, "could not read the stream's events");
-	place_rows(c);
-
+	positions = hash_create("outbox moved rows", nmissing, &hctl,
+							HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
 	for (int i = 0; i < c->n; i++)
 		if (c->rows[i] == NULL)
-			missing[nmissing++] = c->entries[i].id;
-	if (nmissing == 0)
-		return;
-	arg = publish_int8_array(missing, nmissing);
+		{
+			ChunkPosition *cp = hash_search(positions, &c->entries[i].id, HASH_ENTER, NULL);
+
+			cp->pos = i;
+			ids[n++] = c->entries[i].id;
+		}
+	arg = publish_int8_array(ids, n);
 	if (SPI_execute_plan(fetch_id_plan, &arg, NULL, true, 0) != SPI_OK_SELECT)
 		elog(ERROR, "could not read the stream's events");
-	/* Both fetches return EVENT_COLUMNS: one descriptor serves. */
-	place_rows(c);
+	moved = MemoryContextAlloc(cxt, sizeof(ManifestEntry) * Max(SPI_processed, 1));
+	for (uint64 r = 0; r < SPI_processed; r++)
+	{
+		HeapTuple	tup = SPI_tuptable->vals[r];
+		bool		isnull;
+
+		moved[r].id = DatumGetInt64(SPI_getbinval(tup, SPI_tuptable->tupdesc, 1, &isnull));
+		moved[r].tid = *(ItemPointer) DatumGetPointer(SPI_getbinval(tup, SPI_tuptable->tupdesc, 2,
+																	&isnull));
+	}
+	n = (int) SPI_processed;
+	SPI_freetuptable(SPI_tuptable);
+	elog(DEBUG1, "outbox: %d of %d events moved since the delta was read, %d found by id",
+		 nmissing, c->n, n);
+	rows = MemoryContextAlloc(cxt, sizeof(HeapTuple) * Max(n, 1));
+	publish_heap_fetch(c->rel, moved, n, rows, cxt);
+	for (int i = 0; i < n; i++)
+	{
+		ChunkPosition *cp = hash_search(positions, &moved[i].id, HASH_FIND, NULL);
+
+		if (cp != NULL)
+			c->rows[cp->pos] = rows[i];
+	}
+}
+
+/* Fetch the chunk's rows: where the delta found them, else by id. */
+static void
+fetch_chunk(Chunk *c, MemoryContext cxt)
+{
+	int			nmissing = 0;
+
+	c->rows = MemoryContextAlloc(cxt, sizeof(HeapTuple) * Max(c->n, 1));
+	publish_heap_fetch(c->rel, c->entries, c->n, c->rows, cxt);
+	for (int i = 0; i < c->n; i++)
+		if (c->rows[i] == NULL)
+			nmissing++;
+	if (nmissing > 0)
+		fetch_moved(c, nmissing, cxt);
 }
 
 /* Read the progress of the chunk's aggregates, once each. */
@@ -827,7 +889,8 @@ fetch_progress(Chunk *c, MemoryContext cxt)
 
 		if (c->rows[i] == NULL)
 			continue;
-		id = TextDatumGetCString(heap_getattr(c->rows[i], COL_AGGREGATE_ID, c->desc, &found));
+		id = TextDatumGetCString(heap_getattr(c->rows[i], c->col[EC_AGGREGATE_ID] + 1,
+											  RelationGetDescr(c->rel), &found));
 		p = hash_search(c->progress, &id, HASH_ENTER, &found);
 		if (!found)
 		{
@@ -868,6 +931,8 @@ fetch_progress(Chunk *c, MemoryContext cxt)
 static void
 stream_chunk(ReadState *rs, Chunk *c, int64 seq)
 {
+	TupleDesc	desc = RelationGetDescr(c->rel);
+
 	for (int i = 0; i < c->n; i++)
 	{
 		HeapTuple	tup = c->rows[i];
@@ -879,10 +944,10 @@ stream_chunk(ReadState *rs, Chunk *c, int64 seq)
 		p = hash_search(c->progress, &c->aggregate_ids[i], HASH_FIND, NULL);
 		if (p->has_row &&
 			(p->listed ||
-			 DatumGetInt64(SPI_getbinval(tup, c->desc, COL_VERSION, &isnull)) <=
+			 DatumGetInt64(heap_getattr(tup, c->col[EC_VERSION] + 1, desc, &isnull)) <=
 			 p->last_published_version))
 			continue;
-		stream_row(rs, tup, c->desc, p->aggregate_id, seq, p->has_row, p->xmin);
+		stream_row(rs, tup, desc, p->aggregate_id, seq, p->has_row, p->xmin);
 	}
 }
 
@@ -892,6 +957,7 @@ read_stream(ReadState *rs, const char *snapshot, int nshares, int share)
 {
 	MemoryContext chunk_cxt = AllocSetContextCreate(CurrentMemoryContext, "outbox chunk",
 													ALLOCSET_DEFAULT_SIZES);
+	Relation	rel = NULL;
 
 	if (publish_stream_manifest_done())
 		read_new_delta(snapshot, nshares, share);
@@ -903,15 +969,18 @@ read_stream(ReadState *rs, const char *snapshot, int nshares, int share)
 		c.n = publish_stream_next_ids(chunk_size(rs), &c.entries, &seq);
 		if (c.n == 0)
 			break;
+		if (rel == NULL)
+			rel = publish_heap_open();
+		c.rel = rel;
+		c.col = publish_heap_columns();
 		fetch_chunk(&c, chunk_cxt);
 		fetch_progress(&c, chunk_cxt);
 		stream_chunk(rs, &c, seq);
-		for (int t = 0; t < lengthof(c.tables); t++)
-			if (c.tables[t])
-				SPI_freetuptable(c.tables[t]);
 		MemoryContextReset(chunk_cxt);
 		publish_stream_ids_done();
 	}
+	if (rel != NULL)
+		table_close(rel, NoLock);
 	MemoryContextDelete(chunk_cxt);
 }
 

@@ -1,0 +1,66 @@
+# A delta records where each event's row was when it was read, and later
+# reads fetch its chunks from there (publish_heap.c).  A row updated in
+# between (attempts, a disposition: a new row version elsewhere) is not at
+# that place any more: it must be found by id, not dropped.  Here a delta
+# of 1,000 events is read 100 at a time; while the worker settles the first
+# batch (held up by row locks on aggregate_publication), every pending row
+# is updated; the other 900 are then fetched by id, and every event reaches
+# Kafka once, in order.
+use strict;
+use warnings;
+
+use PostgreSQL::Test::Utils;
+use Test::More;
+
+use MockKafka;
+use OutboxTest;
+
+my $dir = $PostgreSQL::Test::Utils::tmp_check;
+mkdir "$dir/mock";
+my $mk = MockKafka->start(dir => "$dir/mock", brokers => 1, max_seconds => 300);
+my $node = outbox_node('moved_rows', $mk, batch_events => 100);
+$node->append_conf('postgresql.conf', "log_min_messages = debug1\n");
+$node->reload;
+
+sub q1 { $node->safe_psql('postgres', $_[0]) }
+
+# every aggregate has its row (the settling below updates, not inserts)
+q1(q{SELECT outbox_emit('moved', 'mv-' || g, 'E', '{}') FROM generate_series(0, 9) g});
+ok(defined wait_published($node, 60), 'first events published');
+
+q1('SELECT outbox_pause()');
+q1(q{SELECT outbox_emit('moved', 'mv-' || (g % 10), 'E', jsonb_build_object('n', g))
+     FROM generate_series(1, 1000) g});
+
+my $locker = $node->background_psql('postgres');
+$locker->query_safe('BEGIN');
+$locker->query_safe('SELECT aggregate_id FROM aggregate_publication FOR UPDATE');
+my $log_from = -s $node->logfile;
+
+q1('SELECT outbox_resume()');
+ok( $node->poll_query_until('postgres',
+		q{SELECT count(*) > 0 FROM pg_stat_activity
+		  WHERE backend_type LIKE 'outbox publisher%' AND wait_event_type = 'Lock'}),
+	'the publisher waits to settle its first batch');
+q1(q{UPDATE outbox SET attempts = attempts WHERE aggregate_version > 1});
+$locker->query_safe('ROLLBACK');
+$locker->quit;
+
+ok(defined wait_published($node, 60), 'every event published after its row moved');
+my $log = slurp_file($node->logfile, $log_from);
+my $moved = 0;
+$moved += $1 while $log =~ /outbox: \d+ of \d+ events moved since the delta was read, (\d+) found by id/g;
+cmp_ok($moved, '>=', 800, "the moved rows were found by id ($moved)");
+
+my $r = $mk->check(
+	topics => ['outbox.event.moved'],
+	expect => expect_file($node, "$dir/expect.tsv"),
+	opts => ['--timeout-ms', '20000']);
+is($r->{exit}, 0, 'order_check: ' . ($r->{output} =~ s/\s+$//r));
+is($r->{lost}, 0, 'nothing lost');
+is($r->{gaps} + $r->{inversions}, 0, 'no gap, no inversion');
+is($r->{duplicates}, 0, 'no duplicate');
+
+$node->stop;
+$mk->stop;
+done_testing();
