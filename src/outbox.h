@@ -52,6 +52,12 @@ typedef struct OutboxWorkerSlot
 {
 	pid_t		pid;
 	Latch	   *latch;			/* set on commit of an emitting transaction */
+	/*
+	 * 1 while the worker is sure to read soon (it waits out
+	 * outbox.read_interval): a commit need not set its latch.  Cleared,
+	 * with a full barrier, before the read takes its snapshot.
+	 */
+	pg_atomic_uint32 read_scheduled;
 	TimestampTz last_batch_at;
 	char		state[64];
 	/* What stops or hinders publishing (empty: nothing), and since when. */

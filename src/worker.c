@@ -177,6 +177,7 @@ worker_exit(int code, Datum arg)
 	OutboxWorkerSlot *slot = publish_slot;
 
 	slot->latch = NULL;
+	pg_atomic_write_u32(&slot->read_scheduled, 0);
 	slot->pid = 0;
 	strlcpy(slot->state, "stopped", sizeof(slot->state));
 	outbox_wake_workers();
@@ -342,6 +343,7 @@ pipeline_step(void)
 	{
 		/* Too soon after a read: idle_wait() waits out the gap first. */
 		read_wanted = publish_read_gap_ms() > 0;
+		(void) pg_atomic_exchange_u32(&publish_slot->read_scheduled, read_wanted ? 1 : 0);
 		if (!read_wanted)
 		{
 			int			r = run_flight(outbox_batch_events - nevents,
@@ -353,6 +355,8 @@ pipeline_step(void)
 				n += r;
 		}
 	}
+	else
+		(void) pg_atomic_exchange_u32(&publish_slot->read_scheduled, 0);
 	publish_check_fatal();
 	return n;
 }
@@ -747,6 +751,7 @@ loop_turn(bool *failed)
 	PG_CATCH();
 	{
 		HOLD_INTERRUPTS();
+		pg_atomic_write_u32(&publish_slot->read_scheduled, 0);
 		log_worker_error();
 		AbortCurrentTransaction();
 		publish_settle_abort();
