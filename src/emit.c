@@ -1115,7 +1115,6 @@ static void
 open_target(EmitTarget *t, Oid nspid)
 {
 	MemoryContext old_cxt = MemoryContextSwitchTo(t->cxt);
-	RangeTblEntry *rte = makeNode(RangeTblEntry);
 	TupleDesc	desc;
 
 	if (!rels.valid || rels.nspid != nspid)
@@ -1133,21 +1132,7 @@ open_target(EmitTarget *t, Oid nspid)
 				 errhint("Retry the transaction.")));
 	desc = RelationGetDescr(t->rel);
 
-	t->estate = CreateExecutorState();
-	rte->rtekind = RTE_RELATION;
-	rte->relid = rels.outbox;
-	rte->relkind = RELKIND_RELATION;
-	rte->rellockmode = RowExclusiveLock;
-#if PG_VERSION_NUM >= 160000
-	{
-		List	   *perminfos = NIL;
-
-		addRTEPermissionInfo(&perminfos, rte);
-		ExecInitRangeTable(t->estate, list_make1(rte), perminfos);
-	}
-#else
-	ExecInitRangeTable(t->estate, list_make1(rte));
-#endif
+	t->estate = outbox_simple_estate(t->rel, RowExclusiveLock);
 	t->rri = makeNode(ResultRelInfo);
 	InitResultRelInfo(t->rri, t->rel, 1, NULL, 0);
 	open_indexes(t->rri);

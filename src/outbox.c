@@ -10,9 +10,11 @@
 
 #include "access/xact.h"
 #include "common/hashfn.h"
+#include "executor/executor.h"
 #include "executor/spi.h"
 #include "fmgr.h"
 #include "miscadmin.h"
+#include "parser/parse_relation.h"
 #include "postmaster/bgworker.h"
 #include "replication/walsender.h"
 #include "storage/ipc.h"
@@ -20,6 +22,7 @@
 #include "storage/shmem.h"
 #include "utils/guc.h"
 #include "utils/memutils.h"
+#include "utils/rel.h"
 
 #include "compat.h"
 #include "outbox.h"
@@ -164,6 +167,33 @@ outbox_wake_workers(void)
 		if (latch != NULL)
 			SetLatch(latch);
 	}
+}
+
+/*
+ * An executor state for writing rel's rows without a plan, the way logical
+ * replication's apply does: its range table holds rel (locked in mode).
+ */
+struct EState *
+outbox_simple_estate(Relation rel, LOCKMODE mode)
+{
+	EState	   *estate = CreateExecutorState();
+	RangeTblEntry *rte = makeNode(RangeTblEntry);
+
+	rte->rtekind = RTE_RELATION;
+	rte->relid = RelationGetRelid(rel);
+	rte->relkind = rel->rd_rel->relkind;
+	rte->rellockmode = mode;
+#if PG_VERSION_NUM >= 160000
+	{
+		List	   *perminfos = NIL;
+
+		addRTEPermissionInfo(&perminfos, rte);
+		ExecInitRangeTable(estate, list_make1(rte), perminfos);
+	}
+#else
+	ExecInitRangeTable(estate, list_make1(rte));
+#endif
+	return estate;
 }
 
 /* This transaction emitted: wake the publishers when it commits. */

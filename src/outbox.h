@@ -138,6 +138,7 @@ typedef enum PoisonPolicy
 /* outbox.c */
 extern void outbox_note_emit(void);
 extern void outbox_wake_workers(void);
+extern struct EState *outbox_simple_estate(struct RelationData *rel, LOCKMODE mode);
 extern void outbox_aggregate_locktag(LOCKTAG *tag, const char *aggregate_id,
 									 int len, uint16 space);
 extern void outbox_publish_locktag(LOCKTAG *tag, const char *aggregate_id);

@@ -195,6 +195,11 @@ typedef enum EventColumn
 	EC_NCOLUMNS
 } EventColumn;
 
+/* publish_progress.c: the common settling, without a statement */
+extern void publish_progress_prepare(Oid nsp);
+extern uint64 publish_progress_record(char **ids, int64 *versions, TransactionId *xmins, int n,
+									  TimestampTz now, HTAB *applied, MemoryContext applied_cxt);
+
 /* publish_heap.c: a delta's rows from the heap, a page at a time */
 extern void publish_heap_prepare(Oid nsp);
 extern Oid	publish_heap_relid(void);

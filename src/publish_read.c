@@ -318,6 +318,7 @@ publish_lookup_extension(void)
 			return InvalidOid;
 		prepare_plans(schema);
 		publish_heap_prepare(get_namespace_oid(schema, false));
+		publish_progress_prepare(get_namespace_oid(schema, false));
 		plans_extoid = extoid;
 	}
 	extension_stale = false;

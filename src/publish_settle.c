@@ -33,8 +33,6 @@ static const char *const action_disposition[] = {
 
 static SPIPlanPtr settle_plan = NULL;	/* planned for the arrays */
 static SPIPlanPtr settle_small_plan = NULL; /* planned once */
-static SPIPlanPtr progress_plan = NULL; /* only progress, of existing rows */
-static SPIPlanPtr progress_small_plan = NULL;
 
 /*
  * Most aggregates a settling records with the plan planned once: with the
@@ -81,8 +79,6 @@ publish_settle_prepare(const char *s)
 	{
 		SPI_freeplan(settle_plan);
 		SPI_freeplan(settle_small_plan);
-		SPI_freeplan(progress_plan);
-		SPI_freeplan(progress_small_plan);
 	}
 
 	/*
@@ -120,22 +116,6 @@ publish_settle_prepare(const char *s)
 				   "SELECT aggregate_id FROM done", s, s, s, s);
 	settle_plan = outbox_keep_plan_options(sql, 8, types, CURSOR_OPT_CUSTOM_PLAN);
 	settle_small_plan = outbox_keep_plan_options(sql, 8, types, CURSOR_OPT_GENERIC_PLAN);
-
-	/*
-	 * The common case, and a fraction of the executor start-up: every
-	 * aggregate has its row, nothing was dead-lettered or skipped.  The same
-	 * update as upd above.
-	 */
-	sql = psprintf("UPDATE %s.aggregate_publication a SET "
-				   "last_published_version = GREATEST(a.last_published_version, u.v), "
-				   "last_published_at = $1, attempts = 0, last_error = NULL, "
-				   "catch_up = a.catch_up OR a.next_attempt_at IS NOT NULL, "
-				   "next_attempt_at = NULL, updated_at = $1 "
-				   "FROM unnest($2, $3, $4) AS u(id, v, x) "
-				   "WHERE a.aggregate_id = u.id AND a.xmin = u.x AND a.aggregate_id = ANY ($2) "
-				   "RETURNING a.aggregate_id", s);
-	progress_plan = outbox_keep_plan_options(sql, 4, types, CURSOR_OPT_CUSTOM_PLAN);
-	progress_small_plan = outbox_keep_plan_options(sql, 4, types, CURSOR_OPT_GENERIC_PLAN);
 }
 
 /* Does every aggregate of the marks have its row, and nothing a disposition? */
@@ -212,21 +192,21 @@ apply_marks(PendingMarks *pm, TimestampTz now)
 
 	if (pm->nprogress == 0)
 		return 0;
+	/* The common case: the rows updated directly (publish_progress.c). */
+	if (progress_only(pm))
+		return publish_progress_record(pm->progress_ids, pm->progress_versions,
+									   pm->progress_xmins, pm->nprogress, now,
+									   pm->applied, marks_context);
 	args[0] = TimestampTzGetDatum(now);
 	args[1] = publish_text_array(pm->progress_ids, pm->nprogress);
 	args[2] = publish_int8_array(pm->progress_versions, pm->nprogress);
 	args[3] = publish_xid_array(pm->progress_xmins, pm->nprogress);
-	if (progress_only(pm))
-		rc = SPI_execute_plan(small ? progress_small_plan : progress_plan, args, NULL, false, 0);
-	else
-	{
-		args[4] = publish_bool_array(pm->progress_rows, pm->nprogress);
-		args[5] = publish_int8_array(pm->disposed_ids, pm->ndisposed);
-		args[6] = publish_text_array(pm->disposed_actions, pm->ndisposed);
-		args[7] = publish_text_array(pm->disposed_aggregates, pm->ndisposed);
-		rc = SPI_execute_plan(small ? settle_small_plan : settle_plan, args, NULL, false, 0);
-	}
-	if (rc != SPI_OK_SELECT && rc != SPI_OK_UPDATE_RETURNING)
+	args[4] = publish_bool_array(pm->progress_rows, pm->nprogress);
+	args[5] = publish_int8_array(pm->disposed_ids, pm->ndisposed);
+	args[6] = publish_text_array(pm->disposed_actions, pm->ndisposed);
+	args[7] = publish_text_array(pm->disposed_aggregates, pm->ndisposed);
+	rc = SPI_execute_plan(small ? settle_small_plan : settle_plan, args, NULL, false, 0);
+	if (rc != SPI_OK_SELECT)
 		elog(ERROR, "could not record the aggregates' progress");
 	n = SPI_processed;
 	for (uint64 r = 0; r < n; r++)

@@ -409,7 +409,13 @@ static int
 idle_wait(long wait_ms, bool failed)
 {
 	TimestampTz end = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), wait_ms);
-	bool		held = !failed && read_hold_ms() > 0;
+
+	/*
+	 * A read put off (read_wanted) bounds the wait even if its time came
+	 * meanwhile: commits do not wake a worker that said it will read
+	 * (read_scheduled), so missing it would cost a whole poll interval.
+	 */
+	bool		held = !failed && (read_wanted || read_hold_ms() > 0);
 	bool		settle = !failed && publish_pending_marks == NULL;
 
 	for (;;)
@@ -739,6 +745,9 @@ loop_turn(bool *failed)
 	int			n = 0;
 
 	*failed = false;
+	/* Only a pipeline step that puts a read off says one is coming. */
+	read_wanted = false;
+	pg_atomic_write_u32(&publish_slot->read_scheduled, 0);
 	PG_TRY();
 	{
 		/* Acknowledged but unmarked events are marked, never re-sent. */
@@ -751,6 +760,7 @@ loop_turn(bool *failed)
 	PG_CATCH();
 	{
 		HOLD_INTERRUPTS();
+		read_wanted = false;
 		pg_atomic_write_u32(&publish_slot->read_scheduled, 0);
 		log_worker_error();
 		AbortCurrentTransaction();

@@ -1,0 +1,241 @@
+/*-------------------------------------------------------------------------
+ *
+ * publish_progress.c
+ *	  Recording aggregates' progress in aggregate_publication without a
+ *	  statement: each row found by its primary key, locked, checked to be
+ *	  the version the read saw, and updated through the relation's own
+ *	  update, index and trigger code (as logical replication's apply
+ *	  updates a row).  The common settling -- every aggregate has its row,
+ *	  nothing dead-lettered or skipped -- spent most of its time starting
+ *	  the executor for an UPDATE of a few rows; the other settlings still
+ *	  run publish_settle.c's statement.
+ *
+ *	  Locking: each row is locked (FOR NO KEY UPDATE, waiting) before it is
+ *	  written, as the statement's UPDATE would; a row updated since the
+ *	  read (an operator, a failure recorded) is left alone, as the
+ *	  statement's "xmin = the version read" leaves it.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "access/genam.h"
+#include "access/htup_details.h"
+#include "access/sysattr.h"
+#include "access/table.h"
+#include "access/tableam.h"
+#include "access/xact.h"
+#include "catalog/pg_type.h"
+#include "commands/trigger.h"
+#include "executor/executor.h"
+#include "utils/builtins.h"
+#include "utils/fmgroids.h"
+#include "utils/lsyscache.h"
+#include "utils/rel.h"
+#include "utils/snapmgr.h"
+
+#include "compat.h"
+#include "outbox.h"
+#include "publish.h"
+
+/* The columns of aggregate_publication written or read here. */
+typedef enum ProgressColumn
+{
+	PC_AGGREGATE_ID,
+	PC_LAST_PUBLISHED_VERSION,
+	PC_LAST_PUBLISHED_AT,
+	PC_ATTEMPTS,
+	PC_LAST_ERROR,
+	PC_CATCH_UP,
+	PC_NEXT_ATTEMPT_AT,
+	PC_UPDATED_AT,
+	PC_NCOLUMNS
+} ProgressColumn;
+
+static const char *const progress_names[PC_NCOLUMNS] = {
+	[PC_AGGREGATE_ID] = "aggregate_id",
+	[PC_LAST_PUBLISHED_VERSION] = "last_published_version",
+	[PC_LAST_PUBLISHED_AT] = "last_published_at",
+	[PC_ATTEMPTS] = "attempts",
+	[PC_LAST_ERROR] = "last_error",
+	[PC_CATCH_UP] = "catch_up",
+	[PC_NEXT_ATTEMPT_AT] = "next_attempt_at",
+	[PC_UPDATED_AT] = "updated_at",
+};
+
+static Oid	publication_relid = InvalidOid;
+static int	progress_columns[PC_NCOLUMNS];	/* 0-based attribute indexes */
+
+/* Look up aggregate_publication in namespace nsp, and its columns. */
+void
+publish_progress_prepare(Oid nsp)
+{
+	Oid			relid = get_relname_relid("aggregate_publication", nsp);
+
+	if (!OidIsValid(relid))
+		elog(ERROR, "the outbox extension's schema has no table aggregate_publication");
+	for (int i = 0; i < PC_NCOLUMNS; i++)
+	{
+		AttrNumber	attnum = get_attnum(relid, progress_names[i]);
+
+		if (attnum == InvalidAttrNumber)
+			elog(ERROR, "table aggregate_publication has no column %s", progress_names[i]);
+		progress_columns[i] = attnum - 1;
+	}
+	publication_relid = relid;
+}
+
+/* The writer's state for one settling. */
+typedef struct ProgressWriter
+{
+	Relation	rel;
+	Relation	pkey;
+	EState	   *estate;
+	ResultRelInfo *rri;
+	EPQState	epq;
+	IndexScanDesc scan;
+	TupleTableSlot *found;		/* the row as found and locked */
+	TupleTableSlot *next;		/* its new version */
+} ProgressWriter;
+
+/* Open aggregate_publication and its primary key for writing. */
+static void
+writer_open(ProgressWriter *w)
+{
+	Oid			pkey;
+
+	w->rel = table_open(publication_relid, RowExclusiveLock);
+	pkey = RelationGetPrimaryKeyIndex(w->rel);
+	if (!OidIsValid(pkey))
+		elog(ERROR, "table aggregate_publication has no primary key");
+	w->estate = outbox_simple_estate(w->rel, RowExclusiveLock);
+	w->estate->es_snapshot = GetActiveSnapshot();
+	w->estate->es_output_cid = GetCurrentCommandId(true);
+	w->rri = makeNode(ResultRelInfo);
+	InitResultRelInfo(w->rri, w->rel, 1, NULL, 0);
+	ExecOpenIndices(w->rri, false);
+#if PG_VERSION_NUM >= 160000
+	EvalPlanQualInit(&w->epq, w->estate, NULL, NIL, -1, NIL);
+#else
+	EvalPlanQualInit(&w->epq, w->estate, NULL, NIL, -1);
+#endif
+	w->pkey = index_open(pkey, RowExclusiveLock);
+	w->scan = index_beginscan(w->rel, w->pkey, GetActiveSnapshot(), 1, 0);
+	w->found = table_slot_create(w->rel, &w->estate->es_tupleTable);
+	w->next = ExecInitExtraTupleSlot(w->estate, RelationGetDescr(w->rel), &TTSOpsVirtual);
+}
+
+/* Close what writer_open() opened (locks kept to commit). */
+static void
+writer_close(ProgressWriter *w)
+{
+	index_endscan(w->scan);
+	EvalPlanQualEnd(&w->epq);
+	ExecCloseResultRelations(w->estate);
+	ExecCloseIndices(w->rri);
+	ExecResetTupleTable(w->estate->es_tupleTable, false);
+	FreeExecutorState(w->estate);
+	index_close(w->pkey, NoLock);
+	table_close(w->rel, NoLock);
+}
+
+/*
+ * Find the aggregate's row and lock it, if it is still the version read
+ * (xmin); false if it is gone or changed since.
+ */
+static bool
+find_and_lock(ProgressWriter *w, const char *aggregate_id, TransactionId xmin)
+{
+	ScanKeyData key;
+	bool		isnull;
+	TM_FailureData tmfd;
+
+	ScanKeyInit(&key, 1, BTEqualStrategyNumber, F_TEXTEQ, CStringGetTextDatum(aggregate_id));
+	key.sk_collation = w->pkey->rd_indcollation[0];
+	index_rescan(w->scan, &key, 1, NULL, 0);
+	if (!index_getnext_slot(w->scan, ForwardScanDirection, w->found))
+		return false;
+	if (DatumGetTransactionId(slot_getsysattr(w->found, MinTransactionIdAttributeNumber,
+											  &isnull)) != xmin)
+		return false;
+	/* Not following updates: a newer version is not the one read. */
+	return table_tuple_lock(w->rel, &w->found->tts_tid, GetActiveSnapshot(), w->found,
+							GetCurrentCommandId(false), LockTupleNoKeyExclusive,
+							LockWaitBlock, 0, &tmfd) == TM_Ok;
+}
+
+/*
+ * Write the locked row's new version: its progress reaches version, its
+ * failures are cleared, and an aggregate that was backing off catches up
+ * by index (see publish_settle.c's statement: the same update).
+ */
+static void
+write_progress(ProgressWriter *w, int64 version, TimestampTz now)
+{
+	TupleTableSlot *next = w->next;
+	const int  *c = progress_columns;
+
+	slot_getallattrs(w->found);
+	ExecClearTuple(next);
+	memcpy(next->tts_values, w->found->tts_values, sizeof(Datum) * next->tts_tupleDescriptor->natts);
+	memcpy(next->tts_isnull, w->found->tts_isnull, sizeof(bool) * next->tts_tupleDescriptor->natts);
+	if (w->found->tts_isnull[c[PC_LAST_PUBLISHED_VERSION]] ||
+		DatumGetInt64(w->found->tts_values[c[PC_LAST_PUBLISHED_VERSION]]) < version)
+	{
+		next->tts_values[c[PC_LAST_PUBLISHED_VERSION]] = Int64GetDatum(version);
+		next->tts_isnull[c[PC_LAST_PUBLISHED_VERSION]] = false;
+	}
+	next->tts_values[c[PC_LAST_PUBLISHED_AT]] = TimestampTzGetDatum(now);
+	next->tts_isnull[c[PC_LAST_PUBLISHED_AT]] = false;
+	next->tts_values[c[PC_ATTEMPTS]] = Int32GetDatum(0);
+	next->tts_isnull[c[PC_ATTEMPTS]] = false;
+	next->tts_isnull[c[PC_LAST_ERROR]] = true;
+	if (!w->found->tts_isnull[c[PC_NEXT_ATTEMPT_AT]])
+	{
+		next->tts_values[c[PC_CATCH_UP]] = BoolGetDatum(true);
+		next->tts_isnull[c[PC_CATCH_UP]] = false;
+	}
+	next->tts_isnull[c[PC_NEXT_ATTEMPT_AT]] = true;
+	next->tts_values[c[PC_UPDATED_AT]] = TimestampTzGetDatum(now);
+	next->tts_isnull[c[PC_UPDATED_AT]] = false;
+	ExecStoreVirtualTuple(next);
+#if PG_VERSION_NUM >= 140000
+	ExecSimpleRelationUpdate(w->rri, w->estate, &w->epq, w->found, next);
+#else
+	w->estate->es_result_relation_info = w->rri;
+	ExecSimpleRelationUpdate(w->estate, &w->epq, w->found, next);
+#endif
+}
+
+/*
+ * Record the progress of n aggregates that had their rows when read
+ * (ids[i] reached versions[i]; its row was at version xmins[i]); each one
+ * recorded is entered into applied (keys allocated in applied_cxt).
+ * Returns the number recorded.
+ */
+uint64
+publish_progress_record(char **ids, int64 *versions, TransactionId *xmins, int n,
+						TimestampTz now, HTAB *applied, MemoryContext applied_cxt)
+{
+	ProgressWriter w;
+	uint64		recorded = 0;
+
+	writer_open(&w);
+	/* A trigger an administrator added fires as for the statement. */
+	AfterTriggerBeginQuery();
+	for (int i = 0; i < n; i++)
+	{
+		char	   *key;
+
+		if (!find_and_lock(&w, ids[i], xmins[i]))
+			continue;
+		write_progress(&w, versions[i], now);
+		key = MemoryContextStrdup(applied_cxt, ids[i]);
+		(void) hash_search(applied, &key, HASH_ENTER, NULL);
+		recorded++;
+	}
+	AfterTriggerEndQuery(w.estate);
+	writer_close(&w);
+	CommandCounterIncrement();
+	return recorded;
+}
