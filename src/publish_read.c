@@ -310,17 +310,16 @@ publish_lookup_extension(void)
 	extoid = get_extension_oid("outbox", true);
 	if (!OidIsValid(extoid))
 		return InvalidOid;
-	/* Not relocatable: the same extension stays in its schema. */
+	schema = extension_schema();
+	if (schema == NULL)
+		return InvalidOid;
+	/* Not relocatable: the same extension keeps its schema and plans. */
 	if (extoid != plans_extoid)
-	{
-		schema = extension_schema();
-		if (schema == NULL)
-			return InvalidOid;
 		prepare_plans(schema);
-		publish_heap_prepare(get_namespace_oid(schema, false));
-		publish_progress_prepare(get_namespace_oid(schema, false));
-		plans_extoid = extoid;
-	}
+	plans_extoid = extoid;
+	/* Its tables' columns again (cheap): an ALTER EXTENSION UPDATE may move them. */
+	publish_heap_prepare(get_namespace_oid(schema, false));
+	publish_progress_prepare(get_namespace_oid(schema, false));
 	extension_stale = false;
 	return extoid;
 }
