@@ -201,6 +201,8 @@ extern uint64 publish_progress_record(char **ids, int64 *versions, TransactionId
 									  TimestampTz now, HTAB *applied, MemoryContext applied_cxt);
 
 /* publish_heap.c: a delta's rows from the heap, a page at a time */
+extern Oid	publish_table_columns(Oid nsp, const char *table, const char *const *names, int n,
+								  int *columns);
 extern void publish_heap_prepare(Oid nsp);
 extern Oid	publish_heap_relid(void);
 extern Relation publish_heap_open(void);

@@ -30,7 +30,7 @@
 /* The outbox table of the extension, and where each event column is in it. */
 static Oid	outbox_relid = InvalidOid;
 static int	table_columns[EC_NCOLUMNS];
-static int	disposition_column;
+static int	disposition_column; /* 0-based, as table_columns */
 
 /* The outbox's column of each EventColumn. */
 static const char *const column_names[EC_NCOLUMNS] = {
@@ -50,26 +50,37 @@ static const char *const column_names[EC_NCOLUMNS] = {
 	[EC_PAYLOAD_BYTES] = "payload_bytes",
 };
 
+/*
+ * The extension's table in namespace nsp, and where its n columns named in
+ * names are (0-based, into columns).
+ */
+Oid
+publish_table_columns(Oid nsp, const char *table, const char *const *names, int n,
+					  int *columns)
+{
+	Oid			relid = get_relname_relid(table, nsp);
+
+	if (!OidIsValid(relid))
+		elog(ERROR, "the outbox extension's schema has no table %s", table);
+	for (int i = 0; i < n; i++)
+	{
+		AttrNumber	attnum = get_attnum(relid, names[i]);
+
+		if (attnum == InvalidAttrNumber)
+			elog(ERROR, "table %s has no column %s", table, names[i]);
+		columns[i] = attnum - 1;
+	}
+	return relid;
+}
+
 /* Look up the outbox of the extension in namespace nsp, and its columns. */
 void
 publish_heap_prepare(Oid nsp)
 {
-	Oid			relid = get_relname_relid("outbox", nsp);
+	static const char *const disposition_name[1] = {"disposition"};
 
-	if (!OidIsValid(relid))
-		elog(ERROR, "the outbox extension's schema has no table outbox");
-	for (int i = 0; i < EC_NCOLUMNS; i++)
-	{
-		AttrNumber	attnum = get_attnum(relid, column_names[i]);
-
-		if (attnum == InvalidAttrNumber)
-			elog(ERROR, "table outbox has no column %s", column_names[i]);
-		table_columns[i] = attnum - 1;
-	}
-	disposition_column = get_attnum(relid, "disposition");
-	if (disposition_column == InvalidAttrNumber)
-		elog(ERROR, "table outbox has no column disposition");
-	outbox_relid = relid;
+	outbox_relid = publish_table_columns(nsp, "outbox", column_names, EC_NCOLUMNS, table_columns);
+	(void) publish_table_columns(nsp, "outbox", disposition_name, 1, &disposition_column);
 }
 
 /* The outbox table the plans are for. */
@@ -132,7 +143,7 @@ fetch_on_page(Relation rel, Buffer buf, ManifestEntry *e, Snapshot snap)
 	/* Another row in the place, or one disposed of (not to be read). */
 	if (DatumGetInt64(heap_getattr(copy, table_columns[EC_ID] + 1, RelationGetDescr(rel),
 								   &isnull)) != e->id ||
-		!heap_attisnull(copy, disposition_column, RelationGetDescr(rel)))
+		!heap_attisnull(copy, disposition_column + 1, RelationGetDescr(rel)))
 	{
 		heap_freetuple(copy);
 		return NULL;

@@ -70,19 +70,8 @@ static int	progress_columns[PC_NCOLUMNS];	/* 0-based attribute indexes */
 void
 publish_progress_prepare(Oid nsp)
 {
-	Oid			relid = get_relname_relid("aggregate_publication", nsp);
-
-	if (!OidIsValid(relid))
-		elog(ERROR, "the outbox extension's schema has no table aggregate_publication");
-	for (int i = 0; i < PC_NCOLUMNS; i++)
-	{
-		AttrNumber	attnum = get_attnum(relid, progress_names[i]);
-
-		if (attnum == InvalidAttrNumber)
-			elog(ERROR, "table aggregate_publication has no column %s", progress_names[i]);
-		progress_columns[i] = attnum - 1;
-	}
-	publication_relid = relid;
+	publication_relid = publish_table_columns(nsp, "aggregate_publication", progress_names,
+											  PC_NCOLUMNS, progress_columns);
 }
 
 /* The writer's state for one settling. */

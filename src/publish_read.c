@@ -709,6 +709,24 @@ clear_caught_up(char **cand, int ncand, HTAB *caught, HTAB *listed)
 		elog(ERROR, "could not return aggregates to the stream");
 }
 
+/* The (id, ctid) rows SPI_tuptable holds as manifest entries, in cxt. */
+static ManifestEntry *
+spi_entries(MemoryContext cxt)
+{
+	ManifestEntry *entries = MemoryContextAlloc(cxt, sizeof(ManifestEntry) * Max(SPI_processed, 1));
+
+	for (uint64 r = 0; r < SPI_processed; r++)
+	{
+		HeapTuple	tup = SPI_tuptable->vals[r];
+		bool		isnull;
+
+		entries[r].id = DatumGetInt64(SPI_getbinval(tup, SPI_tuptable->tupdesc, 1, &isnull));
+		entries[r].tid = *(ItemPointer) DatumGetPointer(SPI_getbinval(tup, SPI_tuptable->tupdesc, 2,
+																	  &isnull));
+	}
+	return entries;
+}
+
 /* Read a new delta's manifest (at the read's snapshot, as text). */
 static void
 read_new_delta(const char *snapshot, int nshares, int share)
@@ -733,16 +751,7 @@ read_new_delta(const char *snapshot, int nshares, int share)
 	}
 	if (rc != SPI_OK_SELECT)
 		elog(ERROR, "could not read the stream");
-	entries = palloc(sizeof(ManifestEntry) * Max(SPI_processed, 1));
-	for (uint64 r = 0; r < SPI_processed; r++)
-	{
-		HeapTuple	tup = SPI_tuptable->vals[r];
-		bool		isnull;
-
-		entries[r].id = DatumGetInt64(SPI_getbinval(tup, SPI_tuptable->tupdesc, 1, &isnull));
-		entries[r].tid = *(ItemPointer) DatumGetPointer(SPI_getbinval(tup, SPI_tuptable->tupdesc, 2,
-															&isnull));
-	}
+	entries = spi_entries(CurrentMemoryContext);
 	publish_stream_new_delta(snapshot, entries, (int) SPI_processed);
 	elog(DEBUG1, "outbox: delta of " UINT64_FORMAT " events at %s", SPI_processed, snapshot);
 	SPI_freetuptable(SPI_tuptable);
@@ -831,16 +840,7 @@ fetch_moved(Chunk *c, int nmissing, MemoryContext cxt)
 	arg = publish_int8_array(ids, n);
 	if (SPI_execute_plan(fetch_id_plan, &arg, NULL, true, 0) != SPI_OK_SELECT)
 		elog(ERROR, "could not read the stream's events");
-	moved = MemoryContextAlloc(cxt, sizeof(ManifestEntry) * Max(SPI_processed, 1));
-	for (uint64 r = 0; r < SPI_processed; r++)
-	{
-		HeapTuple	tup = SPI_tuptable->vals[r];
-		bool		isnull;
-
-		moved[r].id = DatumGetInt64(SPI_getbinval(tup, SPI_tuptable->tupdesc, 1, &isnull));
-		moved[r].tid = *(ItemPointer) DatumGetPointer(SPI_getbinval(tup, SPI_tuptable->tupdesc, 2,
-																	&isnull));
-	}
+	moved = spi_entries(cxt);
 	n = (int) SPI_processed;
 	SPI_freetuptable(SPI_tuptable);
 	elog(DEBUG1, "outbox: %d of %d events moved since the delta was read, %d found by id",
