@@ -195,8 +195,18 @@ typedef enum EventColumn
 	EC_NCOLUMNS
 } EventColumn;
 
-/* publish_progress.c: the common settling, without a statement */
+/* An aggregate's progress as its row says (publish_progress_read). */
+typedef struct PublishProgress
+{
+	bool		has_row;
+	bool		listed;			/* paused, blocked, backing off or catching up */
+	int64		last_published_version;
+	TransactionId xmin;			/* the row's version */
+} PublishProgress;
+
+/* publish_progress.c: progress read, and the common settling, without a statement */
 extern void publish_progress_prepare(Oid nsp);
+extern void publish_progress_read(char **ids, int n, PublishProgress *out);
 extern uint64 publish_progress_record(char **ids, int64 *versions, TransactionId *xmins, int n,
 									  TimestampTz now, HTAB *applied, MemoryContext applied_cxt);
 

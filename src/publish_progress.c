@@ -1,8 +1,9 @@
 /*-------------------------------------------------------------------------
  *
  * publish_progress.c
- *	  Recording aggregates' progress in aggregate_publication without a
- *	  statement: each row found by its primary key, locked, checked to be
+ *	  Reading and recording aggregates' progress in aggregate_publication
+ *	  without a statement.  Read: each row found by its primary key with
+ *	  the read's snapshot.  Recorded: each row found, locked, checked to be
  *	  the version the read saw, and updated through the relation's own
  *	  update, index and trigger code (as logical replication's apply
  *	  updates a row).  The common settling -- every aggregate has its row,
@@ -49,6 +50,8 @@ typedef enum ProgressColumn
 	PC_CATCH_UP,
 	PC_NEXT_ATTEMPT_AT,
 	PC_UPDATED_AT,
+	PC_PAUSED,
+	PC_BLOCKED_VERSION,
 	PC_NCOLUMNS
 } ProgressColumn;
 
@@ -61,6 +64,8 @@ static const char *const progress_names[PC_NCOLUMNS] = {
 	[PC_CATCH_UP] = "catch_up",
 	[PC_NEXT_ATTEMPT_AT] = "next_attempt_at",
 	[PC_UPDATED_AT] = "updated_at",
+	[PC_PAUSED] = "paused",
+	[PC_BLOCKED_VERSION] = "blocked_version",
 };
 
 static Oid	publication_relid = InvalidOid;
@@ -72,6 +77,55 @@ publish_progress_prepare(Oid nsp)
 {
 	publication_relid = publish_table_columns(nsp, "aggregate_publication", progress_names,
 											  PC_NCOLUMNS, progress_columns);
+}
+
+/* The row of the aggregate the scan's key names into slot, if any. */
+static bool
+find_row(IndexScanDesc scan, Relation pkey, const char *aggregate_id, TupleTableSlot *slot)
+{
+	ScanKeyData key;
+
+	ScanKeyInit(&key, 1, BTEqualStrategyNumber, F_TEXTEQ, CStringGetTextDatum(aggregate_id));
+	key.sk_collation = pkey->rd_indcollation[0];
+	index_rescan(scan, &key, 1, NULL, 0);
+	return index_getnext_slot(scan, ForwardScanDirection, slot);
+}
+
+/*
+ * The progress of n aggregates as the active snapshot sees their rows, into
+ * out[i]: whether it has one, its last published version, whether the
+ * database lists it (paused, blocked, backing off or catching up: read by
+ * index, not from the stream) and the row's version.
+ */
+void
+publish_progress_read(char **ids, int n, PublishProgress *out)
+{
+	Relation	rel = table_open(publication_relid, AccessShareLock);
+	Relation	pkey = index_open(RelationGetPrimaryKeyIndex(rel), AccessShareLock);
+	IndexScanDesc scan = index_beginscan(rel, pkey, GetActiveSnapshot(), 1, 0);
+	TupleTableSlot *slot = table_slot_create(rel, NULL);
+	const int  *c = progress_columns;
+
+	for (int i = 0; i < n; i++)
+	{
+		bool		isnull;
+
+		out[i].has_row = find_row(scan, pkey, ids[i], slot);
+		if (!out[i].has_row)
+			continue;
+		slot_getallattrs(slot);
+		out[i].last_published_version = DatumGetInt64(slot->tts_values[c[PC_LAST_PUBLISHED_VERSION]]);
+		out[i].listed = DatumGetBool(slot->tts_values[c[PC_PAUSED]]) ||
+			!slot->tts_isnull[c[PC_BLOCKED_VERSION]] ||
+			!slot->tts_isnull[c[PC_NEXT_ATTEMPT_AT]] ||
+			DatumGetBool(slot->tts_values[c[PC_CATCH_UP]]);
+		out[i].xmin = DatumGetTransactionId(slot_getsysattr(slot, MinTransactionIdAttributeNumber,
+															&isnull));
+	}
+	index_endscan(scan);
+	ExecDropSingleTupleTableSlot(slot);
+	index_close(pkey, NoLock);
+	table_close(rel, NoLock);
 }
 
 /* The writer's state for one settling. */
@@ -135,14 +189,10 @@ writer_close(ProgressWriter *w)
 static bool
 find_and_lock(ProgressWriter *w, const char *aggregate_id, TransactionId xmin)
 {
-	ScanKeyData key;
 	bool		isnull;
 	TM_FailureData tmfd;
 
-	ScanKeyInit(&key, 1, BTEqualStrategyNumber, F_TEXTEQ, CStringGetTextDatum(aggregate_id));
-	key.sk_collation = w->pkey->rd_indcollation[0];
-	index_rescan(w->scan, &key, 1, NULL, 0);
-	if (!index_getnext_slot(w->scan, ForwardScanDirection, w->found))
+	if (!find_row(w->scan, w->pkey, aggregate_id, w->found))
 		return false;
 	if (DatumGetTransactionId(slot_getsysattr(w->found, MinTransactionIdAttributeNumber,
 											  &isnull)) != xmin)

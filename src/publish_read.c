@@ -37,7 +37,6 @@ static SPIPlanPtr snapshot_plan = NULL;
 static SPIPlanPtr delta_plan = NULL;
 static SPIPlanPtr unsettled_plan = NULL;
 static SPIPlanPtr fetch_id_plan = NULL;
-static SPIPlanPtr progress_plan = NULL;
 static SPIPlanPtr listed_plan = NULL;
 static SPIPlanPtr held_plan = NULL;
 static SPIPlanPtr catch_up_plan = NULL;
@@ -134,11 +133,6 @@ static const int sql_columns[EC_NCOLUMNS] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 1
 /* The aggregate's row version, after EVENT_COLUMNS in a read by index. */
 #define COL_PUB_XMIN (EC_NCOLUMNS + 1)
 
-/* An aggregate the publisher reads by index, not from the stream (p: its row). */
-#define LISTED(p) \
-	"coalesce(" p ".paused OR " p ".blocked_version IS NOT NULL OR " \
-	p ".next_attempt_at IS NOT NULL OR " p ".catch_up, false)"
-
 /*
  * The order a delta is read in: each aggregate's events together, in
  * version order (grouped by hash: only each aggregate's own order matters),
@@ -157,7 +151,6 @@ prepare_read_plans(const char *s)
 	Oid			delta_types[3] = {TEXTOID, INT4OID, INT4OID};
 	Oid			share_types[2] = {INT4OID, INT4OID};
 	Oid			fetch_id_types[1] = {INT8ARRAYOID};
-	Oid			progress_types[1] = {TEXTARRAYOID};
 	Oid			listed_types[3] = {INT4OID, INT4OID, INT4OID};
 	Oid			held_types[1] = {TEXTARRAYOID};
 	Oid			catch_up_types[2] = {TEXTARRAYOID, INT4OID};
@@ -196,16 +189,13 @@ prepare_read_plans(const char *s)
 	/*
 	 * A delta's events are read where the delta found them
 	 * (publish_heap.c); a row version that moved since is found by id.
-	 * Then their aggregates' progress (once per aggregate, not per event).
+	 * Then their aggregates' progress, once per aggregate
+	 * (publish_progress_read).
 	 */
 	fetch_id_plan = publish_keep_plan(psprintf(
 											  "SELECT o.id, o.ctid FROM %s.outbox o "
 											  "WHERE o.id = ANY ($1) AND o.disposition IS NULL", s),
 									 1, fetch_id_types);
-	progress_plan = publish_keep_plan(psprintf(
-											  "SELECT p.aggregate_id, p.last_published_version, " LISTED("p") ", p.xmin "
-											  "FROM %s.aggregate_publication p WHERE p.aggregate_id = ANY ($1)", s),
-									 1, progress_types);
 
 	/* Listed aggregates that may be published now (catch_up, backoff over). */
 	listed_plan = publish_keep_plan(psprintf(
@@ -253,7 +243,7 @@ static void
 free_read_plans(void)
 {
 	SPIPlanPtr *plans[] = {&snapshot_plan, &delta_plan, &unsettled_plan,
-	&fetch_id_plan, &progress_plan, &listed_plan, &held_plan, &catch_up_plan, &clear_plan};
+	&fetch_id_plan, &listed_plan, &held_plan, &catch_up_plan, &clear_plan};
 
 	for (int i = 0; i < lengthof(plans); i++)
 		if (*plans[i])
@@ -876,8 +866,9 @@ static void
 fetch_progress(Chunk *c, MemoryContext cxt)
 {
 	char	  **ids = MemoryContextAlloc(cxt, sizeof(char *) * Max(c->n, 1));
+	Progress  **entries = MemoryContextAlloc(cxt, sizeof(Progress *) * Max(c->n, 1));
+	PublishProgress *found;
 	int			nids = 0;
-	Datum		arg;
 
 	c->progress = publish_aggregate_table("outbox progress", sizeof(Progress), c->n, cxt);
 	c->aggregate_ids = MemoryContextAlloc(cxt, sizeof(char *) * c->n);
@@ -885,43 +876,32 @@ fetch_progress(Chunk *c, MemoryContext cxt)
 	{
 		char	   *id;
 		Progress   *p;
-		bool		found;
+		bool		isnull;
+		bool		known;
 
 		if (c->rows[i] == NULL)
 			continue;
 		id = TextDatumGetCString(heap_getattr(c->rows[i], c->col[EC_AGGREGATE_ID] + 1,
-											  RelationGetDescr(c->rel), &found));
-		p = hash_search(c->progress, &id, HASH_ENTER, &found);
-		if (!found)
+											  RelationGetDescr(c->rel), &isnull));
+		p = hash_search(c->progress, &id, HASH_ENTER, &known);
+		if (!known)
 		{
 			p->aggregate_id = MemoryContextStrdup(cxt, id);
-			p->has_row = false;
-			ids[nids++] = p->aggregate_id;
+			ids[nids] = p->aggregate_id;
+			entries[nids++] = p;
 		}
 		c->aggregate_ids[i] = p->aggregate_id;
 		pfree(id);
 	}
-	if (nids == 0)
-		return;
-	arg = publish_text_array(ids, nids);
-	if (SPI_execute_plan(progress_plan, &arg, NULL, true, 0) != SPI_OK_SELECT)
-		elog(ERROR, "could not read the aggregates' progress");
-	for (uint64 r = 0; r < SPI_processed; r++)
+	found = MemoryContextAlloc(cxt, sizeof(PublishProgress) * Max(nids, 1));
+	publish_progress_read(ids, nids, found);
+	for (int i = 0; i < nids; i++)
 	{
-		HeapTuple	tup = SPI_tuptable->vals[r];
-		TupleDesc	desc = SPI_tuptable->tupdesc;
-		char	   *id = row_text(tup, desc, 1);
-		Progress   *p = hash_search(c->progress, &id, HASH_FIND, NULL);
-		bool		isnull;
-
-		if (p == NULL)
-			continue;
-		p->has_row = true;
-		p->last_published_version = DatumGetInt64(SPI_getbinval(tup, desc, 2, &isnull));
-		p->listed = DatumGetBool(SPI_getbinval(tup, desc, 3, &isnull));
-		p->xmin = DatumGetTransactionId(SPI_getbinval(tup, desc, 4, &isnull));
+		entries[i]->has_row = found[i].has_row;
+		entries[i]->listed = found[i].listed;
+		entries[i]->last_published_version = found[i].last_published_version;
+		entries[i]->xmin = found[i].xmin;
 	}
-	SPI_freetuptable(SPI_tuptable);
 }
 
 /*
