@@ -207,6 +207,7 @@ typedef struct PublishProgress
 /* publish_progress.c: progress read, and the common settling, without a statement */
 extern void publish_progress_prepare(Oid nsp);
 extern void publish_progress_read(char **ids, int n, PublishProgress *out);
+extern Oid	publish_progress_relid(void);
 extern uint64 publish_progress_record(char **ids, int64 *versions, TransactionId *xmins, int n,
 									  TimestampTz now, HTAB *applied, MemoryContext applied_cxt);
 
@@ -214,6 +215,8 @@ extern uint64 publish_progress_record(char **ids, int64 *versions, TransactionId
 extern Oid	publish_table_columns(Oid nsp, const char *table, const char *const *names, int n,
 								  int *columns);
 extern void publish_heap_prepare(Oid nsp);
+extern Relation publish_open_table(Oid relid, LOCKMODE mode, AclMode acl, const char *const *names,
+								   int n, int *columns);
 extern Oid	publish_heap_relid(void);
 extern Relation publish_heap_open(void);
 extern const int *publish_heap_columns(void);

@@ -19,9 +19,12 @@
 #include "access/heapam.h"
 #include "access/htup_details.h"
 #include "catalog/pg_type.h"
+#include "miscadmin.h"
 #include "storage/bufmgr.h"
+#include "utils/acl.h"
 #include "utils/lsyscache.h"
 #include "utils/rel.h"
+#include "utils/rls.h"
 #include "utils/snapmgr.h"
 
 #include "outbox.h"
@@ -90,11 +93,72 @@ publish_heap_relid(void)
 	return outbox_relid;
 }
 
+/*
+ * The n columns (names) of rel must still be where columns says: if the
+ * table changed since they were looked up (an ALTER EXTENSION UPDATE, an
+ * administrator), look them up again now, under the caller's lock.
+ */
+static void
+check_columns(Relation rel, const char *const *names, int n, int *columns)
+{
+	TupleDesc	desc = RelationGetDescr(rel);
+
+	for (int i = 0; i < n; i++)
+	{
+		Form_pg_attribute att = columns[i] < desc->natts ? TupleDescAttr(desc, columns[i]) : NULL;
+
+		if (att == NULL || att->attisdropped || strcmp(NameStr(att->attname), names[i]) != 0)
+		{
+			(void) publish_table_columns(RelationGetNamespace(rel), RelationGetRelationName(rel),
+										 names, n, columns);
+			return;
+		}
+	}
+}
+
+/*
+ * Open the extension's table relid in mode, as the statement this replaces
+ * would: the role must have acl on it, and row-level security that applies
+ * to the role is refused rather than bypassed.  Its n columns (names) are
+ * checked to be where columns says (check_columns).
+ */
+Relation
+publish_open_table(Oid relid, LOCKMODE mode, AclMode acl, const char *const *names, int n,
+				   int *columns)
+{
+	Relation	rel = table_open(relid, mode);
+
+	/* Each privilege on its own: pg_class_aclcheck() accepts any one of several. */
+	for (AclMode bit = 1; bit != 0 && bit <= acl; bit <<= 1)
+	{
+		AclResult	aclresult;
+
+		if ((acl & bit) == 0)
+			continue;
+		aclresult = pg_class_aclcheck(relid, GetUserId(), bit);
+		if (aclresult != ACLCHECK_OK)
+			aclcheck_error(aclresult, OBJECT_TABLE, RelationGetRelationName(rel));
+	}
+	if (check_enable_rls(relid, InvalidOid, true) == RLS_ENABLED)
+		ereport(ERROR,
+				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+				 errmsg("the outbox publisher does not support row-level security on table \"%s\"",
+						RelationGetRelationName(rel)),
+				 errhint("Disable row-level security on the extension's tables, or publish as a role that bypasses it (outbox.role).")));
+	check_columns(rel, names, n, columns);
+	return rel;
+}
+
 /* Open the outbox for a read (closed at its end, the lock kept to commit). */
 Relation
 publish_heap_open(void)
 {
-	return table_open(outbox_relid, AccessShareLock);
+	static const char *const disposition_name[1] = {"disposition"};
+	Relation	rel = publish_open_table(outbox_relid, AccessShareLock, ACL_SELECT, column_names,
+										 EC_NCOLUMNS, table_columns);
+
+	check_columns(rel, disposition_name, 1, &disposition_column);
+	return rel;
 }
 
 /* Where each event column is in the outbox's rows (0-based). */

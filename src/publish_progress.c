@@ -79,6 +79,24 @@ publish_progress_prepare(Oid nsp)
 											  PC_NCOLUMNS, progress_columns);
 }
 
+/* The primary key of aggregate_publication (rel). */
+static Oid
+primary_key(Relation rel)
+{
+	Oid			pkey = RelationGetPrimaryKeyIndex(rel);
+
+	if (!OidIsValid(pkey))
+		elog(ERROR, "table aggregate_publication has no primary key");
+	return pkey;
+}
+
+/* The table the progress is read from and written to. */
+Oid
+publish_progress_relid(void)
+{
+	return publication_relid;
+}
+
 /* The row of the aggregate the scan's key names into slot, if any. */
 static bool
 find_row(IndexScanDesc scan, Relation pkey, const char *aggregate_id, TupleTableSlot *slot)
@@ -100,8 +118,9 @@ find_row(IndexScanDesc scan, Relation pkey, const char *aggregate_id, TupleTable
 void
 publish_progress_read(char **ids, int n, PublishProgress *out)
 {
-	Relation	rel = table_open(publication_relid, AccessShareLock);
-	Relation	pkey = index_open(RelationGetPrimaryKeyIndex(rel), AccessShareLock);
+	Relation	rel = publish_open_table(publication_relid, AccessShareLock, ACL_SELECT,
+											 progress_names, PC_NCOLUMNS, progress_columns);
+	Relation	pkey = index_open(primary_key(rel), AccessShareLock);
 	IndexScanDesc scan = index_beginscan(rel, pkey, GetActiveSnapshot(), 1, 0);
 	TupleTableSlot *slot = table_slot_create(rel, NULL);
 	const int  *c = progress_columns;
@@ -147,10 +166,9 @@ writer_open(ProgressWriter *w)
 {
 	Oid			pkey;
 
-	w->rel = table_open(publication_relid, RowExclusiveLock);
-	pkey = RelationGetPrimaryKeyIndex(w->rel);
-	if (!OidIsValid(pkey))
-		elog(ERROR, "table aggregate_publication has no primary key");
+	w->rel = publish_open_table(publication_relid, RowExclusiveLock, ACL_SELECT | ACL_UPDATE,
+								progress_names, PC_NCOLUMNS, progress_columns);
+	pkey = primary_key(w->rel);
 	w->estate = outbox_simple_estate(w->rel, RowExclusiveLock);
 	w->estate->es_snapshot = GetActiveSnapshot();
 	w->estate->es_output_cid = GetCurrentCommandId(true);
@@ -260,7 +278,10 @@ publish_progress_record(char **ids, int64 *versions, TransactionId *xmins, int n
 	uint64		recorded = 0;
 
 	writer_open(&w);
-	/* A trigger an administrator added fires as for the statement. */
+	/*
+	 * A row trigger an administrator added fires as for the statement (not
+	 * statement-level or UPDATE OF triggers: no statement, no column list).
+	 */
 	AfterTriggerBeginQuery();
 	for (int i = 0; i < n; i++)
 	{

@@ -272,7 +272,7 @@ prepare_plans(const char *schema)
 static void
 extension_relcache_callback(Datum arg, Oid relid)
 {
-	if (!OidIsValid(relid) || relid == publish_heap_relid())
+	if (!OidIsValid(relid) || relid == publish_heap_relid() || relid == publish_progress_relid())
 		extension_stale = true;
 }
 
@@ -287,6 +287,7 @@ Oid
 publish_lookup_extension(void)
 {
 	static bool callback_registered = false;
+	static bool columns_found = false;	/* by the last look-up, completely */
 	Oid			extoid;
 	char	   *schema;
 
@@ -295,8 +296,11 @@ publish_lookup_extension(void)
 		CacheRegisterRelcacheCallback(extension_relcache_callback, (Datum) 0);
 		callback_registered = true;
 	}
-	if (!extension_stale && OidIsValid(plans_extoid))
+	if (!extension_stale && columns_found && OidIsValid(plans_extoid))
 		return plans_extoid;
+	/* Cleared first: an invalidation during the look-up marks it again. */
+	extension_stale = false;
+	columns_found = false;
 	extoid = get_extension_oid("outbox", true);
 	if (!OidIsValid(extoid))
 		return InvalidOid;
@@ -310,7 +314,7 @@ publish_lookup_extension(void)
 	/* Its tables' columns again (cheap): an ALTER EXTENSION UPDATE may move them. */
 	publish_heap_prepare(get_namespace_oid(schema, false));
 	publish_progress_prepare(get_namespace_oid(schema, false));
-	extension_stale = false;
+	columns_found = true;
 	return extoid;
 }
 

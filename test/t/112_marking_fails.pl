@@ -66,6 +66,27 @@ is($r->{messages}, 200, 'still each event once in Kafka');
 ok($node->log_contains(qr/recorded the progress of \d+ of \d+ held aggregates after settling had failed/),
 	'the retry is logged');
 
+# The same without UPDATE: every aggregate has its row now, so the settling
+# updates the rows directly (publish_progress.c), without a statement; it
+# must check the grant the UPDATE statement did.
+$node->safe_psql('postgres', 'REVOKE UPDATE ON aggregate_publication FROM outbox_worker');
+$node->safe_psql('postgres',
+	q{SELECT outbox_emit('mark', 'm-' || g % 20, 'E', jsonb_build_object('n', g))
+	    FROM generate_series(201, 300) g});
+ok($node->poll_query_until('postgres', q{
+	SELECT count(*) > 0 FROM outbox_status, jsonb_array_elements(workers) w
+	 WHERE w->>'problem' ~ 'recording the progress of [0-9]+ aggregates failed.*permission denied'}),
+	'without UPDATE on aggregate_publication, the direct settling fails too');
+sleep 3;
+is($node->safe_psql('postgres',
+	q{SELECT count(*) FROM aggregate_publication WHERE last_published_version > 10}), '0',
+	'nothing recorded while UPDATE is missing');
+$node->safe_psql('postgres', 'GRANT UPDATE ON aggregate_publication TO outbox_worker');
+ok(defined wait_published($node, 60), 'all marked once UPDATE is back');
+$r = $mk->check(topics => ['outbox.event.mark'], expect => expect_file($node, "$dir/expect3"));
+is($r->{exit}, 0, 'all 300 in Kafka, in order') or diag $r->{output};
+is($r->{duplicates}, 0, 'no duplicate');
+
 $node->stop;
 $mk->stop;
 done_testing();
