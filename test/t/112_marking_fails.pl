@@ -33,15 +33,23 @@ $node->safe_psql('postgres', q{
 $node->append_conf('postgresql.conf', "outbox.role = 'outbox_worker'\n");
 $node->restart;
 
-$node->safe_psql('postgres', 'REVOKE INSERT ON aggregate_publication FROM outbox_worker');
-$node->safe_psql('postgres',
-	q{SELECT outbox_emit('mark', 'm-' || g % 20, 'E', jsonb_build_object('n', g))
-	    FROM generate_series(1, 200) g});
+# Revoke a privilege, emit events from..to over 20 aggregates, and wait
+# until outbox_status shows the settling failing for want of it.
+sub revoke_emit_and_see_failure
+{
+	my ($privilege, $from, $to, $name) = @_;
 
-ok($node->poll_query_until('postgres', q{
-	SELECT count(*) > 0 FROM outbox_status, jsonb_array_elements(workers) w
-	 WHERE w->>'problem' ~ 'recording the progress of [0-9]+ aggregates failed.*permission denied'}),
-	'outbox_status shows the marking failure');
+	$node->safe_psql('postgres', "REVOKE $privilege ON aggregate_publication FROM outbox_worker");
+	$node->safe_psql('postgres',
+		qq{SELECT outbox_emit('mark', 'm-' || g % 20, 'E', jsonb_build_object('n', g))
+		    FROM generate_series($from, $to) g});
+	ok($node->poll_query_until('postgres', q{
+		SELECT count(*) > 0 FROM outbox_status, jsonb_array_elements(workers) w
+		 WHERE w->>'problem' ~ 'recording the progress of [0-9]+ aggregates failed.*permission denied'}),
+		$name);
+}
+
+revoke_emit_and_see_failure('INSERT', 1, 200, 'outbox_status shows the marking failure');
 note $node->safe_psql('postgres', 'SELECT workers FROM outbox_status');
 
 # Several backoff periods (1 s, 2 s, 4 s): each used to re-send the batch.
@@ -69,13 +77,7 @@ ok($node->log_contains(qr/recorded the progress of \d+ of \d+ held aggregates af
 # The same without UPDATE: every aggregate has its row now, so the settling
 # updates the rows directly (publish_progress.c), without a statement; it
 # must check the grant the UPDATE statement did.
-$node->safe_psql('postgres', 'REVOKE UPDATE ON aggregate_publication FROM outbox_worker');
-$node->safe_psql('postgres',
-	q{SELECT outbox_emit('mark', 'm-' || g % 20, 'E', jsonb_build_object('n', g))
-	    FROM generate_series(201, 300) g});
-ok($node->poll_query_until('postgres', q{
-	SELECT count(*) > 0 FROM outbox_status, jsonb_array_elements(workers) w
-	 WHERE w->>'problem' ~ 'recording the progress of [0-9]+ aggregates failed.*permission denied'}),
+revoke_emit_and_see_failure('UPDATE', 201, 300,
 	'without UPDATE on aggregate_publication, the direct settling fails too');
 sleep 3;
 is($node->safe_psql('postgres',
