@@ -289,7 +289,6 @@ publish_lookup_extension(void)
 	static bool callback_registered = false;
 	static bool columns_found = false;	/* by the last look-up, completely */
 	Oid			extoid;
-	Oid			nsp;
 	char	   *schema;
 
 	if (!callback_registered)
@@ -313,9 +312,8 @@ publish_lookup_extension(void)
 		prepare_plans(schema);
 	plans_extoid = extoid;
 	/* Its tables' columns again (cheap): an ALTER EXTENSION UPDATE may move them. */
-	nsp = get_namespace_oid(schema, false);
-	publish_heap_prepare(nsp);
-	publish_progress_prepare(nsp);
+	publish_heap_prepare(get_namespace_oid(schema, false));
+	publish_progress_prepare(get_namespace_oid(schema, false));
 	columns_found = true;
 	return extoid;
 }
@@ -797,7 +795,10 @@ typedef struct ChunkPosition
 typedef struct Progress
 {
 	char	   *aggregate_id;	/* hash key: must be first */
-	PublishProgress state;		/* as its row says */
+	bool		has_row;
+	bool		listed;
+	int64		last_published_version;
+	TransactionId xmin;
 } Progress;
 
 /*
@@ -899,7 +900,12 @@ fetch_progress(Chunk *c, MemoryContext cxt)
 	found = MemoryContextAlloc(cxt, sizeof(PublishProgress) * Max(nids, 1));
 	publish_progress_read(ids, nids, found);
 	for (int i = 0; i < nids; i++)
-		entries[i]->state = found[i];
+	{
+		entries[i]->has_row = found[i].has_row;
+		entries[i]->listed = found[i].listed;
+		entries[i]->last_published_version = found[i].last_published_version;
+		entries[i]->xmin = found[i].xmin;
+	}
 }
 
 /*
@@ -920,12 +926,12 @@ stream_chunk(ReadState *rs, Chunk *c, int64 seq)
 		if (tup == NULL)
 			continue;
 		p = hash_search(c->progress, &c->aggregate_ids[i], HASH_FIND, NULL);
-		if (p->state.has_row &&
-			(p->state.listed ||
+		if (p->has_row &&
+			(p->listed ||
 			 DatumGetInt64(heap_getattr(tup, c->col[EC_VERSION] + 1, desc, &isnull)) <=
-			 p->state.last_published_version))
+			 p->last_published_version))
 			continue;
-		stream_row(rs, tup, desc, p->aggregate_id, seq, p->state.has_row, p->state.xmin);
+		stream_row(rs, tup, desc, p->aggregate_id, seq, p->has_row, p->xmin);
 	}
 }
 
