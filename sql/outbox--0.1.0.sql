@@ -159,15 +159,16 @@ CREATE TABLE @extschema@.publisher_control (
 );
 INSERT INTO @extschema@.publisher_control DEFAULT VALUES;
 
--- Per publisher worker: every event its snapshot sees is settled (its
--- version at or below its aggregate's last_published_version, or disposed
--- of) or belongs to an aggregate read by index (catch_up, backing off,
--- blocked, paused).  A worker that starts reads what came after.  Not
--- dumped: transaction ids mean nothing in another cluster, and without a
--- horizon the publisher starts by reading every unsettled event.
+-- Per publisher worker: every event of its share of the buckets its
+-- snapshot sees is settled (its version at or below its aggregate's
+-- last_published_version, or disposed of) or belongs to an aggregate read
+-- by index (catch_up, backing off, blocked, paused); NULL: nothing yet.
+-- A worker that starts reads from the oldest row.  Not dumped: transaction
+-- ids mean nothing in another cluster, and without a horizon the publisher
+-- starts by reading every unsettled event.
 CREATE TABLE @extschema@.publisher_horizon (
 	worker integer PRIMARY KEY,
-	snapshot pg_snapshot NOT NULL,
+	snapshot pg_snapshot,
 	updated_at timestamptz NOT NULL
 );
 
@@ -839,7 +840,7 @@ CREATE VIEW @extschema@.outbox_pending AS
 WITH h AS (
 	SELECT coalesce((SELECT pg_catalog.pg_snapshot_xmin(x.snapshot)
 					   FROM @extschema@.publisher_horizon x
-					  ORDER BY 1 LIMIT 1), '0'::xid8) AS xmin
+					  ORDER BY 1 NULLS FIRST LIMIT 1), '0'::xid8) AS xmin
 )
 SELECT o.*
   FROM @extschema@.outbox o

@@ -593,7 +593,10 @@ take_up_database(Oid dboid, const char *name)
 			continue;
 		memset(db->workers, 0, sizeof(db->workers));
 		for (int w = 0; w < OUTBOX_MAX_WORKERS; w++)
+		{
 			pg_atomic_init_u32(&db->workers[w].read_scheduled, 0);
+			pg_atomic_init_u32(&db->workers[w].reading_extension, 0);
+		}
 		memset((void *) db->inbox_pids, 0, sizeof(db->inbox_pids));
 		db->inbox_idle_until = 0;
 		outbox_stats_init(&db->stats, false);

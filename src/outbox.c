@@ -93,7 +93,10 @@ outbox_shmem_startup(void)
 		outbox_stats_init(&outbox_shared->databases[i].stats, found);
 		if (!found)
 			for (int w = 0; w < OUTBOX_MAX_WORKERS; w++)
+			{
 				pg_atomic_init_u32(&outbox_shared->databases[i].workers[w].read_scheduled, 0);
+				pg_atomic_init_u32(&outbox_shared->databases[i].workers[w].reading_extension, 0);
+			}
 	}
 	LWLockRelease(AddinShmemInitLock);
 }

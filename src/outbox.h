@@ -58,6 +58,12 @@ typedef struct OutboxWorkerSlot
 	 * with a full barrier, before the read takes its snapshot.
 	 */
 	pg_atomic_uint32 read_scheduled;
+	/*
+	 * The extension (OID) in whose publisher_horizon this worker's row was
+	 * committed, 0 before: the others leave its share of the buckets to it
+	 * only from then on, so no event is skipped by all (publish_stream.c).
+	 */
+	pg_atomic_uint32 reading_extension;
 	TimestampTz last_batch_at;
 	char		state[64];
 	/* What stops or hinders publishing (empty: nothing), and since when. */

@@ -228,6 +228,7 @@ extern void publish_stream_start(void);
 extern void publish_stream_prepare(const char *schema);
 extern void publish_stream_reset(void);
 extern void publish_stream_begin(int nshares, int share);
+extern bool publish_stream_claim_committed(void);
 extern void publish_stream_store_horizon(void);
 extern const char *publish_stream_read_from(void);
 extern bool publish_stream_manifest_done(void);

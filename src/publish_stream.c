@@ -20,11 +20,20 @@
  * its last published version, with the snapshot of the stream's read then.
  *
  * The horizon advances to a delta's snapshot once it and every older delta
- * owe nothing: every event that snapshot sees is then settled or of an
- * aggregate the database lists.  A worker that starts, or whose share of
- * the buckets changed, reads again from the oldest stored horizon; what it
- * reads that is settled already is dropped by the version check, so that
- * costs reading, not re-sending.
+ * owe nothing: every event of this worker's share that snapshot sees is
+ * then settled or of an aggregate the database lists.  A worker that
+ * starts, or whose share of the buckets changed, reads again from the
+ * oldest stored horizon; what it reads that is settled already is dropped
+ * by the version check, so that costs reading, not re-sending.
+ *
+ * The oldest stored horizon covers every bucket only if no worker skipped
+ * a bucket that the worker now owning it had not yet covered.  So a
+ * worker, before its first read, lowers its own row to the oldest one (or
+ * NULL, "from the start", if there is none) and commits it, and only then
+ * do the others count it in the shares (its slot's reading_extension,
+ * worker.c): everything they skip from then on is after its row.  Without
+ * that, a worker that started a moment after another began from the
+ * other's horizon, past the events of its own share the other had skipped.
  *
  * All of it lives in stream_context (worker lifetime); errors in the loop
  * reset it to the horizon (publish_stream_reset), like a restart would.
@@ -79,6 +88,7 @@ static HTAB *diverted = NULL;
  */
 static char *read_from = NULL;
 static bool started = false;
+static bool claim_uncommitted = false;	/* our row, written in this transaction */
 static int	started_nshares = -1;
 static int	started_share = -1;
 
@@ -96,7 +106,10 @@ static TimestampTz horizon_stored_at = 0;
  */
 #define HORIZON_STORE_MS 1000
 
+static void claim_row(void);
+
 static SPIPlanPtr load_plan = NULL;
+static SPIPlanPtr claim_plan = NULL;
 static SPIPlanPtr store_plan = NULL;
 static SPIPlanPtr forget_plan = NULL;
 
@@ -120,18 +133,30 @@ publish_stream_prepare(const char *s)
 	if (load_plan)
 	{
 		SPI_freeplan(load_plan);
+		SPI_freeplan(claim_plan);
 		SPI_freeplan(store_plan);
 		SPI_freeplan(forget_plan);
 	}
 	/* Another extension (dropped and created again): start from its horizon. */
 	started = false;
+	claim_uncommitted = false;
 
-	/* Its own horizon, else the oldest (rows of other worker counts too). */
+	/* The oldest horizon of all workers (NULL: from the start). */
 	load_plan = publish_keep_plan(psprintf(
 										  "SELECT h.snapshot::text FROM %s.publisher_horizon h "
-										  "ORDER BY h.worker = $1 DESC, pg_catalog.pg_snapshot_xmin(h.snapshot), "
-										  "pg_catalog.pg_snapshot_xmax(h.snapshot) LIMIT 1", s),
-								 1, load_types);
+										  "ORDER BY pg_catalog.pg_snapshot_xmin(h.snapshot) NULLS FIRST, "
+										  "pg_catalog.pg_snapshot_xmax(h.snapshot) NULLS FIRST LIMIT 1", s),
+								 0, NULL);
+	/* Our row, lowered to the oldest (NULL if there is none). */
+	claim_plan = publish_keep_plan(psprintf(
+										   "INSERT INTO %s.publisher_horizon AS h (worker, snapshot, updated_at) "
+										   "SELECT $1, (SELECT o.snapshot FROM %s.publisher_horizon o "
+										   "ORDER BY pg_catalog.pg_snapshot_xmin(o.snapshot) NULLS FIRST, "
+										   "pg_catalog.pg_snapshot_xmax(o.snapshot) NULLS FIRST LIMIT 1), "
+										   "pg_catalog.clock_timestamp() "
+										   "ON CONFLICT (worker) DO UPDATE SET snapshot = excluded.snapshot, "
+										   "updated_at = excluded.updated_at", s, s),
+								  1, load_types);
 	store_plan = publish_keep_plan(psprintf(
 										   "INSERT INTO %s.publisher_horizon AS h (worker, snapshot, updated_at) "
 										   "VALUES ($1, $2::pg_catalog.pg_snapshot, pg_catalog.clock_timestamp()) "
@@ -196,6 +221,12 @@ publish_stream_reset(void)
 
 	if (stream_context == NULL)
 		return;
+	/* A row written by an aborted transaction is not there: claim again. */
+	if (claim_uncommitted)
+	{
+		started = false;
+		claim_uncommitted = false;
+	}
 	oldcxt = MemoryContextSwitchTo(stream_context);
 	while (deltas_head != NULL)
 	{
@@ -229,40 +260,72 @@ publish_stream_reset(void)
 
 /*
  * In the read transaction: on the first read, or when this worker's share
- * of the buckets changed, start from the stored horizon (its own, else the
- * oldest: another worker's events may be ours now).
+ * of the buckets changed, start from the oldest stored horizon (another
+ * worker's events may be ours now).  On the first read, our row is first
+ * lowered to it (see the header).
  */
 void
 publish_stream_begin(int nshares, int share)
 {
-	Datum		arg = Int32GetDatum(publish_worker_index);
-
 	if (started && nshares == started_nshares && share == started_share)
 		return;
-	if (!started && publish_worker_index == 0)
-	{
-		Datum		n = Int32GetDatum(outbox_workers);
-
-		/* outbox.workers changes only with a restart: no such worker runs. */
-		if (SPI_execute_plan(forget_plan, &n, NULL, false, 0) != SPI_OK_DELETE)
-			elog(ERROR, "could not delete old publisher horizons");
-	}
-	if (SPI_execute_plan(load_plan, &arg, NULL, true, 1) != SPI_OK_SELECT)
+	if (!started)
+		claim_row();
+	if (SPI_execute_plan(load_plan, NULL, NULL, true, 1) != SPI_OK_SELECT)
 		elog(ERROR, "could not read the publisher horizon");
 	if (horizon)
 		pfree(horizon);
 	horizon = NULL;
 	if (SPI_processed > 0)
-		horizon = MemoryContextStrdup(stream_context,
-									  SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1));
+	{
+		char	   *h = SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1);
+
+		if (h != NULL)
+			horizon = MemoryContextStrdup(stream_context, h);
+	}
 	if (horizon_stored)
 		pfree(horizon_stored);
 	horizon_stored = NULL;
 	publish_stream_reset();
+	claim_uncommitted = !started;
 	started = true;
 	started_nshares = nshares;
 	started_share = share;
 	elog(DEBUG1, "outbox: reading the stream from %s", read_from ? read_from : "the start");
+}
+
+/*
+ * Write our row as the oldest horizon, and (worker 0) fold in and delete
+ * the rows of workers that no longer exist (outbox.workers was lowered,
+ * which takes a restart: no such worker runs).
+ */
+static void
+claim_row(void)
+{
+	Datum		arg = Int32GetDatum(publish_worker_index);
+
+	if (SPI_execute_plan(claim_plan, &arg, NULL, false, 0) != SPI_OK_INSERT)
+		elog(ERROR, "could not write the publisher horizon");
+	if (publish_worker_index == 0)
+	{
+		Datum		n = Int32GetDatum(outbox_workers);
+
+		if (SPI_execute_plan(forget_plan, &n, NULL, false, 0) != SPI_OK_DELETE)
+			elog(ERROR, "could not delete old publisher horizons");
+	}
+}
+
+/*
+ * After the read transaction committed: true once, when it committed our
+ * row (the others may leave our share to us from now on).
+ */
+bool
+publish_stream_claim_committed(void)
+{
+	if (!claim_uncommitted)
+		return false;
+	claim_uncommitted = false;
+	return true;
 }
 
 /* Store the horizon reached, if it moved (in a transaction, with SPI). */

@@ -178,6 +178,7 @@ worker_exit(int code, Datum arg)
 
 	slot->latch = NULL;
 	pg_atomic_write_u32(&slot->read_scheduled, 0);
+	pg_atomic_write_u32(&slot->reading_extension, 0);
 	slot->pid = 0;
 	strlcpy(slot->state, "stopped", sizeof(slot->state));
 	outbox_wake_workers();
@@ -187,24 +188,28 @@ worker_exit(int code, Datum arg)
 
 /*
  * This worker's share of the publish buckets: its rank among the workers
- * alive now, and their number.  A configured worker that never started
- * (max_worker_processes too low) or is dead until its restart owns no
- * share, so no bucket waits for it; while membership changes, two workers
- * may both fetch a bucket for a moment, and its try-lock decides.
+ * alive now that read the stream of extension ext (their horizon row is
+ * committed there), and their number.  A configured worker that never
+ * started (max_worker_processes too low), is dead until its restart, or
+ * has not committed its horizon row yet owns no share, so no bucket waits
+ * for it and none is skipped by all; while membership changes, two
+ * workers may both fetch a bucket for a moment, and its try-lock decides.
  */
 static void
-bucket_share(int *nshares, int *share)
+bucket_share(Oid ext, int *nshares, int *share)
 {
 	int			n = 0;
 
 	*share = 0;
 	for (int i = 0; i < outbox_workers; i++)
 	{
-		pid_t		pid = my_database->workers[i].pid;
+		OutboxWorkerSlot *peer = &my_database->workers[i];
+		pid_t		pid = peer->pid;
 
 		if (i == publish_worker_index)
 			*share = n++;
-		else if (pid != 0 && (kill(pid, 0) == 0 || errno != ESRCH))
+		else if (pid != 0 && pg_atomic_read_u32(&peer->reading_extension) == ext &&
+				 (kill(pid, 0) == 0 || errno != ESRCH))
 			n++;
 	}
 	*nshares = n;
@@ -261,9 +266,11 @@ run_flight(int max_events, int64 max_bytes)
 	XLogRecPtr	visible_upto;
 	Flight	   *f;
 	int			nevents;
+	Oid			ext;
 
 	begin_step("reading pending events");
-	if (!OidIsValid(publish_lookup_extension()))
+	ext = publish_lookup_extension();
+	if (!OidIsValid(ext))
 	{
 		end_step(true);
 		return -1;
@@ -272,7 +279,7 @@ run_flight(int max_events, int64 max_bytes)
 	/* Every commit this snapshot sees ends before this WAL position. */
 	visible_upto = publish_wal_insert_end();
 
-	bucket_share(&nshares, &share);
+	bucket_share(ext, &nshares, &share);
 	f = publish_flight_begin();
 	nevents = publish_fetch(f, nshares, share, max_events, max_bytes);
 	elog(DEBUG1, "outbox: fetched %d events in %ld ms", nevents,
@@ -290,6 +297,9 @@ run_flight(int max_events, int64 max_bytes)
 		outbox_count(OC_BATCHES, 1);
 	}
 	end_step(false);
+	/* Our horizon row is committed: the others may leave our share to us. */
+	if (publish_stream_claim_committed())
+		pg_atomic_write_u32(&publish_slot->reading_extension, ext);
 	publish_flight_end(f);
 	return nevents;
 }
