@@ -30,13 +30,16 @@
 #include "outbox.h"
 #include "publish.h"
 
-/* The outbox table of the extension, and where each event column is in it. */
-static Oid	outbox_relid = InvalidOid;
-static int	table_columns[EC_NCOLUMNS];
-static int	disposition_column; /* 0-based, as table_columns */
+/* After the event's columns: the one a row read must have NULL. */
+#define HEAP_DISPOSITION EC_NCOLUMNS
+#define HEAP_NCOLUMNS (EC_NCOLUMNS + 1)
 
-/* The outbox's column of each EventColumn. */
-static const char *const column_names[EC_NCOLUMNS] = {
+/* The outbox table of the extension, and where each column is in it. */
+static Oid	outbox_relid = InvalidOid;
+static int	table_columns[HEAP_NCOLUMNS];
+
+/* The outbox's column of each EventColumn, then the disposition. */
+static const char *const column_names[HEAP_NCOLUMNS] = {
 	[EC_ID] = "id",
 	[EC_EVENT_ID] = "event_id",
 	[EC_AGGREGATE_TYPE] = "aggregate_type",
@@ -51,6 +54,7 @@ static const char *const column_names[EC_NCOLUMNS] = {
 	[EC_LAST_ERROR] = "last_error",
 	[EC_DEAD_LETTER_REQUESTED] = "dead_letter_requested",
 	[EC_PAYLOAD_BYTES] = "payload_bytes",
+	[HEAP_DISPOSITION] = "disposition",
 };
 
 /*
@@ -80,10 +84,7 @@ publish_table_columns(Oid nsp, const char *table, const char *const *names, int 
 void
 publish_heap_prepare(Oid nsp)
 {
-	static const char *const disposition_name[1] = {"disposition"};
-
-	outbox_relid = publish_table_columns(nsp, "outbox", column_names, EC_NCOLUMNS, table_columns);
-	(void) publish_table_columns(nsp, "outbox", disposition_name, 1, &disposition_column);
+	outbox_relid = publish_table_columns(nsp, "outbox", column_names, HEAP_NCOLUMNS, table_columns);
 }
 
 /* The outbox table the plans are for. */
@@ -153,15 +154,11 @@ publish_open_table(Oid relid, LOCKMODE mode, AclMode acl, const char *const *nam
 Relation
 publish_heap_open(void)
 {
-	static const char *const disposition_name[1] = {"disposition"};
-	Relation	rel = publish_open_table(outbox_relid, AccessShareLock, ACL_SELECT, column_names,
-										 EC_NCOLUMNS, table_columns);
-
-	check_columns(rel, disposition_name, 1, &disposition_column);
-	return rel;
+	return publish_open_table(outbox_relid, AccessShareLock, ACL_SELECT, column_names,
+							  HEAP_NCOLUMNS, table_columns);
 }
 
-/* Where each event column is in the outbox's rows (0-based). */
+/* Where each event column (EventColumn) is in the outbox's rows (0-based). */
 const int *
 publish_heap_columns(void)
 {
@@ -189,7 +186,7 @@ fetch_on_page(Relation rel, Buffer buf, ManifestEntry *e, Snapshot snap)
 	OffsetNumber off = ItemPointerGetOffsetNumber(&e->tid);
 	ItemId		lp;
 	HeapTupleData tup;
-	HeapTuple	copy;
+	TupleDesc	desc = RelationGetDescr(rel);
 	bool		isnull;
 
 	if (off < FirstOffsetNumber || off > PageGetMaxOffsetNumber(page))
@@ -203,16 +200,11 @@ fetch_on_page(Relation rel, Buffer buf, ManifestEntry *e, Snapshot snap)
 	tup.t_tableOid = RelationGetRelid(rel);
 	if (!HeapTupleSatisfiesVisibility(&tup, snap, buf))
 		return NULL;
-	copy = heap_copytuple(&tup);
 	/* Another row in the place, or one disposed of (not to be read). */
-	if (DatumGetInt64(heap_getattr(copy, table_columns[EC_ID] + 1, RelationGetDescr(rel),
-								   &isnull)) != e->id ||
-		!heap_attisnull(copy, disposition_column + 1, RelationGetDescr(rel)))
-	{
-		heap_freetuple(copy);
+	if (DatumGetInt64(heap_getattr(&tup, table_columns[EC_ID] + 1, desc, &isnull)) != e->id ||
+		!heap_attisnull(&tup, table_columns[HEAP_DISPOSITION] + 1, desc))
 		return NULL;
-	}
-	return copy;
+	return heap_copytuple(&tup);
 }
 
 /*

@@ -289,6 +289,7 @@ publish_lookup_extension(void)
 	static bool callback_registered = false;
 	static bool columns_found = false;	/* by the last look-up, completely */
 	Oid			extoid;
+	Oid			nsp;
 	char	   *schema;
 
 	if (!callback_registered)
@@ -312,8 +313,9 @@ publish_lookup_extension(void)
 		prepare_plans(schema);
 	plans_extoid = extoid;
 	/* Its tables' columns again (cheap): an ALTER EXTENSION UPDATE may move them. */
-	publish_heap_prepare(get_namespace_oid(schema, false));
-	publish_progress_prepare(get_namespace_oid(schema, false));
+	nsp = get_namespace_oid(schema, false);
+	publish_heap_prepare(nsp);
+	publish_progress_prepare(nsp);
 	columns_found = true;
 	return extoid;
 }
@@ -795,10 +797,7 @@ typedef struct ChunkPosition
 typedef struct Progress
 {
 	char	   *aggregate_id;	/* hash key: must be first */
-	bool		has_row;
-	bool		listed;
-	int64		last_published_version;
-	TransactionId xmin;
+	PublishProgress state;		/* as its row says */
 } Progress;
 
 /*
@@ -900,12 +899,7 @@ fetch_progress(Chunk *c, MemoryContext cxt)
 	found = MemoryContextAlloc(cxt, sizeof(PublishProgress) * Max(nids, 1));
 	publish_progress_read(ids, nids, found);
 	for (int i = 0; i < nids; i++)
-	{
-		entries[i]->has_row = found[i].has_row;
-		entries[i]->listed = found[i].listed;
-		entries[i]->last_published_version = found[i].last_published_version;
-		entries[i]->xmin = found[i].xmin;
-	}
+		entries[i]->state = found[i];
 }
 
 /*
@@ -926,12 +920,12 @@ stream_chunk(ReadState *rs, Chunk *c, int64 seq)
 		if (tup == NULL)
 			continue;
 		p = hash_search(c->progress, &c->aggregate_ids[i], HASH_FIND, NULL);
-		if (p->has_row &&
-			(p->listed ||
+		if (p->state.has_row &&
+			(p->state.listed ||
 			 DatumGetInt64(heap_getattr(tup, c->col[EC_VERSION] + 1, desc, &isnull)) <=
-			 p->last_published_version))
+			 p->state.last_published_version))
 			continue;
-		stream_row(rs, tup, desc, p->aggregate_id, seq, p->has_row, p->xmin);
+		stream_row(rs, tup, desc, p->aggregate_id, seq, p->state.has_row, p->state.xmin);
 	}
 }
 
