@@ -596,6 +596,7 @@ take_up_database(Oid dboid, const char *name)
 		{
 			pg_atomic_init_u32(&db->workers[w].read_scheduled, 0);
 			pg_atomic_init_u32(&db->workers[w].reading_extension, 0);
+			pg_atomic_init_u32(&db->workers[w].shares_view, 0);
 		}
 		memset((void *) db->inbox_pids, 0, sizeof(db->inbox_pids));
 		db->inbox_idle_until = 0;

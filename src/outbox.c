@@ -96,6 +96,7 @@ outbox_shmem_startup(void)
 			{
 				pg_atomic_init_u32(&outbox_shared->databases[i].workers[w].read_scheduled, 0);
 				pg_atomic_init_u32(&outbox_shared->databases[i].workers[w].reading_extension, 0);
+				pg_atomic_init_u32(&outbox_shared->databases[i].workers[w].shares_view, 0);
 			}
 	}
 	LWLockRelease(AddinShmemInitLock);

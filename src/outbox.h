@@ -64,6 +64,12 @@ typedef struct OutboxWorkerSlot
 	 * only from then on, so no event is skipped by all (publish_stream.c).
 	 */
 	pg_atomic_uint32 reading_extension;
+	/*
+	 * The workers (a bit per index) whose shares it reads by, once it has
+	 * read again from the oldest horizon for them; 0 before.  A worker
+	 * stores its horizon only while every peer reads by the same ones.
+	 */
+	pg_atomic_uint32 shares_view;
 	TimestampTz last_batch_at;
 	char		state[64];
 	/* What stops or hinders publishing (empty: nothing), and since when. */

@@ -143,6 +143,7 @@ extern int	publish_worker_index;
 extern OutboxWorkerSlot *publish_slot;
 extern void publish_set_state(const char *state);
 extern void publish_process_reload(void);
+extern bool publish_shares_agreed(void);
 
 /*
  * Keep a plan of the publisher's, planned once: with only nested loops over
@@ -229,6 +230,7 @@ extern void publish_stream_prepare(const char *schema);
 extern void publish_stream_reset(void);
 extern void publish_stream_begin(int nshares, int share);
 extern bool publish_stream_claim_committed(void);
+extern bool publish_stream_reading(int nshares, int share);
 extern void publish_stream_store_horizon(void);
 extern const char *publish_stream_read_from(void);
 extern bool publish_stream_manifest_done(void);

@@ -34,6 +34,11 @@
  * worker.c): everything they skip from then on is after its row.  Without
  * that, a worker that started a moment after another began from the
  * other's horizon, past the events of its own share the other had skipped.
+ * With three or more workers buckets also move between workers that stay:
+ * so a worker stores its horizon only while every worker reads by the same
+ * shares, each having read again from the oldest horizon for them
+ * (publish_shares_agreed): the old owner of a bucket keeps its row below
+ * the bucket's events until the new owner has started below them.
  *
  * All of it lives in stream_context (worker lifetime); errors in the loop
  * reset it to the horizon (publish_stream_reset), like a restart would.
@@ -108,6 +113,16 @@ static TimestampTz horizon_stored_at = 0;
 
 static void claim_row(void);
 
+/*
+ * Horizons oldest first (NULL: from the start).  Two snapshots may share
+ * xmin and xmax (xmax is the latest completed xid + 1) while the later one
+ * sees more: the one with more transactions in progress is the older.
+ */
+#define OLDEST_FIRST(h) \
+	"pg_catalog.pg_snapshot_xmin(" h ".snapshot) NULLS FIRST, " \
+	"pg_catalog.pg_snapshot_xmax(" h ".snapshot) NULLS FIRST, " \
+	"(SELECT pg_catalog.count(*) FROM pg_catalog.pg_snapshot_xip(" h ".snapshot)) DESC"
+
 static SPIPlanPtr load_plan = NULL;
 static SPIPlanPtr claim_plan = NULL;
 static SPIPlanPtr store_plan = NULL;
@@ -144,15 +159,13 @@ publish_stream_prepare(const char *s)
 	/* The oldest horizon of all workers (NULL: from the start). */
 	load_plan = publish_keep_plan(psprintf(
 										  "SELECT h.snapshot::text FROM %s.publisher_horizon h "
-										  "ORDER BY pg_catalog.pg_snapshot_xmin(h.snapshot) NULLS FIRST, "
-										  "pg_catalog.pg_snapshot_xmax(h.snapshot) NULLS FIRST LIMIT 1", s),
+										  "ORDER BY " OLDEST_FIRST("h") " LIMIT 1", s),
 								 0, NULL);
 	/* Our row, lowered to the oldest (NULL if there is none). */
 	claim_plan = publish_keep_plan(psprintf(
 										   "INSERT INTO %s.publisher_horizon AS h (worker, snapshot, updated_at) "
 										   "SELECT $1, (SELECT o.snapshot FROM %s.publisher_horizon o "
-										   "ORDER BY pg_catalog.pg_snapshot_xmin(o.snapshot) NULLS FIRST, "
-										   "pg_catalog.pg_snapshot_xmax(o.snapshot) NULLS FIRST LIMIT 1), "
+										   "ORDER BY " OLDEST_FIRST("o") " LIMIT 1), "
 										   "pg_catalog.clock_timestamp() "
 										   "ON CONFLICT (worker) DO UPDATE SET snapshot = excluded.snapshot, "
 										   "updated_at = excluded.updated_at", s, s),
@@ -328,7 +341,17 @@ publish_stream_claim_committed(void)
 	return true;
 }
 
-/* Store the horizon reached, if it moved (in a transaction, with SPI). */
+/* Is the stream read by these shares, from the oldest horizon for them? */
+bool
+publish_stream_reading(int nshares, int share)
+{
+	return started && nshares == started_nshares && share == started_share;
+}
+
+/*
+ * Store the horizon reached, if it moved and every worker reads by the same
+ * shares (publish_shares_agreed), in a transaction, with SPI.
+ */
 void
 publish_stream_store_horizon(void)
 {
@@ -336,7 +359,8 @@ publish_stream_store_horizon(void)
 
 	if (horizon == NULL ||
 		(horizon_stored != NULL && strcmp(horizon, horizon_stored) == 0) ||
-		!TimestampDifferenceExceeds(horizon_stored_at, GetCurrentTimestamp(), HORIZON_STORE_MS))
+		!TimestampDifferenceExceeds(horizon_stored_at, GetCurrentTimestamp(), HORIZON_STORE_MS) ||
+		!publish_shares_agreed())
 		return;
 	args[0] = Int32GetDatum(publish_worker_index);
 	args[1] = CStringGetTextDatum(horizon);

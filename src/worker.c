@@ -179,6 +179,7 @@ worker_exit(int code, Datum arg)
 	slot->latch = NULL;
 	pg_atomic_write_u32(&slot->read_scheduled, 0);
 	pg_atomic_write_u32(&slot->reading_extension, 0);
+	pg_atomic_write_u32(&slot->shares_view, 0);
 	slot->pid = 0;
 	strlcpy(slot->state, "stopped", sizeof(slot->state));
 	outbox_wake_workers();
@@ -187,32 +188,63 @@ worker_exit(int code, Datum arg)
 }
 
 /*
- * This worker's share of the publish buckets: its rank among the workers
- * alive now that read the stream of extension ext (their horizon row is
- * committed there), and their number.  A configured worker that never
- * started (max_worker_processes too low), is dead until its restart, or
- * has not committed its horizon row yet owns no share, so no bucket waits
- * for it and none is skipped by all; while membership changes, two
- * workers may both fetch a bucket for a moment, and its try-lock decides.
+ * The workers (a bit per index) alive now that read the stream of extension
+ * ext (their horizon row is committed there), this one included.  A
+ * configured worker that never started (max_worker_processes too low), is
+ * dead until its restart, or has not committed its horizon row yet is not
+ * among them, so no bucket waits for it and none is skipped by all.
  */
-static void
-bucket_share(Oid ext, int *nshares, int *share)
+static uint32
+reading_workers(Oid ext)
 {
-	int			n = 0;
+	uint32		members = 0;
 
-	*share = 0;
 	for (int i = 0; i < outbox_workers; i++)
 	{
 		OutboxWorkerSlot *peer = &my_database->workers[i];
 		pid_t		pid = peer->pid;
 
-		if (i == publish_worker_index)
-			*share = n++;
-		else if (pid != 0 && pg_atomic_read_u32(&peer->reading_extension) == ext &&
-				 (kill(pid, 0) == 0 || errno != ESRCH))
-			n++;
+		if (i == publish_worker_index ||
+			(pid != 0 && pg_atomic_read_u32(&peer->reading_extension) == ext &&
+			 (kill(pid, 0) == 0 || errno != ESRCH)))
+			members |= (uint32) 1 << i;
 	}
-	*nshares = n;
+	return members;
+}
+
+/*
+ * This worker's share of the publish buckets among members: its rank
+ * among them, and their number.  While membership changes, two workers may
+ * both fetch a bucket for a moment, and its try-lock decides.
+ */
+static void
+bucket_share(uint32 members, int *nshares, int *share)
+{
+	*share = pg_popcount32(members & (((uint32) 1 << publish_worker_index) - 1));
+	*nshares = pg_popcount32(members);
+}
+
+/*
+ * May this worker store its horizon?  Only while every worker reading
+ * reads by the same shares, each having read again from the oldest horizon
+ * for them: a bucket moved from one to another is then covered by its new
+ * owner from below the old owner's stored horizon, which the old owner,
+ * having skipped the bucket since, must not move past before that (with
+ * three or more workers, buckets move between workers that stay).
+ */
+bool
+publish_shares_agreed(void)
+{
+	uint32		view = pg_atomic_read_u32(&publish_slot->shares_view);
+	Oid			ext = pg_atomic_read_u32(&publish_slot->reading_extension);
+
+	if (view == 0 || !OidIsValid(ext) || reading_workers(ext) != view)
+		return false;
+	for (int i = 0; i < outbox_workers; i++)
+		if (i != publish_worker_index && (view & ((uint32) 1 << i)) != 0 &&
+			pg_atomic_read_u32(&my_database->workers[i].shares_view) != view)
+			return false;
+	return true;
 }
 
 /* Start a transaction of the loop, with SPI and a snapshot. */
@@ -263,6 +295,7 @@ run_flight(int max_events, int64 max_bytes)
 {
 	int			nshares;
 	int			share;
+	uint32		members;
 	XLogRecPtr	visible_upto;
 	Flight	   *f;
 	int			nevents;
@@ -279,9 +312,13 @@ run_flight(int max_events, int64 max_bytes)
 	/* Every commit this snapshot sees ends before this WAL position. */
 	visible_upto = publish_wal_insert_end();
 
-	bucket_share(ext, &nshares, &share);
+	members = reading_workers(ext);
+	bucket_share(members, &nshares, &share);
 	f = publish_flight_begin();
 	nevents = publish_fetch(f, nshares, share, max_events, max_bytes);
+	/* Read again from the oldest horizon for these shares (or paused: not yet). */
+	if (publish_stream_reading(nshares, share))
+		pg_atomic_write_u32(&publish_slot->shares_view, members);
 	elog(DEBUG1, "outbox: fetched %d events in %ld ms", nevents,
 		 TimestampDifferenceMilliseconds(GetCurrentStatementStartTimestamp(), GetCurrentTimestamp()));
 	/* Release the snapshot: nothing below needs one. */
@@ -299,7 +336,10 @@ run_flight(int max_events, int64 max_bytes)
 	end_step(false);
 	/* Our horizon row is committed: the others may leave our share to us. */
 	if (publish_stream_claim_committed())
+	{
 		pg_atomic_write_u32(&publish_slot->reading_extension, ext);
+		outbox_wake_workers();
+	}
 	publish_flight_end(f);
 	return nevents;
 }

@@ -98,8 +98,9 @@ sub events_file
 
 # Run pgbench with a script of concurrent emitters: $clients sessions,
 # $tx transactions each, over $aggregates aggregates, rolling back about
-# one transaction in ten.  Returns the pgbench harness (not yet finished)
-# when $background is true.
+# one transaction in ten (or for $seconds, at $rate transactions/s if
+# given).  Returns the pgbench harness (not yet finished) when $background
+# is true.
 sub emit_load
 {
 	my ($node, %a) = @_;
@@ -118,7 +119,10 @@ sub emit_load
 	print $fh "\\if :rb = 1\nROLLBACK;\n\\else\nCOMMIT;\n\\endif\n";
 	close $fh;
 
-	my @cmd = ('pgbench', '-n', '-c', $clients, '-j', 2, '-t', $tx,
+	# -T seconds (at --rate tx/s if given) instead of -t transactions
+	my @run = defined $a{seconds} ? ('-T', $a{seconds}) : ('-t', $tx);
+	push @run, '-R', $a{rate} if defined $a{rate};
+	my @cmd = ('pgbench', '-n', '-c', $clients, '-j', 2, @run,
 		'-f', $script, '-h', $node->host, '-p', $node->port, 'postgres');
 	my ($out, $err) = ('', '');
 	if ($a{background})
