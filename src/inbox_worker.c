@@ -434,8 +434,9 @@ inbox_launch_everywhere(void)
 			memset(next_start[e], 0, sizeof(next_start[e]));
 			served[e] = db->dboid;
 		}
-		if (!OidIsValid(db->dboid) || db->state != ODB_SERVED ||
-			db->held_until > now || db->inbox_idle_until > now)
+		/* Idle, unless something was subscribed since the worker looked. */
+		if (!OidIsValid(db->dboid) || db->state != ODB_SERVED || db->held_until > now ||
+			(db->inbox_idle_until > now && db->inbox_idle_generation == generation))
 			continue;
 		for (int i = 0; i < inbox_workers; i++)
 		{
@@ -2484,6 +2485,7 @@ inbox_worker_main(Datum main_arg)
 	const char *db;
 	int			backoff_ms = INBOX_ERROR_BACKOFF_MS;
 	bool		logged_missing = false;
+	uint32		generation = 0;
 
 	pqsignal(SIGHUP, SignalHandlerForConfigReload);
 	pqsignal(SIGTERM, die);
@@ -2519,6 +2521,8 @@ inbox_worker_main(Datum main_arg)
 		}
 		MemoryContextReset(loop_context);
 		MemoryContextSwitchTo(loop_context);
+		/* Before the subscriptions are read: one committed later bumps it. */
+		generation = pg_atomic_read_u32(&outbox_shared->probe_generation);
 
 		PG_TRY();
 		{
@@ -2549,6 +2553,8 @@ inbox_worker_main(Datum main_arg)
 			/* One of many databases, nothing subscribed (or no extension): free the slot a while. */
 			if (inbox_entry != NULL && subs == NIL && n <= 0)
 			{
+				inbox_entry->inbox_idle_generation = generation;
+				pg_write_barrier();
 				inbox_entry->inbox_idle_until =
 					TimestampTzPlusMilliseconds(GetCurrentTimestamp(), INBOX_RECHECK_MS);
 				proc_exit(0);

@@ -109,6 +109,8 @@ typedef struct OutboxDatabase
 	 * need to, since nothing was subscribed. */
 	volatile pid_t inbox_pids[OUTBOX_MAX_INBOX_WORKERS];
 	volatile TimestampTz inbox_idle_until;
+	/* probe_generation when the idle worker looked (a later one voids it) */
+	volatile uint32 inbox_idle_generation;
 	OutboxStats stats;
 	OutboxWorkerSlot workers[OUTBOX_MAX_WORKERS];
 } OutboxDatabase;
