@@ -108,6 +108,11 @@ SELECT 2, (txid::text || ':' || txid::text || ':')::pg_snapshot, now()
 SELECT pg_temp.pending('h-1') AS h1, pg_temp.pending('h-2') AS h2, pg_temp.pending('h-3') AS h3;
 DELETE FROM publisher_horizon WHERE worker = 2;
 SELECT pg_temp.pending('h-1') AS h1;
+-- A worker's row before its first read is NULL ("from the start"): then
+-- every unsettled event is pending.
+INSERT INTO publisher_horizon (worker, snapshot, updated_at) VALUES (2, NULL, now());
+SELECT pg_temp.pending('h-1') AS h1, pg_temp.pending('h-2') AS h2, pg_temp.pending('h-3') AS h3;
+DELETE FROM publisher_horizon WHERE worker = 2;
 -- Without a horizon, every unsettled event is pending, as outbox_events says.
 TRUNCATE publisher_horizon;
 SELECT pg_temp.pending('h-1') AS h1, pg_temp.pending('h-2') AS h2, pg_temp.pending('h-3') AS h3;
