@@ -377,6 +377,11 @@ sub readback
 
 =pod
 
+=item $rk->active_controller
+
+The id of the node that last became the active KRaft controller (by the
+highest epoch its server.log announces), or undef.
+
 =item $rk->log_tail($id, $lines)
 
 The last lines of node C<$id>'s server.log (for diagnostics).
@@ -388,6 +393,21 @@ C<kafka_cluster down>.  Called by DESTROY and END.
 =back
 
 =cut
+
+sub active_controller
+{
+	my ($self) = @_;
+	my ($best, $epoch) = (undef, -1);
+	for my $id (1 .. $self->{brokers})
+	{
+		my $log = _slurp("$self->{dir}/node-$id/server.log");
+		while ($log =~ /\[QuorumController id=(\d+)\] Becoming the active controller at epoch (\d+)/g)
+		{
+			($best, $epoch) = ($1, $2) if $2 > $epoch;
+		}
+	}
+	return $best;
+}
 
 sub log_tail
 {
