@@ -314,6 +314,12 @@ run_flight(int max_events, int64 max_bytes)
 
 	members = reading_workers(ext);
 	bucket_share(members, &nshares, &share);
+	/*
+	 * About to read again for other shares: until that read is done, our
+	 * view says nothing (no store here or elsewhere may pass for it).
+	 */
+	if (!publish_stream_reading(nshares, share))
+		pg_atomic_write_u32(&publish_slot->shares_view, 0);
 	f = publish_flight_begin();
 	nevents = publish_fetch(f, nshares, share, max_events, max_bytes);
 	/* Read again from the oldest horizon for these shares (or paused: not yet). */
