@@ -591,13 +591,7 @@ take_up_database(Oid dboid, const char *name)
 
 		if (OidIsValid(db->dboid) || launcher_dbs[e].running > 0)
 			continue;
-		memset(db->workers, 0, sizeof(db->workers));
-		for (int w = 0; w < OUTBOX_MAX_WORKERS; w++)
-		{
-			pg_atomic_init_u32(&db->workers[w].read_scheduled, 0);
-			pg_atomic_init_u32(&db->workers[w].reading_extension, 0);
-			pg_atomic_init_u32(&db->workers[w].shares_view, 0);
-		}
+		outbox_worker_slots_init(db->workers);
 		memset((void *) db->inbox_pids, 0, sizeof(db->inbox_pids));
 		db->inbox_idle_until = 0;
 		outbox_stats_init(&db->stats, false);

@@ -92,14 +92,22 @@ outbox_shmem_startup(void)
 	{
 		outbox_stats_init(&outbox_shared->databases[i].stats, found);
 		if (!found)
-			for (int w = 0; w < OUTBOX_MAX_WORKERS; w++)
-			{
-				pg_atomic_init_u32(&outbox_shared->databases[i].workers[w].read_scheduled, 0);
-				pg_atomic_init_u32(&outbox_shared->databases[i].workers[w].reading_extension, 0);
-				pg_atomic_init_u32(&outbox_shared->databases[i].workers[w].shares_view, 0);
-			}
+			outbox_worker_slots_init(outbox_shared->databases[i].workers);
 	}
 	LWLockRelease(AddinShmemInitLock);
+}
+
+/* Empty publisher slots (a database's OUTBOX_MAX_WORKERS of them). */
+void
+outbox_worker_slots_init(OutboxWorkerSlot *slots)
+{
+	memset(slots, 0, sizeof(OutboxWorkerSlot) * OUTBOX_MAX_WORKERS);
+	for (int w = 0; w < OUTBOX_MAX_WORKERS; w++)
+	{
+		pg_atomic_init_u32(&slots[w].read_scheduled, 0);
+		pg_atomic_init_u32(&slots[w].reading_extension, 0);
+		pg_atomic_init_u32(&slots[w].shares_view, 0);
+	}
 }
 
 /*

@@ -152,6 +152,7 @@ typedef enum PoisonPolicy
 /* outbox.c */
 extern void outbox_note_emit(void);
 extern void outbox_wake_workers(void);
+extern void outbox_worker_slots_init(OutboxWorkerSlot *slots);
 extern struct EState *outbox_simple_estate(struct RelationData *rel, LOCKMODE mode);
 extern void outbox_aggregate_locktag(LOCKTAG *tag, const char *aggregate_id,
 									 int len, uint16 space);
