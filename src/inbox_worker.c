@@ -413,16 +413,14 @@ inbox_launch_everywhere(void)
 	static BackgroundWorkerHandle *handles[OUTBOX_MAX_DATABASES][INBOX_MAX_WORKERS];
 	static TimestampTz next_start[OUTBOX_MAX_DATABASES][INBOX_MAX_WORKERS];
 	static Oid	served[OUTBOX_MAX_DATABASES];
-	static uint32 generation = 0;
 	TimestampTz now = GetCurrentTimestamp();
 
-	/* An inbox_subscribe() (or CREATE EXTENSION) committed: look again everywhere. */
-	if (pg_atomic_read_u32(&outbox_shared->probe_generation) != generation)
-	{
-		generation = pg_atomic_read_u32(&outbox_shared->probe_generation);
-		for (int e = 0; e < OUTBOX_MAX_DATABASES; e++)
-			outbox_shared->databases[e].inbox_idle_until = 0;
-	}
+	/*
+	 * Bumped by every inbox_subscribe() (or CREATE EXTENSION) commit: an
+	 * idle mark made before it no longer holds, so every database is looked
+	 * at again.
+	 */
+	uint32		generation = pg_atomic_read_u32(&outbox_shared->probe_generation);
 
 	for (int e = 0; e < OUTBOX_MAX_DATABASES; e++)
 	{
