@@ -224,6 +224,11 @@ extern const int *publish_heap_columns(void);
 extern void publish_heap_fetch(Relation rel, ManifestEntry *entries, int n, HeapTuple *rows,
 							   MemoryContext cxt);
 
+/* publish_delta.c: a delta's manifest, read through the txid index */
+extern void publish_delta_prepare(Oid nsp);
+extern int	publish_delta_read(const char *from, const char *to, int nshares, int share,
+							   ManifestEntry **entries);
+
 /* publish_stream.c: the stream of commits, diverted aggregates, the horizon */
 extern void publish_stream_start(void);
 extern void publish_stream_prepare(const char *schema);

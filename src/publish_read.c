@@ -34,7 +34,6 @@ static bool last_read_full = false;
 static Oid	plans_extoid = InvalidOid;	/* the extension the plans are for */
 static bool extension_stale = true; /* look it up before trusting plans_extoid */
 static SPIPlanPtr snapshot_plan = NULL;
-static SPIPlanPtr delta_plan = NULL;
 static SPIPlanPtr unsettled_plan = NULL;
 static SPIPlanPtr fetch_id_plan = NULL;
 static SPIPlanPtr listed_plan = NULL;
@@ -148,7 +147,6 @@ static const int sql_columns[EC_NCOLUMNS] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 1
 static void
 prepare_read_plans(const char *s)
 {
-	Oid			delta_types[3] = {TEXTOID, INT4OID, INT4OID};
 	Oid			share_types[2] = {INT4OID, INT4OID};
 	Oid			fetch_id_types[1] = {INT8ARRAYOID};
 	Oid			listed_types[3] = {INT4OID, INT4OID, INT4OID};
@@ -162,19 +160,6 @@ prepare_read_plans(const char *s)
 											   "coalesce((SELECT c.paused FROM %s.publisher_control c LIMIT 1), false)",
 											   s),
 									  0, NULL);
-
-	/*
-	 * A delta: the events of the transactions this snapshot sees and the
-	 * previous read's ($1) did not (those before its xmin it saw).
-	 */
-	delta_plan = publish_keep_plan(psprintf(
-										   "SELECT o.id, o.ctid FROM %s.outbox o "
-										   "WHERE o.txid >= pg_catalog.pg_snapshot_xmin($1::pg_catalog.pg_snapshot) "
-										   "AND NOT pg_catalog.pg_visible_in_snapshot(o.txid, $1::pg_catalog.pg_snapshot) "
-										   "AND pg_catalog.pg_visible_in_snapshot(o.txid, (SELECT pg_catalog.pg_current_snapshot())) "
-										   "AND " SHARE("o.aggregate_id", "$2", "$3") DELTA_ORDER,
-										   s, OUTBOX_PUBLISH_BUCKETS),
-								  3, delta_types);
 
 	/* Without a horizon (first start, after a restore): every unsettled event. */
 	unsettled_plan = publish_keep_plan(psprintf(
@@ -242,7 +227,7 @@ prepare_read_plans(const char *s)
 static void
 free_read_plans(void)
 {
-	SPIPlanPtr *plans[] = {&snapshot_plan, &delta_plan, &unsettled_plan,
+	SPIPlanPtr *plans[] = {&snapshot_plan, &unsettled_plan,
 	&fetch_id_plan, &listed_plan, &held_plan, &catch_up_plan, &clear_plan};
 
 	for (int i = 0; i < lengthof(plans); i++)
@@ -315,6 +300,7 @@ publish_lookup_extension(void)
 	/* Its tables' columns again (cheap): an ALTER EXTENSION UPDATE may move them. */
 	nsp = get_namespace_oid(schema, false);
 	publish_heap_prepare(nsp);
+	publish_delta_prepare(nsp);
 	publish_progress_prepare(nsp);
 	columns_found = true;
 	return extoid;
@@ -596,10 +582,10 @@ catch_up_candidates(int nshares, int share, HTAB *set, HTAB *listed_xmins)
 static void
 read_by_index(ReadState *rs, int nshares, int share)
 {
-	HTAB	   *set = publish_aggregate_table("outbox catch-up", sizeof(char *), 256,
+	HTAB	   *set = publish_aggregate_table("outbox catch-up", sizeof(char *), 16,
 											  CurrentMemoryContext);
 	HTAB	   *listed = publish_aggregate_table("outbox listed", sizeof(char *) + sizeof(TransactionId),
-												 256, CurrentMemoryContext);
+												 16, CurrentMemoryContext);
 	int			ncand = catch_up_candidates(nshares, share, set, listed);
 	char	  **cand;
 	int			i = 0;
@@ -729,28 +715,23 @@ read_new_delta(const char *snapshot, int nshares, int share)
 {
 	const char *from = publish_stream_read_from();
 	ManifestEntry *entries;
-	Datum		args[3];
-	int			rc;
+	Datum		args[2];
+	int			n;
 
 	if (from != NULL)
-	{
-		args[0] = CStringGetTextDatum(from);
-		args[1] = Int32GetDatum(nshares);
-		args[2] = Int32GetDatum(share);
-		rc = SPI_execute_plan(delta_plan, args, NULL, true, 0);
-	}
+		n = publish_delta_read(from, snapshot, nshares, share, &entries);
 	else
 	{
 		args[0] = Int32GetDatum(nshares);
 		args[1] = Int32GetDatum(share);
-		rc = SPI_execute_plan(unsettled_plan, args, NULL, true, 0);
+		if (SPI_execute_plan(unsettled_plan, args, NULL, true, 0) != SPI_OK_SELECT)
+			elog(ERROR, "could not read the stream");
+		entries = spi_entries(CurrentMemoryContext);
+		n = (int) SPI_processed;
+		SPI_freetuptable(SPI_tuptable);
 	}
-	if (rc != SPI_OK_SELECT)
-		elog(ERROR, "could not read the stream");
-	entries = spi_entries(CurrentMemoryContext);
-	publish_stream_new_delta(snapshot, entries, (int) SPI_processed);
-	elog(DEBUG1, "outbox: delta of " UINT64_FORMAT " events at %s", SPI_processed, snapshot);
-	SPI_freetuptable(SPI_tuptable);
+	publish_stream_new_delta(snapshot, entries, n);
+	elog(DEBUG1, "outbox: delta of %d events at %s", n, snapshot);
 }
 
 /*
@@ -1004,8 +985,9 @@ publish_fetch(Flight *f, int nshares, int share, int max_events, int64 max_bytes
 	rs.size = Min(max_events, 1024);
 	rs.max_events = max_events;
 	rs.max_bytes = max_bytes;
-	rs.caught = publish_aggregate_table("outbox caught up", sizeof(char *), 256, CurrentMemoryContext);
-	rs.owed = publish_aggregate_table("outbox owed", sizeof(char *), 1024, CurrentMemoryContext);
+	/* Small at first (they grow): a read of a steady load holds a few. */
+	rs.caught = publish_aggregate_table("outbox caught up", sizeof(char *), 16, CurrentMemoryContext);
+	rs.owed = publish_aggregate_table("outbox owed", sizeof(char *), 32, CurrentMemoryContext);
 	f->events = MemoryContextAlloc(f->cxt, sizeof(BatchEvent) * rs.size);
 	f->nevents = 0;
 	f->bytes = 0;
