@@ -379,8 +379,9 @@ publish_flight_begin(void)
 
 	f->cxt = cxt;
 	f->generation = next_generation++;
+	/* Small at first (it grows): every turn walks it, a bucket at a time. */
 	f->aggregates = publish_aggregate_table("outbox flight aggregates", sizeof(BatchAggregate),
-									1024, cxt);
+											32, cxt);
 	f->produced_at = GetCurrentTimestamp();
 	for (Flight *o = publish_flights; o != NULL; o = o->next)
 		if (o->outstanding > 0)
