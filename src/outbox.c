@@ -83,7 +83,6 @@ outbox_shmem_startup(void)
 	if (!found)
 	{
 		memset(outbox_shared, 0, outbox_shmem_size());
-		pg_atomic_init_u64(&outbox_shared->commits_emitted, 0);
 		pg_atomic_init_u32(&outbox_shared->inject_fatal_error, 0);
 		pg_atomic_init_u32(&outbox_shared->probe_generation, 0);
 		pg_atomic_init_u32(&outbox_shared->databases_waiting, 0);
@@ -105,32 +104,43 @@ outbox_worker_slots_init(OutboxWorkerSlot *slots)
 	for (int w = 0; w < OUTBOX_MAX_WORKERS; w++)
 	{
 		pg_atomic_init_u32(&slots[w].read_scheduled, 0);
+		pg_atomic_init_u32(&slots[w].commits_unread, 0);
 		pg_atomic_init_u32(&slots[w].reading_extension, 0);
 		pg_atomic_init_u32(&slots[w].shares_view, 0);
 	}
 }
 
 /*
- * Wake the publishers of this database; on a commit (scheduled_too false)
- * not those about to read anyway (read_scheduled): at 1,000 commits/s,
- * nine wake-ups in ten found a read already due and only cost CPU.  The
- * commit is visible before the flag is read, and a worker clears it before
- * its read's snapshot: a commit that finds it set is seen by that read.
+ * Wake the publishers of this database; on a commit (commit true) not those
+ * about to read anyway (read_scheduled) unless this commit makes
+ * outbox.read_commits since their last read: at 1,000 commits/s, nine
+ * wake-ups in ten found a read already due and only cost CPU.  The commit
+ * is visible before the flag is read, and a worker clears it before its
+ * read's snapshot: a commit that finds it set is seen by that read.
  */
 static void
-wake_publishers(bool scheduled_too)
+wake_publishers(bool commit)
 {
 	OutboxDatabase *db = outbox_database_entry(MyDatabaseId);
 
 	if (db == NULL)
 		return;
-	pg_memory_barrier();
 	for (int i = 0; i < OUTBOX_MAX_WORKERS; i++)
 	{
-		Latch	   *latch = db->workers[i].latch;
+		OutboxWorkerSlot *slot = &db->workers[i];
+		Latch	   *latch = slot->latch;
+		uint32		unread;
 
-		if (latch != NULL &&
-			(scheduled_too || pg_atomic_read_u32(&db->workers[i].read_scheduled) == 0))
+		if (latch == NULL)
+			continue;
+		if (!commit)
+		{
+			SetLatch(latch);
+			continue;
+		}
+		/* A full barrier: the commit is visible before the flag is read. */
+		unread = pg_atomic_add_fetch_u32(&slot->commits_unread, 1);
+		if (pg_atomic_read_u32(&slot->read_scheduled) == 0 || unread >= slot->read_commits)
 			SetLatch(latch);
 	}
 }
@@ -148,10 +158,7 @@ outbox_xact_callback(XactEvent event, void *arg)
 		case XACT_EVENT_COMMIT:
 		case XACT_EVENT_PARALLEL_COMMIT:
 			if (emitted_in_xact && outbox_shared != NULL)
-			{
-				pg_atomic_fetch_add_u64(&outbox_shared->commits_emitted, 1);
-				wake_publishers(false);
-			}
+				wake_publishers(true);
 			emitted_in_xact = false;
 			break;
 		case XACT_EVENT_ABORT:
@@ -169,7 +176,7 @@ outbox_xact_callback(XactEvent event, void *arg)
 void
 outbox_wake_workers(void)
 {
-	wake_publishers(true);
+	wake_publishers(false);
 }
 
 /*

@@ -59,6 +59,14 @@ typedef struct OutboxWorkerSlot
 	 */
 	pg_atomic_uint32 read_scheduled;
 	/*
+	 * Emitting commits since the worker's last read began (each commit adds
+	 * one; the read's start resets it, before its snapshot), and how many
+	 * of them wake a worker that waits out outbox.read_interval
+	 * (outbox.read_commits, as the worker last set it; 0: any).
+	 */
+	pg_atomic_uint32 commits_unread;
+	volatile uint32 read_commits;
+	/*
 	 * The extension (OID) in whose publisher_horizon this worker's row was
 	 * committed, 0 before: the others leave its share of the buckets to it
 	 * only from then on, so no event is skipped by all (publish_stream.c).
@@ -117,8 +125,6 @@ typedef struct OutboxDatabase
 
 typedef struct OutboxShared
 {
-	/* Bumped by each commit that emitted: lets a worker count wake-ups. */
-	pg_atomic_uint64 commits_emitted;
 	/* Test hook: raise a fatal producer error in the next batch. */
 	pg_atomic_uint32 inject_fatal_error;
 	/* Bumped by CREATE EXTENSION outbox and inbox_subscribe(): look again. */

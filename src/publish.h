@@ -159,6 +159,7 @@ publish_keep_plan(const char *query, int nargs, Oid *argtypes)
 extern int	outbox_batch_events;
 extern int	outbox_batch_bytes;
 extern int	outbox_read_interval_ms;
+extern int	outbox_read_commits;
 extern void publish_read_init(void);
 extern long publish_read_gap_ms(void);
 extern Oid	publish_lookup_extension(void);

@@ -26,6 +26,7 @@
 int			outbox_batch_events = 10000;
 int			outbox_batch_bytes = 16 * 1024 * 1024;
 int			outbox_read_interval_ms = 10;
+int			outbox_read_commits = 8;
 
 /* When the last read began, and whether it took a full batch (a backlog). */
 static TimestampTz last_read_at = 0;
@@ -86,19 +87,32 @@ publish_read_init(void)
 							PGC_SIGHUP,
 							GUC_UNIT_MS,
 							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("outbox.read_commits",
+							"Emitting commits that end a publisher's wait of outbox.read_interval early.",
+							"A read that is not behind waits outbox.read_interval or until this many "
+							"transactions that emitted have committed since the previous read began, "
+							"whichever comes first: the faster events come, the sooner a read has enough "
+							"of them to pay its fixed cost.  1 reads at every commit.",
+							&outbox_read_commits,
+							8, 1, 1000000,
+							PGC_SIGHUP,
+							0,
+							NULL, NULL, NULL);
 }
 
 /*
- * Milliseconds until a read wanted now may happen (outbox.read_interval).
- * It only delays a read: while nothing wants one the worker waits as long
- * as it would.
+ * Milliseconds until a read wanted now may happen (outbox.read_interval, or
+ * none once outbox.read_commits commits came).  It only delays a read:
+ * while nothing wants one the worker waits as long as it would.
  */
 long
 publish_read_gap_ms(void)
 {
 	long		age;
 
-	if (last_read_full)
+	if (last_read_full ||
+		pg_atomic_read_u32(&publish_slot->commits_unread) >= (uint32) outbox_read_commits)
 		return 0;
 	age = TimestampDifferenceMilliseconds(last_read_at, GetCurrentTimestamp());
 	return age < outbox_read_interval_ms ? outbox_read_interval_ms - age : 0;

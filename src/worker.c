@@ -397,14 +397,21 @@ pipeline_step(void)
 		nevents < outbox_batch_events && nbytes < outbox_batch_bytes &&
 		publish_hold_reading_ms() == 0 && !kafka_unreachable())
 	{
-		/* Too soon after a read: idle_wait() waits out the gap first. */
+		/*
+		 * Too soon after a read: idle_wait() waits out the gap first, or
+		 * until a commit says outbox.read_commits came (the count before
+		 * the flag, which is a barrier).
+		 */
 		read_wanted = publish_read_gap_ms() > 0;
+		publish_slot->read_commits = (uint32) outbox_read_commits;
 		(void) pg_atomic_exchange_u32(&publish_slot->read_scheduled, read_wanted ? 1 : 0);
 		if (!read_wanted)
 		{
-			int			r = run_flight(outbox_batch_events - nevents,
-									   outbox_batch_bytes - nbytes);
+			int			r;
 
+			/* Before the read's snapshot: the commits counted are seen by it. */
+			(void) pg_atomic_exchange_u32(&publish_slot->commits_unread, 0);
+			r = run_flight(outbox_batch_events - nevents, outbox_batch_bytes - nbytes);
 			if (r < 0 && n == 0 && publish_flights == NULL)
 				n = -1;
 			else if (r > 0)

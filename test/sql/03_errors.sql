@@ -83,6 +83,7 @@ ALTER SYSTEM SET outbox.kafka_properties = 'bootstrap.servers=x:1';
 ALTER SYSTEM SET outbox.batch_events = 0;
 ALTER SYSTEM SET outbox.batch_bytes = 100;
 ALTER SYSTEM SET outbox.read_interval = '2s';
+ALTER SYSTEM SET outbox.read_commits = 0;
 ALTER SYSTEM SET outbox.standby_confirmations = 11;
 ALTER SYSTEM SET outbox.workers = -1;
 ALTER SYSTEM SET outbox.nonexistent = 1;

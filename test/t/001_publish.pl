@@ -34,6 +34,37 @@ is(counter($node, 'polls'), $polls, 'no fallback poll happened meanwhile');
 note sprintf "FIGURES scenario=wakeup first_event_s=%.2f commit_to_published_s=%.2f",
   $t // -1, $t2 // -1;
 
+# outbox.read_commits ends the wait of outbox.read_interval early: with a
+# read at most every second, four commits right after a read are read at
+# once when four is the count, and only a second after that read when it
+# is not (the control, so the first figure is not just a fast read).
+sub read_after_commits
+{
+	my ($commits) = @_;
+	$node->safe_psql('postgres', qq{ALTER SYSTEM SET outbox.read_commits = $commits;
+		ALTER SYSTEM SET outbox.read_interval = '1s'; SELECT pg_reload_conf()});
+	sleep 0.5;
+	$node->safe_psql('postgres', "SELECT outbox_emit('load', 'rc-$commits', 'Created', '{}')");
+	wait_published($node, 120) // return -1;
+	my $t0 = time;
+	$node->safe_psql('postgres', join("\n", map {
+		"SELECT outbox_emit('load', 'rc-$commits', 'Changed', '{}');" } 1 .. 4));
+	while (time - $t0 < 60)
+	{
+		return time - $t0 if $node->safe_psql('postgres',
+			'SELECT count(*) FROM outbox_pending') == 0;
+		sleep 0.02;
+	}
+	return -1;
+}
+my $fast = read_after_commits(4);
+my $slow = read_after_commits(1000000);
+$node->safe_psql('postgres', q{ALTER SYSTEM RESET outbox.read_commits;
+	ALTER SYSTEM RESET outbox.read_interval; SELECT pg_reload_conf()});
+ok($fast >= 0 && $fast < 0.5, "outbox.read_commits = 4: four commits read at once (${fast}s)");
+cmp_ok($slow, '>', 0.5, 'outbox.read_commits unreached: they wait for outbox.read_interval');
+note sprintf "FIGURES scenario=read_commits four_commits_s=%.2f interval_1s_s=%.2f", $fast, $slow;
+
 # Many concurrent emitters over many aggregates, with rollbacks.
 emit_load($node, clients => 8, transactions => 300, aggregates => 200, events_per_tx => 2);
 ok(defined wait_published($node, 180), 'concurrent load: everything published');
