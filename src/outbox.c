@@ -125,6 +125,8 @@ wake_publishers(bool commit)
 
 	if (db == NULL)
 		return;
+	/* The commit is visible before a latch or flag is read. */
+	pg_memory_barrier();
 	for (int i = 0; i < OUTBOX_MAX_WORKERS; i++)
 	{
 		OutboxWorkerSlot *slot = &db->workers[i];
@@ -138,7 +140,6 @@ wake_publishers(bool commit)
 			SetLatch(latch);
 			continue;
 		}
-		/* A full barrier: the commit is visible before the flag is read. */
 		unread = pg_atomic_add_fetch_u32(&slot->commits_unread, 1);
 		if (pg_atomic_read_u32(&slot->read_scheduled) == 0 || unread >= slot->read_commits)
 			SetLatch(latch);

@@ -165,6 +165,7 @@ extern long publish_read_gap_ms(void);
 extern Oid	publish_lookup_extension(void);
 extern int	publish_fetch(Flight *f, int nshares, int share, int max_events, int64 max_bytes);
 extern void publish_listed_changed(void);
+extern XLogRecPtr publish_read_flush_upto(XLogRecPtr upto);
 
 /* One event of a delta's manifest: where to fetch it, and what it must be. */
 typedef struct ManifestEntry
@@ -226,9 +227,9 @@ extern void publish_heap_fetch(Relation rel, ManifestEntry *entries, int n, Heap
 							   MemoryContext cxt);
 
 /* publish_delta.c: a delta's manifest, read through the txid index */
-extern void publish_delta_prepare(Oid nsp);
 extern int	publish_delta_read(const char *from, const char *to, int nshares, int share,
 							   ManifestEntry **entries);
+extern XLogRecPtr publish_delta_flush_upto(XLogRecPtr upto);
 
 /* publish_stream.c: the stream of commits, diverted aggregates, the horizon */
 extern void publish_stream_start(void);
@@ -255,7 +256,7 @@ extern long publish_stream_diverted_count(void);
 extern int	outbox_standby_confirmations;
 extern void publish_durable_init(void);
 extern XLogRecPtr publish_wal_insert_end(void);
-extern void publish_make_durable(XLogRecPtr upto);
+extern void publish_make_durable(XLogRecPtr flush_upto, XLogRecPtr upto);
 
 /* publish_produce.c: the producer, and tracking what is in flight */
 extern int	outbox_delivery_timeout_ms;

@@ -7,6 +7,9 @@
  *	  through the txid index and ordered by aggregate (hashtext, then
  *	  version) in memory.
  *
+ *	  Without a usable txid index (dropped, invalid) the same rows are found
+ *	  by a sequential scan, as the statement it replaces would have.
+ *
  *	  It replaces one SQL statement: its executor start-up (an init plan,
  *	  a sort node) was most of a small read's cost under a steady load, and
  *	  its sort spilled to disk past work_mem on a large delta (half of the
@@ -14,6 +17,16 @@
  *	  txid >= the previous snapshot's xmin (the index bound), not visible in
  *	  the previous snapshot, visible in this one; rows are visible to the
  *	  active snapshot, which is the read's.
+ *
+ *	  It also finds how far the WAL must be flushed before the delta's
+ *	  events go out (invariant 1: a crash must not take back a published
+ *	  event): a commit made visible with synchronous_commit on was flushed
+ *	  before it became visible; one made with it off left its commit
+ *	  record's end in its commit status (the group LSN the status keeps for
+ *	  hint bits, raised by every asynchronous commit of the group), so the
+ *	  highest of those is enough, rather than all the WAL written so far
+ *	  (the publisher's own asynchronous settling included): under a steady
+ *	  load of synchronous commits the publisher then never flushes.
  *
  *-------------------------------------------------------------------------
  */
@@ -23,8 +36,11 @@
 #include "access/relscan.h"
 #include "access/stratnum.h"
 #include "access/table.h"
+#include "access/clog.h"
+#include "access/transam.h"
 #include "access/tableam.h"
 #include "catalog/pg_am.h"
+#include "catalog/pg_class.h"
 #include "common/hashfn.h"
 #include "executor/tuptable.h"
 #include "miscadmin.h"
@@ -35,6 +51,7 @@
 #include "utils/memutils.h"
 #include "utils/rel.h"
 #include "utils/snapmgr.h"
+#include "utils/xid8.h"
 
 #include "outbox.h"
 #include "publish.h"
@@ -56,8 +73,13 @@ static const char *const delta_names[DC_NCOLUMNS] = {
 };
 static int	delta_columns[DC_NCOLUMNS];
 
-/* The index on outbox (txid) of the extension. */
-static Oid	txid_index = InvalidOid;
+/*
+ * The highest commit LSN that must be flushed before the events of the
+ * deltas read so far are published (only ever raised: flushing again is a
+ * no-op), and the transaction it was last looked up for.
+ */
+static XLogRecPtr commits_lsn = InvalidXLogRecPtr;
+static FullTransactionId looked_up = {0};
 
 /* A row of the delta, as it is sorted. */
 typedef struct DeltaRow
@@ -68,35 +90,31 @@ typedef struct DeltaRow
 	ItemPointerData tid;
 } DeltaRow;
 
-/* Look up the outbox's txid index of the extension in namespace nsp. */
-void
-publish_delta_prepare(Oid nsp)
-{
-	txid_index = get_relname_relid("outbox_txid_idx", nsp);
-	if (!OidIsValid(txid_index))
-		ereport(ERROR,
-				(errcode(ERRCODE_UNDEFINED_OBJECT),
-				 errmsg("the outbox extension's index \"outbox_txid_idx\" is missing"),
-				 errhint("Recreate it: CREATE INDEX outbox_txid_idx ON outbox (txid).")));
-}
-
-/* Open the txid index, checked to be a btree on the outbox's txid alone. */
+/*
+ * The extension's index on outbox (txid), opened, if it is usable: looked up
+ * by name under the heap's lock (a DROP or REINDEX CONCURRENTLY before it
+ * left no stale OID), a valid btree on txid alone, not partial.  NULL
+ * otherwise: the delta is then found by a sequential scan, slower but the
+ * same rows.
+ */
 static Relation
 open_txid_index(Relation heap)
 {
-	Relation	index = index_open(txid_index, AccessShareLock);
+	Oid			indexoid = get_relname_relid("outbox_txid_idx", RelationGetNamespace(heap));
+	Relation	index;
 
-	if (index->rd_index->indrelid != RelationGetRelid(heap) ||
-		index->rd_rel->relam != BTREE_AM_OID ||
-		index->rd_index->indnkeyatts != 1 ||
-		index->rd_index->indkey.values[0] != delta_columns[DC_TXID] + 1 ||
-		index->rd_indpred != NIL || !index->rd_index->indisvalid)
-		ereport(ERROR,
-				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
-				 errmsg("index \"%s\" is not the outbox extension's btree index on outbox (txid)",
-						RelationGetRelationName(index)),
-				 errhint("Recreate it: CREATE INDEX outbox_txid_idx ON outbox (txid).")));
-	return index;
+	if (!OidIsValid(indexoid) || get_rel_relkind(indexoid) != RELKIND_INDEX)
+		return NULL;
+	index = index_open(indexoid, AccessShareLock);
+	if (index->rd_index->indrelid == RelationGetRelid(heap) &&
+		index->rd_rel->relam == BTREE_AM_OID &&
+		index->rd_index->indisvalid &&
+		index->rd_index->indnkeyatts == 1 &&
+		index->rd_index->indkey.values[0] == delta_columns[DC_TXID] + 1 &&
+		RelationGetIndexPredicate(index) == NIL)
+		return index;
+	index_close(index, AccessShareLock);
+	return NULL;
 }
 
 /* qsort comparator: by hash, then version (then id: a stable order). */
@@ -111,6 +129,60 @@ delta_row_cmp(const void *a, const void *b)
 	if (x->version != y->version)
 		return x->version < y->version ? -1 : 1;
 	return x->id < y->id ? -1 : (x->id > y->id ? 1 : 0);
+}
+
+/*
+ * The WAL position the commit of committed transaction fxid needs flushed
+ * to be durable: the group LSN its commit status keeps if it committed
+ * asynchronously (an upper bound: the group's highest), else nothing.  A
+ * status older than the commit log keeps (truncated, which is logged and
+ * flushed after the commit) or 2^31 transactions back is long durable.
+ */
+static XLogRecPtr
+commit_lsn(FullTransactionId fxid)
+{
+	FullTransactionId next = ReadNextFullTransactionId();
+	TransactionId xid = XidFromFullTransactionId(fxid);
+	XLogRecPtr	lsn = InvalidXLogRecPtr;
+
+	if (U64FromFullTransactionId(next) - U64FromFullTransactionId(fxid) >= ((uint64) 1 << 31))
+		return InvalidXLogRecPtr;
+	LWLockAcquire(XactTruncationLock, LW_SHARED);
+#if PG_VERSION_NUM >= 170000
+	if (!TransactionIdPrecedes(xid, TransamVariables->oldestClogXid))
+#else
+	if (!TransactionIdPrecedes(xid, ShmemVariableCache->oldestClogXid))
+#endif
+		(void) TransactionIdGetStatus(xid, &lsn);
+	LWLockRelease(XactTruncationLock);
+	return lsn;
+}
+
+/* Raise commits_lsn for an event of transaction txid (an xid8) to publish. */
+static void
+note_commit(Datum txid)
+{
+	FullTransactionId fxid = DatumGetFullTransactionId(txid);
+	XLogRecPtr	lsn;
+
+	/* A delta's rows come by transaction: one look-up for each. */
+	if (FullTransactionIdEquals(fxid, looked_up))
+		return;
+	looked_up = fxid;
+	lsn = commit_lsn(fxid);
+	if (lsn > commits_lsn)
+		commits_lsn = lsn;
+}
+
+/*
+ * How far to flush the WAL before publishing what the deltas read: their
+ * commits' needs, at most upto (the end of the WAL when the read's
+ * snapshot was taken, which every commit it sees precedes).
+ */
+XLogRecPtr
+publish_delta_flush_upto(XLogRecPtr upto)
+{
+	return Min(commits_lsn, upto);
 }
 
 /* Is this worker's share of the buckets the one of hash h? */
@@ -134,24 +206,40 @@ add_if_in_delta(TupleTableSlot *slot, Datum from, Datum to, int nshares, int sha
 	uint32		h;
 	DeltaRow   *r;
 
+	Datum		id;
+	Datum		version;
+	Datum		aggregate_id;
+
+	/* (Not before the previous snapshot's xmin: visible in it.) */
 	if (isnull ||
 		DatumGetBool(DirectFunctionCall2(pg_visible_in_snapshot, txid, from)) ||
 		!DatumGetBool(DirectFunctionCall2(pg_visible_in_snapshot, txid, to)))
 		return;
-	agg = DatumGetTextPP(slot_getattr(slot, delta_columns[DC_AGGREGATE_ID] + 1, &isnull));
+	/* NOT NULL in the schema; a row without them is no event to publish. */
+	aggregate_id = slot_getattr(slot, delta_columns[DC_AGGREGATE_ID] + 1, &isnull);
+	if (isnull)
+		return;
+	version = slot_getattr(slot, delta_columns[DC_VERSION] + 1, &isnull);
+	if (isnull)
+		return;
+	id = slot_getattr(slot, delta_columns[DC_ID] + 1, &isnull);
+	if (isnull)
+		return;
+	agg = DatumGetTextPP(aggregate_id);
 	/* hashtext() of a deterministic collation, as the SQL share and order use */
 	h = hash_bytes((const unsigned char *) VARDATA_ANY(agg), VARSIZE_ANY_EXHDR(agg));
 	if (!in_share(h, nshares, share))
 		return;
+	note_commit(txid);
 	if (*n == *size)
 	{
 		*size *= 2;
-		*rows = repalloc_huge(*rows, sizeof(DeltaRow) * *size);
+		*rows = repalloc(*rows, sizeof(DeltaRow) * *size);
 	}
 	r = &(*rows)[(*n)++];
 	r->hash = (int32) h;
-	r->version = DatumGetInt64(slot_getattr(slot, delta_columns[DC_VERSION] + 1, &isnull));
-	r->id = DatumGetInt64(slot_getattr(slot, delta_columns[DC_ID] + 1, &isnull));
+	r->version = DatumGetInt64(version);
+	r->id = DatumGetInt64(id);
 	r->tid = slot->tts_tid;
 }
 
@@ -173,30 +261,44 @@ publish_delta_read(const char *from, const char *to, int nshares, int share,
 										  delta_names, DC_NCOLUMNS, delta_columns);
 	Relation	index = open_txid_index(heap);
 	TupleTableSlot *slot = table_slot_create(heap, NULL);
-	IndexScanDesc scan;
-	ScanKeyData key;
 	int			size = 1024;
 	int			n = 0;
 	DeltaRow   *rows = palloc(sizeof(DeltaRow) * size);
 	ManifestEntry *out;
 
-	ScanKeyInit(&key, 1, BTGreaterEqualStrategyNumber, F_XID8GE,
-				DirectFunctionCall1(pg_snapshot_xmin, from_snap));
-	scan = index_beginscan(heap, index, GetActiveSnapshot(), 1, 0);
-	index_rescan(scan, &key, 1, NULL, 0);
-	while (index_getnext_slot(scan, ForwardScanDirection, slot))
+	if (index != NULL)
 	{
-		CHECK_FOR_INTERRUPTS();
-		add_if_in_delta(slot, from_snap, to_snap, nshares, share, &rows, &n, &size);
+		IndexScanDesc scan = index_beginscan(heap, index, GetActiveSnapshot(), 1, 0);
+		ScanKeyData key;
+
+		ScanKeyInit(&key, 1, BTGreaterEqualStrategyNumber, F_XID8GE,
+					DirectFunctionCall1(pg_snapshot_xmin, from_snap));
+		index_rescan(scan, &key, 1, NULL, 0);
+		while (index_getnext_slot(scan, ForwardScanDirection, slot))
+		{
+			CHECK_FOR_INTERRUPTS();
+			add_if_in_delta(slot, from_snap, to_snap, nshares, share, &rows, &n, &size);
+		}
+		index_endscan(scan);
+		index_close(index, NoLock);
 	}
-	index_endscan(scan);
+	else
+	{
+		TableScanDesc scan = table_beginscan(heap, GetActiveSnapshot(), 0, NULL);
+
+		while (table_scan_getnextslot(scan, ForwardScanDirection, slot))
+		{
+			CHECK_FOR_INTERRUPTS();
+			add_if_in_delta(slot, from_snap, to_snap, nshares, share, &rows, &n, &size);
+		}
+		table_endscan(scan);
+	}
 	ExecDropSingleTupleTableSlot(slot);
-	index_close(index, NoLock);
 	table_close(heap, NoLock);
 
 	qsort(rows, n, sizeof(DeltaRow), delta_row_cmp);
 	MemoryContextSwitchTo(oldcxt);
-	out = palloc_extended(sizeof(ManifestEntry) * Max(n, 1), MCXT_ALLOC_HUGE);
+	out = palloc(sizeof(ManifestEntry) * Max(n, 1));
 	for (int i = 0; i < n; i++)
 	{
 		out[i].id = rows[i].id;

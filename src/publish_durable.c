@@ -127,14 +127,18 @@ publish_wal_insert_end(void)
  * committed before upto (a commit record is inserted before the transaction
  * becomes visible), but with synchronous_commit = off it may not be on disk
  * yet: a crash would take back an event Kafka already has, and its version
- * would go to another event.  Flush (a no-op when the WAL writer or the
- * emitters got there first), then wait for the standbys if configured.
+ * would go to another event.  Flush up to flush_upto (what the batch's
+ * commits need, at most upto: publish_read_flush_upto; a no-op when the WAL
+ * writer or the emitters got there first), then wait for the standbys if
+ * configured, up to upto (a commit flushed here may not be there yet).
  */
 void
-publish_make_durable(XLogRecPtr upto)
+publish_make_durable(XLogRecPtr flush_upto, XLogRecPtr upto)
 {
+	if (XLogRecPtrIsInvalid(flush_upto) && outbox_standby_confirmations == 0)
+		return;
 	publish_set_state("flushing WAL");
-	XLogFlush(upto);
+	XLogFlush(flush_upto);
 	elog(DEBUG1, "outbox: WAL flushed at %ld ms",
 		 TimestampDifferenceMilliseconds(GetCurrentStatementStartTimestamp(), GetCurrentTimestamp()));
 	wait_for_standbys(upto);

@@ -32,6 +32,15 @@ int			outbox_read_commits = 8;
 static TimestampTz last_read_at = 0;
 static bool last_read_full = false;
 
+/*
+ * Whether the stream's manifest came from the statement without a horizon
+ * (not from publish_delta_read, which finds what its commits need flushed),
+ * and whether the last read took events of it or by index: then their
+ * commits are made durable by flushing all the WAL the read could see.
+ */
+static bool manifest_unchecked = false;
+static bool last_read_unchecked = false;
+
 static Oid	plans_extoid = InvalidOid;	/* the extension the plans are for */
 static bool extension_stale = true; /* look it up before trusting plans_extoid */
 static SPIPlanPtr snapshot_plan = NULL;
@@ -314,7 +323,6 @@ publish_lookup_extension(void)
 	/* Its tables' columns again (cheap): an ALTER EXTENSION UPDATE may move them. */
 	nsp = get_namespace_oid(schema, false);
 	publish_heap_prepare(nsp);
-	publish_delta_prepare(nsp);
 	publish_progress_prepare(nsp);
 	columns_found = true;
 	return extoid;
@@ -650,6 +658,7 @@ read_by_index(ReadState *rs, int nshares, int share)
 		SPI_freetuptable(SPI_tuptable);
 	}
 	SPI_cursor_close(portal);
+	last_read_unchecked |= rs->f->nevents > nbefore;
 	/* The LIMIT reached means as much as a cut. */
 	truncated = truncated || rs->f->nevents - nbefore >= limit;
 	if (truncated)
@@ -732,6 +741,7 @@ read_new_delta(const char *snapshot, int nshares, int share)
 	Datum		args[2];
 	int			n;
 
+	manifest_unchecked = (from == NULL);
 	if (from != NULL)
 		n = publish_delta_read(from, snapshot, nshares, share, &entries);
 	else
@@ -965,6 +975,17 @@ read_stream(ReadState *rs, const char *snapshot, int nshares, int share)
 	MemoryContextReset(chunk_cxt);
 }
 
+/*
+ * How far to flush the WAL before publishing the last read's events: all
+ * the read could see (upto) if it read any by index or from a manifest
+ * without a horizon, else what the deltas' commits need.
+ */
+XLogRecPtr
+publish_read_flush_upto(XLogRecPtr upto)
+{
+	return last_read_unchecked ? upto : publish_delta_flush_upto(upto);
+}
+
 /* The database lists new aggregates (a failure recorded): look at once. */
 void
 publish_listed_changed(void)
@@ -1006,8 +1027,10 @@ publish_fetch(Flight *f, int nshares, int share, int max_events, int64 max_bytes
 	f->nevents = 0;
 	f->bytes = 0;
 
+	last_read_unchecked = false;
 	read_by_index(&rs, nshares, share);
 	read_stream(&rs, snapshot, nshares, share);
+	last_read_unchecked |= manifest_unchecked;
 	publish_stream_store_horizon();
 
 	f->results = MemoryContextAllocZero(f->cxt, sizeof(DeliveryResult) * Max(f->nevents, 1));

@@ -331,7 +331,7 @@ run_flight(int max_events, int64 max_bytes)
 	PopActiveSnapshot();
 	if (nevents > 0)
 	{
-		publish_make_durable(visible_upto);
+		publish_make_durable(publish_read_flush_upto(visible_upto), visible_upto);
 		publish_ensure_producer();
 		publish_set_state("producing");
 		publish_produce_flight(f, TimestampTzPlusMilliseconds(GetCurrentTimestamp(),

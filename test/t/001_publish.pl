@@ -65,6 +65,13 @@ ok($fast >= 0 && $fast < 0.5, "outbox.read_commits = 4: four commits read at onc
 cmp_ok($slow, '>', 0.5, 'outbox.read_commits unreached: they wait for outbox.read_interval');
 note sprintf "FIGURES scenario=read_commits four_commits_s=%.2f interval_1s_s=%.2f", $fast, $slow;
 
+# Without its txid index the publisher finds new commits by a sequential
+# scan (the same rows, slower), rather than failing.
+$node->safe_psql('postgres', 'DROP INDEX outbox_txid_idx');
+$node->safe_psql('postgres', "SELECT outbox_emit('load', 'no-index', 'E', '{}') FROM generate_series(1, 3)");
+ok(defined wait_published($node, 60), 'txid index dropped: new events still published');
+$node->safe_psql('postgres', 'CREATE INDEX outbox_txid_idx ON outbox (txid)');
+
 # Many concurrent emitters over many aggregates, with rollbacks.
 emit_load($node, clients => 8, transactions => 300, aggregates => 200, events_per_tx => 2);
 ok(defined wait_published($node, 180), 'concurrent load: everything published');
