@@ -129,6 +129,7 @@ typedef struct PendingMarks
 	int64	   *progress_versions;
 	TransactionId *progress_xmins;
 	bool	   *progress_rows;	/* false: no row when read (insert) */
+	TimestampTz *progress_acked_at; /* when Kafka acknowledged that version */
 	int			ndisposed;
 	int64	   *disposed_ids;
 	char	  **disposed_actions;
@@ -211,8 +212,9 @@ typedef struct PublishProgress
 extern void publish_progress_prepare(Oid nsp);
 extern void publish_progress_read(char **ids, int n, PublishProgress *out);
 extern Oid	publish_progress_relid(void);
-extern uint64 publish_progress_record(char **ids, int64 *versions, TransactionId *xmins, int n,
-									  TimestampTz now, HTAB *applied, MemoryContext applied_cxt);
+extern uint64 publish_progress_record(char **ids, int64 *versions, TransactionId *xmins,
+									  TimestampTz *acked_at, int n, TimestampTz now, HTAB *applied,
+									  MemoryContext applied_cxt);
 
 /* publish_heap.c: a delta's rows from the heap, a page at a time */
 extern Oid	publish_table_columns(Oid nsp, const char *table, const char *const *names, int n,

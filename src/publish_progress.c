@@ -227,7 +227,7 @@ find_and_lock(ProgressWriter *w, const char *aggregate_id, TransactionId xmin)
  * by index (see publish_settle.c's statement: the same update).
  */
 static void
-write_progress(ProgressWriter *w, int64 version, TimestampTz now)
+write_progress(ProgressWriter *w, int64 version, TimestampTz acked_at, TimestampTz now)
 {
 	TupleTableSlot *next = w->next;
 	const int  *c = progress_columns;
@@ -242,7 +242,7 @@ write_progress(ProgressWriter *w, int64 version, TimestampTz now)
 		next->tts_values[c[PC_LAST_PUBLISHED_VERSION]] = Int64GetDatum(version);
 		next->tts_isnull[c[PC_LAST_PUBLISHED_VERSION]] = false;
 	}
-	next->tts_values[c[PC_LAST_PUBLISHED_AT]] = TimestampTzGetDatum(now);
+	next->tts_values[c[PC_LAST_PUBLISHED_AT]] = TimestampTzGetDatum(acked_at);
 	next->tts_isnull[c[PC_LAST_PUBLISHED_AT]] = false;
 	next->tts_values[c[PC_ATTEMPTS]] = Int32GetDatum(0);
 	next->tts_isnull[c[PC_ATTEMPTS]] = false;
@@ -266,13 +266,13 @@ write_progress(ProgressWriter *w, int64 version, TimestampTz now)
 
 /*
  * Record the progress of n aggregates that had their rows when read
- * (ids[i] reached versions[i]; its row was at version xmins[i]); each one
- * recorded is entered into applied (keys allocated in applied_cxt).
- * Returns the number recorded.
+ * (ids[i] reached versions[i], acknowledged at acked_at[i]; its row was at
+ * version xmins[i]); each one recorded is entered into applied (keys
+ * allocated in applied_cxt).  Returns the number recorded.
  */
 uint64
-publish_progress_record(char **ids, int64 *versions, TransactionId *xmins, int n,
-						TimestampTz now, HTAB *applied, MemoryContext applied_cxt)
+publish_progress_record(char **ids, int64 *versions, TransactionId *xmins, TimestampTz *acked_at,
+						int n, TimestampTz now, HTAB *applied, MemoryContext applied_cxt)
 {
 	ProgressWriter w;
 	uint64		recorded = 0;
@@ -289,7 +289,7 @@ publish_progress_record(char **ids, int64 *versions, TransactionId *xmins, int n
 
 		if (!find_and_lock(&w, ids[i], xmins[i]))
 			continue;
-		write_progress(&w, versions[i], now);
+		write_progress(&w, versions[i], acked_at[i], now);
 		key = MemoryContextStrdup(applied_cxt, ids[i]);
 		(void) hash_search(applied, &key, HASH_ENTER, NULL);
 		recorded++;

@@ -71,8 +71,8 @@ publish_settle_start(void)
 void
 publish_settle_prepare(const char *s)
 {
-	Oid			types[8] = {TIMESTAMPTZOID, TEXTARRAYOID, INT8ARRAYOID, XIDARRAYOID,
-	BOOLARRAYOID, INT8ARRAYOID, TEXTARRAYOID, TEXTARRAYOID};
+	Oid			types[9] = {TIMESTAMPTZOID, TEXTARRAYOID, INT8ARRAYOID, XIDARRAYOID,
+	BOOLARRAYOID, INT8ARRAYOID, TEXTARRAYOID, TEXTARRAYOID, TIMESTAMPTZARRAYOID};
 	const char *sql;
 
 	if (settle_plan)
@@ -90,17 +90,18 @@ publish_settle_prepare(const char *s)
 	 * Published events are not written: progress says they are.  A listed
 	 * aggregate's backoff, once over and published, becomes catch_up: the
 	 * stream skipped its events meanwhile, and only a read by index that
-	 * finds nothing more returns it to the stream.
+	 * finds nothing more returns it to the stream.  last_published_at is
+	 * when Kafka acknowledged the version ($9), not when it was settled.
 	 */
 	sql = psprintf(
-				   "WITH u AS (SELECT * FROM unnest($2, $3, $4, $5) AS u(id, v, x, r)), "
+				   "WITH u AS (SELECT * FROM unnest($2, $3, $4, $5, $9) AS u(id, v, x, r, t)), "
 				   "ins AS (INSERT INTO %s.aggregate_publication "
 				   "(aggregate_id, last_published_version, last_published_at, updated_at) "
-				   "SELECT u.id, u.v, $1, $1 FROM u WHERE NOT u.r "
+				   "SELECT u.id, u.v, u.t, $1 FROM u WHERE NOT u.r "
 				   "ON CONFLICT (aggregate_id) DO NOTHING RETURNING aggregate_id), "
 				   "upd AS (UPDATE %s.aggregate_publication a SET "
 				   "last_published_version = GREATEST(a.last_published_version, u.v), "
-				   "last_published_at = $1, attempts = 0, last_error = NULL, "
+				   "last_published_at = u.t, attempts = 0, last_error = NULL, "
 				   "catch_up = a.catch_up OR a.next_attempt_at IS NOT NULL, "
 				   "next_attempt_at = NULL, updated_at = $1 "
 				   "FROM u WHERE u.r AND a.aggregate_id = u.id AND a.xmin = u.x "
@@ -114,8 +115,8 @@ publish_settle_prepare(const char *s)
 				   "WHERE o.id = d.id AND o.id = ANY ($6) "
 				   "AND d.agg IN (SELECT aggregate_id FROM done)) "
 				   "SELECT aggregate_id FROM done", s, s, s, s);
-	settle_plan = outbox_keep_plan_options(sql, 8, types, CURSOR_OPT_CUSTOM_PLAN);
-	settle_small_plan = outbox_keep_plan_options(sql, 8, types, CURSOR_OPT_GENERIC_PLAN);
+	settle_plan = outbox_keep_plan_options(sql, 9, types, CURSOR_OPT_CUSTOM_PLAN);
+	settle_small_plan = outbox_keep_plan_options(sql, 9, types, CURSOR_OPT_GENERIC_PLAN);
 }
 
 /* Does every aggregate of the marks have its row, and nothing a disposition? */
@@ -154,6 +155,18 @@ publish_xid_array(TransactionId *v, int n)
 										   TYPALIGN_INT));
 }
 
+/* A timestamptz[] for a plan argument. */
+static Datum
+timestamptz_array(TimestampTz *v, int n)
+{
+	Datum	   *d = palloc(sizeof(Datum) * Max(n, 1));
+
+	for (int i = 0; i < n; i++)
+		d[i] = TimestampTzGetDatum(v[i]);
+	return PointerGetDatum(construct_array(d, n, TIMESTAMPTZOID, 8, FLOAT8PASSBYVAL,
+										   TYPALIGN_DOUBLE));
+}
+
 /* A boolean[] for a plan argument. */
 Datum
 publish_bool_array(bool *v, int n)
@@ -185,7 +198,7 @@ publish_text_array(char **v, int n)
 static uint64
 apply_marks(PendingMarks *pm, TimestampTz now)
 {
-	Datum		args[8];
+	Datum		args[9];
 	uint64		n;
 	bool		small = pm->nprogress + pm->ndisposed <= SETTLE_SMALL;
 	int			rc;
@@ -195,8 +208,8 @@ apply_marks(PendingMarks *pm, TimestampTz now)
 	/* The common case: the rows updated directly (publish_progress.c). */
 	if (progress_only(pm))
 		return publish_progress_record(pm->progress_ids, pm->progress_versions,
-									   pm->progress_xmins, pm->nprogress, now,
-									   pm->applied, marks_context);
+									   pm->progress_xmins, pm->progress_acked_at,
+									   pm->nprogress, now, pm->applied, marks_context);
 	args[0] = TimestampTzGetDatum(now);
 	args[1] = publish_text_array(pm->progress_ids, pm->nprogress);
 	args[2] = publish_int8_array(pm->progress_versions, pm->nprogress);
@@ -205,6 +218,7 @@ apply_marks(PendingMarks *pm, TimestampTz now)
 	args[5] = publish_int8_array(pm->disposed_ids, pm->ndisposed);
 	args[6] = publish_text_array(pm->disposed_actions, pm->ndisposed);
 	args[7] = publish_text_array(pm->disposed_aggregates, pm->ndisposed);
+	args[8] = timestamptz_array(pm->progress_acked_at, pm->nprogress);
 	rc = SPI_execute_plan(small ? settle_small_plan : settle_plan, args, NULL, false, 0);
 	if (rc != SPI_OK_SELECT)
 		elog(ERROR, "could not record the aggregates' progress");
@@ -299,6 +313,7 @@ new_marks(int nevents, int naggregates, Oid extension)
 	pm->progress_versions = palloc(sizeof(int64) * (naggregates + 1));
 	pm->progress_xmins = palloc(sizeof(TransactionId) * (naggregates + 1));
 	pm->progress_rows = palloc(sizeof(bool) * (naggregates + 1));
+	pm->progress_acked_at = palloc(sizeof(TimestampTz) * (naggregates + 1));
 	pm->disposed_ids = palloc(sizeof(int64) * (nevents + 1));
 	pm->disposed_actions = palloc(sizeof(char *) * (nevents + 1));
 	pm->disposed_aggregates = palloc(sizeof(char *) * (nevents + 1));
@@ -394,6 +409,7 @@ collect_aggregate(PendingMarks *pm, Flight *f, BatchAggregate *agg)
 {
 	BatchEvent *events = f->events;
 	int64		last_acked = 0;
+	TimestampTz acked_at = 0;
 	int64		implicit_from = 0;
 	int64		implicit_to = 0;
 	BatchEvent *failed = NULL;
@@ -422,6 +438,8 @@ collect_aggregate(PendingMarks *pm, Flight *f, BatchAggregate *agg)
 			implicit_to = events[i].version;
 		}
 		last_acked = events[i].version;
+		/* (A skipped event, never sent, has no acknowledgement: now.) */
+		acked_at = r->acked_at != 0 ? r->acked_at : GetCurrentTimestamp();
 	}
 	if (implicit_from > 0)
 		log_implicit_acks(agg->aggregate_id, implicit_from, implicit_to);
@@ -433,6 +451,7 @@ collect_aggregate(PendingMarks *pm, Flight *f, BatchAggregate *agg)
 		pm->progress_versions[k] = last_acked;
 		pm->progress_xmins[k] = agg->pub_xmin;
 		pm->progress_rows[k] = agg->pub_row;
+		pm->progress_acked_at[k] = acked_at;
 	}
 	agg->collected = true;
 	if (failed != NULL && classify_failure(f, failed, agg->aggregate_id))

@@ -39,7 +39,7 @@
  *	settled meanwhile: those pending before --exec plus the rows added
  *	since (ids above the max id then);
  *	table_seconds is max(aggregate_publication.last_published_at) - commit
- *	(when the last settling began: the final acknowledgements were in);
+ *	(when Kafka acknowledged the last version settled);
  *	first_ack_s is min(last_published_at) - commit over the aggregates
  *	settled since the commit: each aggregate keeps only its latest settle
  *	time, so this is an upper bound of the first acknowledgement.

@@ -331,12 +331,12 @@ CREATE TABLE relay_outbox (
 CREATE INDEX relay_outbox_pending_idx ON relay_outbox (id) WHERE published_at IS NULL;
 -- The extension's per-event publish times, which it does not record: every
 -- 20 ms (settle_sampler), the aggregates settled since, with the time their
--- settling began (last_published_at; all their acknowledgements were in).
+-- version was acknowledged (last_published_at: the delivery report's time).
 -- An event's publish time is that of the first settle reaching its version.
 CREATE UNLOGGED TABLE bench_settled (
 	aggregate_id text NOT NULL,
 	version bigint NOT NULL,
-	at timestamptz NOT NULL,       -- last_published_at: when settling began
+	at timestamptz NOT NULL,       -- last_published_at: when Kafka acknowledged it
 	seen timestamptz NOT NULL,     -- when the sampler saw it committed
 	PRIMARY KEY (aggregate_id, version)
 );
@@ -1392,8 +1392,8 @@ EOF
 	echo "(\`clock_timestamp()\` in its UPDATE, right after the flush).  The extension records no per-event"
 	echo "publish time (an event is published once its aggregate's \`last_published_version\` reaches it):"
 	echo "a sampler session (\`bench_sample_settled\`, every 20 ms) copies the aggregates settled since"
-	echo "its last look, with \`last_published_at\` (when the settling began, all the aggregate's"
-	echo "acknowledgements in) into \`bench_settled\`; an event's publish time is that of the first sampled"
+	echo "its last look, with \`last_published_at\` (when Kafka acknowledged that version: the delivery"
+	echo "report's time) into \`bench_settled\`; an event's publish time is that of the first sampled"
 	echo "settle reaching its version.  Exact unless one aggregate settled twice within 20 ms (then the"
 	echo "earlier event gets the later time: ≤ 20 ms too late); so the settle commit is not included on"
 	echo "either side.  Every event of the run counts (events whose settle was not sampled: none expected,"

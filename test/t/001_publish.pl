@@ -93,6 +93,14 @@ is($node->safe_psql('postgres',
 	q{SELECT count(*) FROM outbox o JOIN aggregate_publication p USING (aggregate_id)
 	   WHERE o.aggregate_version > p.last_published_version}),
 	'0', 'every event is at or below its aggregate\'s last published version');
+# last_published_at is when Kafka acknowledged that version (its delivery
+# report), after the event was created and no later than the settling.
+is($node->safe_psql('postgres',
+	q{SELECT count(*) FROM aggregate_publication p
+	   JOIN outbox o ON o.aggregate_id = p.aggregate_id
+	    AND o.aggregate_version = p.last_published_version
+	  WHERE NOT (p.last_published_at BETWEEN o.created_at AND p.updated_at)}),
+	'0', 'each aggregate\'s last_published_at lies between its event\'s creation and its settling');
 
 # All brokers down: events wait, nothing is lost, order holds.
 $mk->cmd('all_down');
