@@ -48,6 +48,13 @@
  * starts at or below what a consumer has already seen: after dropping
  * re-deliveries it sees each version once, in order.
  *
+ * SIGTERM (pg_terminate_backend, a fast shutdown, the launcher) stops the
+ * worker gracefully: it reads nothing more, settles what Kafka
+ * acknowledges of its flights, and then exits as die() would have, at the
+ * latest STOP_DRAIN_MS after the signal (a timeout then dies wherever the
+ * worker is); a second SIGTERM dies at once.  Dying with flights out
+ * re-sent every acknowledged but unsettled event after the restart.
+ *
  *-------------------------------------------------------------------------
  */
 #include "postgres.h"
@@ -66,6 +73,7 @@
 #include "utils/guc.h"
 #include "utils/memutils.h"
 #include "utils/snapmgr.h"
+#include "utils/timeout.h"
 #include "utils/timestamp.h"
 
 #include "compat.h"
@@ -79,6 +87,9 @@
 
 /* How often a waiting worker looks at the producer while messages are out. */
 #define STALLED_POLL_MS 100
+
+/* Longest a SIGTERM waits for acknowledgements to settle before dying. */
+#define STOP_DRAIN_MS 2000
 
 int			outbox_poll_interval_ms = 1000;
 int			publish_worker_index;	/* among its database's workers */
@@ -98,6 +109,11 @@ static bool reloaded_in_batch = false;
 
 /* A read was due but came too soon after the previous one (outbox.read_interval). */
 static bool read_wanted = false;
+
+/* A SIGTERM asked the worker to stop; since when it drains (0: not yet). */
+static volatile sig_atomic_t stop_requested = false;
+static TimestampTz stop_since = 0;
+static TimeoutId stop_timeout = MAX_TIMEOUTS;
 
 static char last_logged_error[256];
 
@@ -393,7 +409,7 @@ pipeline_step(void)
 	 * exits) or whose producer waits to be replaced (see
 	 * publish_check_producer_settings).
 	 */
-	if (!publish_slot->yield && !publish_producer_outdated() &&
+	if (!publish_slot->yield && !stop_requested && !publish_producer_outdated() &&
 		nevents < outbox_batch_events && nbytes < outbox_batch_bytes &&
 		publish_hold_reading_ms() == 0 && !kafka_unreachable())
 	{
@@ -838,6 +854,57 @@ loop_turn(bool *failed)
 	return n;
 }
 
+/*
+ * SIGTERM: the first asks for a graceful stop (stop_or_drain), a second
+ * one dies at once.
+ */
+static void
+publish_sigterm(SIGNAL_ARGS)
+{
+	int			save_errno = errno;
+
+	if (stop_requested)
+		die(postgres_signal_arg);
+	else
+	{
+		stop_requested = true;
+		SetLatch(MyLatch);
+	}
+	errno = save_errno;
+}
+
+/* The graceful stop's time is up: die wherever the worker is. */
+static void
+stop_timeout_handler(void)
+{
+	die(SIGTERM);
+}
+
+/*
+ * If a stop was asked for: start draining (no more reads; a timeout bounds
+ * it), and once nothing is in flight or held, die as SIGTERM would have.
+ */
+static void
+stop_or_drain(void)
+{
+	if (!stop_requested)
+		return;
+	if (stop_since == 0)
+	{
+		stop_since = GetCurrentTimestamp();
+		enable_timeout_after(stop_timeout, STOP_DRAIN_MS);
+		if (publish_flights != NULL || publish_pending_marks != NULL)
+			ereport(LOG,
+					(errmsg("outbox publisher %d stopping: settling what Kafka acknowledges first (at most %d ms)",
+							publish_worker_index, STOP_DRAIN_MS)));
+	}
+	if (publish_flights == NULL && publish_pending_marks == NULL)
+	{
+		die(SIGTERM);
+		CHECK_FOR_INTERRUPTS();
+	}
+}
+
 /* Entry point of a publisher: connect, then run the pipeline until told to stop. */
 void
 outbox_worker_main(Datum main_arg)
@@ -850,6 +917,9 @@ outbox_worker_main(Datum main_arg)
 
 	join_database(main_arg);
 	worker_setup();
+	/* From now on a SIGTERM first settles what is acknowledged. */
+	stop_timeout = RegisterTimeout(USER_TIMEOUT, stop_timeout_handler);
+	pqsignal(SIGTERM, publish_sigterm);
 	ereport(LOG,
 			(errmsg("outbox publisher %d started for database \"%s\"",
 					publish_worker_index, NameStr(my_database->name))));
@@ -862,6 +932,7 @@ outbox_worker_main(Datum main_arg)
 		int			rc;
 
 		CHECK_FOR_INTERRUPTS();
+		stop_or_drain();
 		MemoryContextReset(loop_context);
 		MemoryContextSwitchTo(loop_context);
 		publish_process_reload();

@@ -387,7 +387,15 @@ set_debug() { # on|off: per-batch timings of the publisher in the server log
 	sleep 0.2
 }
 reset_tables() {
-	q -c "TRUNCATE outbox, aggregate_publication, relay_outbox, bench_settled" -c "CHECKPOINT"
+	# (A running publisher's read may hold aggregate_publication and wait for
+	# outbox: the TRUNCATE can lose a deadlock; it only has to be retried.)
+	local i
+	for i in 1 2 3 4 5; do
+		q -c "TRUNCATE outbox, aggregate_publication, relay_outbox, bench_settled" 2>/dev/null && break
+		[ "$i" = 5 ] && q -c "TRUNCATE outbox, aggregate_publication, relay_outbox, bench_settled"
+		sleep 0.2
+	done
+	q -c "CHECKPOINT"
 }
 # The extension's settle sampler (bench_sample_settled, every 20 ms) and its
 # latency histogram before a steady run; settle_sampler_stop ends both.
