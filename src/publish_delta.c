@@ -92,10 +92,11 @@ typedef struct DeltaRow
 
 /*
  * The extension's index on outbox (txid), opened, if it is usable: looked up
- * by name under the heap's lock (a DROP or REINDEX CONCURRENTLY before it
- * left no stale OID), a valid btree on txid alone, not partial.  NULL
- * otherwise: the delta is then found by a sequential scan, slower but the
- * same rows.
+ * by name under the heap's lock (a DROP INDEX before it left no stale OID;
+ * one CONCURRENTLY, which does not conflict with that lock, can fail this
+ * read once, and the loop reads again), a valid btree on txid alone, not
+ * partial.  NULL otherwise: the delta is then found by a sequential scan,
+ * slower but the same rows.
  */
 static Relation
 open_txid_index(Relation heap)
@@ -168,10 +169,11 @@ note_commit(Datum txid)
 	/* A delta's rows come by transaction: one look-up for each. */
 	if (FullTransactionIdEquals(fxid, looked_up))
 		return;
-	looked_up = fxid;
 	lsn = commit_lsn(fxid);
 	if (lsn > commits_lsn)
 		commits_lsn = lsn;
+	/* Only once noted: a look-up that failed is made again. */
+	looked_up = fxid;
 }
 
 /*
@@ -234,7 +236,7 @@ add_if_in_delta(TupleTableSlot *slot, Datum from, Datum to, int nshares, int sha
 	if (*n == *size)
 	{
 		*size *= 2;
-		*rows = repalloc(*rows, sizeof(DeltaRow) * *size);
+		*rows = repalloc_huge(*rows, sizeof(DeltaRow) * *size);
 	}
 	r = &(*rows)[(*n)++];
 	r->hash = (int32) h;
@@ -298,7 +300,7 @@ publish_delta_read(const char *from, const char *to, int nshares, int share,
 
 	qsort(rows, n, sizeof(DeltaRow), delta_row_cmp);
 	MemoryContextSwitchTo(oldcxt);
-	out = palloc(sizeof(ManifestEntry) * Max(n, 1));
+	out = palloc_extended(sizeof(ManifestEntry) * Max(n, 1), MCXT_ALLOC_HUGE);
 	for (int i = 0; i < n; i++)
 	{
 		out[i].id = rows[i].id;

@@ -138,7 +138,8 @@ publish_make_durable(XLogRecPtr flush_upto, XLogRecPtr upto)
 	if (XLogRecPtrIsInvalid(flush_upto) && outbox_standby_confirmations == 0)
 		return;
 	publish_set_state("flushing WAL");
-	XLogFlush(flush_upto);
+	/* Walsenders send only what is flushed here: all that the standbys must have. */
+	XLogFlush(outbox_standby_confirmations > 0 ? upto : flush_upto);
 	elog(DEBUG1, "outbox: WAL flushed at %ld ms",
 		 TimestampDifferenceMilliseconds(GetCurrentStatementStartTimestamp(), GetCurrentTimestamp()));
 	wait_for_standbys(upto);

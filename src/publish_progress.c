@@ -236,14 +236,15 @@ write_progress(ProgressWriter *w, int64 version, TimestampTz acked_at, Timestamp
 	ExecClearTuple(next);
 	memcpy(next->tts_values, w->found->tts_values, sizeof(Datum) * next->tts_tupleDescriptor->natts);
 	memcpy(next->tts_isnull, w->found->tts_isnull, sizeof(bool) * next->tts_tupleDescriptor->natts);
+	/* (A re-sent older version moves neither the version nor its time.) */
 	if (w->found->tts_isnull[c[PC_LAST_PUBLISHED_VERSION]] ||
 		DatumGetInt64(w->found->tts_values[c[PC_LAST_PUBLISHED_VERSION]]) < version)
 	{
 		next->tts_values[c[PC_LAST_PUBLISHED_VERSION]] = Int64GetDatum(version);
 		next->tts_isnull[c[PC_LAST_PUBLISHED_VERSION]] = false;
+		next->tts_values[c[PC_LAST_PUBLISHED_AT]] = TimestampTzGetDatum(acked_at);
+		next->tts_isnull[c[PC_LAST_PUBLISHED_AT]] = false;
 	}
-	next->tts_values[c[PC_LAST_PUBLISHED_AT]] = TimestampTzGetDatum(acked_at);
-	next->tts_isnull[c[PC_LAST_PUBLISHED_AT]] = false;
 	next->tts_values[c[PC_ATTEMPTS]] = Int32GetDatum(0);
 	next->tts_isnull[c[PC_ATTEMPTS]] = false;
 	next->tts_isnull[c[PC_LAST_ERROR]] = true;

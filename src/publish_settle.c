@@ -101,7 +101,8 @@ publish_settle_prepare(const char *s)
 				   "ON CONFLICT (aggregate_id) DO NOTHING RETURNING aggregate_id), "
 				   "upd AS (UPDATE %s.aggregate_publication a SET "
 				   "last_published_version = GREATEST(a.last_published_version, u.v), "
-				   "last_published_at = u.t, attempts = 0, last_error = NULL, "
+				   "last_published_at = CASE WHEN u.v > coalesce(a.last_published_version, 0) "
+				   "THEN u.t ELSE a.last_published_at END, attempts = 0, last_error = NULL, "
 				   "catch_up = a.catch_up OR a.next_attempt_at IS NOT NULL, "
 				   "next_attempt_at = NULL, updated_at = $1 "
 				   "FROM u WHERE u.r AND a.aggregate_id = u.id AND a.xmin = u.x "
@@ -131,16 +132,22 @@ progress_only(PendingMarks *pm)
 	return true;
 }
 
-/* A bigint[] for a plan argument. */
-Datum
-publish_int8_array(int64 *v, int n)
+/* An array of a 64-bit type (bigint, timestamptz) for a plan argument. */
+static Datum
+int64_array(int64 *v, int n, Oid type)
 {
 	Datum	   *d = palloc(sizeof(Datum) * Max(n, 1));
 
 	for (int i = 0; i < n; i++)
 		d[i] = Int64GetDatum(v[i]);
-	return PointerGetDatum(construct_array(d, n, INT8OID, 8, FLOAT8PASSBYVAL,
-										   TYPALIGN_DOUBLE));
+	return PointerGetDatum(construct_array(d, n, type, 8, FLOAT8PASSBYVAL, TYPALIGN_DOUBLE));
+}
+
+/* A bigint[] for a plan argument. */
+Datum
+publish_int8_array(int64 *v, int n)
+{
+	return int64_array(v, n, INT8OID);
 }
 
 /* An xid[] of row versions. */
@@ -153,18 +160,6 @@ publish_xid_array(TransactionId *v, int n)
 		d[i] = TransactionIdGetDatum(v[i]);
 	return PointerGetDatum(construct_array(d, n, XIDOID, sizeof(TransactionId), true,
 										   TYPALIGN_INT));
-}
-
-/* A timestamptz[] for a plan argument. */
-static Datum
-timestamptz_array(TimestampTz *v, int n)
-{
-	Datum	   *d = palloc(sizeof(Datum) * Max(n, 1));
-
-	for (int i = 0; i < n; i++)
-		d[i] = TimestampTzGetDatum(v[i]);
-	return PointerGetDatum(construct_array(d, n, TIMESTAMPTZOID, 8, FLOAT8PASSBYVAL,
-										   TYPALIGN_DOUBLE));
 }
 
 /* A boolean[] for a plan argument. */
@@ -218,7 +213,7 @@ apply_marks(PendingMarks *pm, TimestampTz now)
 	args[5] = publish_int8_array(pm->disposed_ids, pm->ndisposed);
 	args[6] = publish_text_array(pm->disposed_actions, pm->ndisposed);
 	args[7] = publish_text_array(pm->disposed_aggregates, pm->ndisposed);
-	args[8] = timestamptz_array(pm->progress_acked_at, pm->nprogress);
+	args[8] = int64_array(pm->progress_acked_at, pm->nprogress, TIMESTAMPTZOID);
 	rc = SPI_execute_plan(small ? settle_small_plan : settle_plan, args, NULL, false, 0);
 	if (rc != SPI_OK_SELECT)
 		elog(ERROR, "could not record the aggregates' progress");

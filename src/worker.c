@@ -48,12 +48,15 @@
  * starts at or below what a consumer has already seen: after dropping
  * re-deliveries it sees each version once, in order.
  *
- * SIGTERM (pg_terminate_backend, a fast shutdown, the launcher) stops the
- * worker gracefully: it reads nothing more, settles what Kafka
- * acknowledges of its flights, and then exits as die() would have, at the
- * latest STOP_DRAIN_MS after the signal (a timeout then dies wherever the
- * worker is); a second SIGTERM dies at once.  Dying with flights out
- * re-sent every acknowledged but unsettled event after the restart.
+ * SIGTERM (pg_terminate_backend, a fast shutdown, the launcher) that finds
+ * the worker waiting between steps (where it spends its time while
+ * messages are out) stops it gracefully: it reads nothing more, settles
+ * what Kafka acknowledges of its flights, and then exits as die() would
+ * have, at the latest STOP_DRAIN_MS later (a timeout then dies wherever the
+ * worker is); a second SIGTERM, or one that finds the worker inside a step
+ * (which may wait for a lock or for standbys), dies at once.  Dying with
+ * flights out re-sent every acknowledged but unsettled event after the
+ * restart.
  *
  *-------------------------------------------------------------------------
  */
@@ -110,8 +113,12 @@ static bool reloaded_in_batch = false;
 /* A read was due but came too soon after the previous one (outbox.read_interval). */
 static bool read_wanted = false;
 
-/* A SIGTERM asked the worker to stop; since when it drains (0: not yet). */
+/*
+ * A SIGTERM asked the worker to stop; whether one now may (the worker waits
+ * between steps); since when it drains (0: not yet).
+ */
 static volatile sig_atomic_t stop_requested = false;
+static volatile sig_atomic_t stop_may_drain = false;
 static TimestampTz stop_since = 0;
 static TimeoutId stop_timeout = MAX_TIMEOUTS;
 
@@ -855,15 +862,16 @@ loop_turn(bool *failed)
 }
 
 /*
- * SIGTERM: the first asks for a graceful stop (stop_or_drain), a second
- * one dies at once.
+ * SIGTERM: the first, while the worker waits between steps, asks for a
+ * graceful stop (stop_or_drain, whose timeout bounds it); a second one, or
+ * one inside a step (unbounded until the timeout is set), dies at once.
  */
 static void
 publish_sigterm(SIGNAL_ARGS)
 {
 	int			save_errno = errno;
 
-	if (stop_requested)
+	if (stop_requested || !stop_may_drain)
 		die(postgres_signal_arg);
 	else
 	{
@@ -985,7 +993,9 @@ outbox_worker_main(Datum main_arg)
 		}
 
 		show_waiting_state(failed);
+		stop_may_drain = true;
 		rc = idle_wait(wait_ms, failed);
+		stop_may_drain = false;
 		if (rc & WL_LATCH_SET)
 			outbox_count(OC_WAKEUPS, 1);
 		else if (rc & WL_TIMEOUT)
