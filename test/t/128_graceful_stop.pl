@@ -1,8 +1,9 @@
-# A SIGTERM (pg_terminate_backend, a fast shutdown) stops a publisher
-# gracefully: it reads nothing more, settles what Kafka acknowledges of its
-# flights, then exits, so nothing acknowledged is sent again after the
-# restart.  Bounded: with no acknowledgement coming (all brokers down) it
-# still exits about 2 s after the signal, and a second SIGTERM exits at once.
+# A SIGTERM (pg_terminate_backend, a fast shutdown) that finds a publisher
+# waiting for acknowledgements stops it gracefully: it reads nothing more,
+# settles what Kafka acknowledges of its flights, then exits, so nothing
+# acknowledged is sent again after the restart.  Bounded: with no
+# acknowledgement coming (all brokers down) it still exits about 2 s after
+# the signal, and a second SIGTERM exits at once.
 #
 # The first phase fails without the graceful stop: the worker died with
 # 3,000 acknowledged events unsettled, and its successor sent them again.
@@ -62,6 +63,10 @@ $node->safe_psql('postgres', q{
 	  FROM generate_series(1, 3000) g) s;
 	SELECT outbox_resume();});
 sleep 0.15;
+# (The signal drains when it finds the worker waiting between steps, as it
+# does while messages are out; inside a step it dies at once.)
+$node->poll_query_until('postgres', qq{SELECT wait_event_type = 'Extension'
+	FROM pg_stat_activity WHERE pid = $pid});
 my $log_offset = -s $node->logfile;
 my $t0 = time;
 $node->safe_psql('postgres', "SELECT pg_terminate_backend($pid)");
