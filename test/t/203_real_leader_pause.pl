@@ -116,6 +116,9 @@ for my $round (1 .. $rounds)
 ok(stop_load($load, 60), 'emitters stopped');
 ok(defined wait_published($node, 120), 'nothing pending after the load');
 db_versions_contiguous($node, 'leader paused');
+# (Read back once everything is readable: see real_read_all.)
+real_read_all($rk, topics => [$topic],
+	expect => expect_file($node, "$PostgreSQL::Test::Utils::tmp_check/exp_readable"));
 my %at;
 $at{ $_->{event_id} // '' } .= " $_->{topic}/$_->{partition}" for @{ real_records($rk, topics => [$topic]) };
 for my $f (@firsts)
