@@ -247,7 +247,7 @@ outbox_publish_locktag(LOCKTAG *tag, const char *aggregate_id)
 							   strlen(aggregate_id));
 
 	SET_LOCKTAG_ADVISORY(*tag, MyDatabaseId, 0,
-						 (h & 0x7fffffff) % OUTBOX_PUBLISH_BUCKETS,
+						 OUTBOX_PUBLISH_BUCKET(h),
 						 OUTBOX_LOCKSPACE_PUBLISH);
 }
 

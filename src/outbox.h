@@ -44,6 +44,12 @@
  */
 #define OUTBOX_PUBLISH_BUCKETS 1024
 
+/*
+ * The bucket of an aggregate whose id hashes (hashtext(), i.e. hash_bytes()
+ * of a deterministic collation) to h: as the worker's SQL splits them.
+ */
+#define OUTBOX_PUBLISH_BUCKET(h) (((uint32) (h) & 0x7fffffff) % OUTBOX_PUBLISH_BUCKETS)
+
 /* Longest problem description kept for the status views. */
 #define OUTBOX_PROBLEM_LEN 256
 

@@ -191,7 +191,7 @@ publish_delta_flush_upto(XLogRecPtr upto)
 static inline bool
 in_share(uint32 h, int nshares, int share)
 {
-	return nshares == 1 || (int) (((h & 0x7fffffff) % OUTBOX_PUBLISH_BUCKETS) % nshares) == share;
+	return nshares == 1 || (int) (OUTBOX_PUBLISH_BUCKET(h) % nshares) == share;
 }
 
 /*
@@ -207,7 +207,6 @@ add_if_in_delta(TupleTableSlot *slot, Datum from, Datum to, int nshares, int sha
 	text	   *agg;
 	uint32		h;
 	DeltaRow   *r;
-
 	Datum		id;
 	Datum		version;
 	Datum		aggregate_id;

@@ -135,11 +135,13 @@ publish_wal_insert_end(void)
 void
 publish_make_durable(XLogRecPtr flush_upto, XLogRecPtr upto)
 {
-	if (XLogRecPtrIsInvalid(flush_upto) && outbox_standby_confirmations == 0)
+	/* Walsenders send only what is flushed here: all that the standbys must have. */
+	XLogRecPtr	target = outbox_standby_confirmations > 0 ? upto : flush_upto;
+
+	if (XLogRecPtrIsInvalid(target))
 		return;
 	publish_set_state("flushing WAL");
-	/* Walsenders send only what is flushed here: all that the standbys must have. */
-	XLogFlush(outbox_standby_confirmations > 0 ? upto : flush_upto);
+	XLogFlush(target);
 	elog(DEBUG1, "outbox: WAL flushed at %ld ms",
 		 TimestampDifferenceMilliseconds(GetCurrentStatementStartTimestamp(), GetCurrentTimestamp()));
 	wait_for_standbys(upto);

@@ -115,11 +115,11 @@ static bool read_wanted = false;
 
 /*
  * A SIGTERM asked the worker to stop; whether one now may (the worker waits
- * between steps); since when it drains (0: not yet).
+ * between steps); whether it drains (its timeout set).
  */
 static volatile sig_atomic_t stop_requested = false;
 static volatile sig_atomic_t stop_may_drain = false;
-static TimestampTz stop_since = 0;
+static bool stop_draining = false;
 static TimeoutId stop_timeout = MAX_TIMEOUTS;
 
 static char last_logged_error[256];
@@ -897,9 +897,9 @@ stop_or_drain(void)
 {
 	if (!stop_requested)
 		return;
-	if (stop_since == 0)
+	if (!stop_draining)
 	{
-		stop_since = GetCurrentTimestamp();
+		stop_draining = true;
 		enable_timeout_after(stop_timeout, STOP_DRAIN_MS);
 		if (publish_flights != NULL || publish_pending_marks != NULL)
 			ereport(LOG,
