@@ -213,7 +213,8 @@ extern void publish_progress_prepare(Oid nsp);
 extern void publish_progress_read(char **ids, int n, PublishProgress *out);
 extern Oid	publish_progress_relid(void);
 extern uint64 publish_progress_record(char **ids, int64 *versions, TransactionId *xmins,
-									  TimestampTz *acked_at, int n, TimestampTz now, HTAB *applied,
+									  bool *has_row, TimestampTz *acked_at, int n,
+									  TimestampTz now, HTAB *applied,
 									  MemoryContext applied_cxt);
 
 /* publish_heap.c: a delta's rows from the heap, a page at a time */

@@ -6,15 +6,21 @@
  *	  the read's snapshot.  Recorded: each row found, locked, checked to be
  *	  the version the read saw, and updated through the relation's own
  *	  update, index and trigger code (as logical replication's apply
- *	  updates a row).  The common settling -- every aggregate has its row,
- *	  nothing dead-lettered or skipped -- spent most of its time starting
- *	  the executor for an UPDATE of a few rows; the other settlings still
- *	  run publish_settle.c's statement.
+ *	  updates a row); an aggregate that had no row gets one, inserted
+ *	  through the relation's insert code with the table's defaults.  The
+ *	  common settling -- nothing dead-lettered or skipped -- spent most of
+ *	  its time starting the executor for an UPDATE or INSERT of a few rows;
+ *	  the other settlings still run publish_settle.c's statement.
  *
  *	  Locking: each row is locked (FOR NO KEY UPDATE, waiting) before it is
  *	  written, as the statement's UPDATE would; a row updated since the
  *	  read (an operator, a failure recorded) is left alone, as the
- *	  statement's "xmin = the version read" leaves it.
+ *	  statement's "xmin = the version read" leaves it.  A row to insert is
+ *	  first looked for with a dirty snapshot: one that exists or is being
+ *	  inserted (an operator's function) is left alone, as the statement's
+ *	  ON CONFLICT DO NOTHING leaves it.  One inserted between that look and
+ *	  ours fails the settling with a unique violation; its marks are held
+ *	  and the retry finds the row.
  *
  *-------------------------------------------------------------------------
  */
@@ -29,6 +35,8 @@
 #include "catalog/pg_type.h"
 #include "commands/trigger.h"
 #include "executor/executor.h"
+#include "optimizer/optimizer.h"
+#include "rewrite/rewriteHandler.h"
 #include "utils/builtins.h"
 #include "utils/fmgroids.h"
 #include "utils/lsyscache.h"
@@ -157,16 +165,26 @@ typedef struct ProgressWriter
 	EPQState	epq;
 	IndexScanDesc scan;
 	TupleTableSlot *found;		/* the row as found and locked */
-	TupleTableSlot *next;		/* its new version */
+	TupleTableSlot *next;		/* its new version, or a new row */
+	/* For inserts, set up by the first (insert_progress) */
+	SnapshotData dirty;			/* sees rows being inserted too */
+	IndexScanDesc dirty_scan;
+	int			ndefaults;
+	AttrNumber *default_attnums;	/* the columns with a default we do not set */
+	ExprState **defaults;
 } ProgressWriter;
 
-/* Open aggregate_publication and its primary key for writing. */
+/*
+ * Open aggregate_publication and its primary key for writing (inserts too
+ * if insert: the privilege is checked).
+ */
 static void
-writer_open(ProgressWriter *w)
+writer_open(ProgressWriter *w, bool insert)
 {
 	Oid			pkey;
 
-	w->rel = publish_open_table(publication_relid, RowExclusiveLock, ACL_SELECT | ACL_UPDATE,
+	w->rel = publish_open_table(publication_relid, RowExclusiveLock,
+								ACL_SELECT | ACL_UPDATE | (insert ? ACL_INSERT : 0),
 								progress_names, PC_NCOLUMNS, progress_columns);
 	pkey = primary_key(w->rel);
 	w->estate = outbox_simple_estate(w->rel, RowExclusiveLock);
@@ -184,6 +202,40 @@ writer_open(ProgressWriter *w)
 	w->scan = index_beginscan(w->rel, w->pkey, GetActiveSnapshot(), 1, 0);
 	w->found = table_slot_create(w->rel, &w->estate->es_tupleTable);
 	w->next = ExecInitExtraTupleSlot(w->estate, RelationGetDescr(w->rel), &TTSOpsVirtual);
+	w->dirty_scan = NULL;
+}
+
+/*
+ * Set up inserting: the dirty scan, and the defaults of the columns an
+ * insert does not set (in the executor's memory).
+ */
+static void
+writer_prepare_insert(ProgressWriter *w)
+{
+	TupleDesc	desc = RelationGetDescr(w->rel);
+	MemoryContext oldcxt = MemoryContextSwitchTo(w->estate->es_query_cxt);
+	const int  *c = progress_columns;
+
+	InitDirtySnapshot(w->dirty);
+	w->dirty_scan = index_beginscan(w->rel, w->pkey, &w->dirty, 1, 0);
+	w->ndefaults = 0;
+	w->default_attnums = palloc(sizeof(AttrNumber) * desc->natts);
+	w->defaults = palloc(sizeof(ExprState *) * desc->natts);
+	for (AttrNumber attnum = 1; attnum <= desc->natts; attnum++)
+	{
+		int			i = attnum - 1;
+		Node	   *expr;
+
+		if (TupleDescAttr(desc, i)->attisdropped ||
+			i == c[PC_AGGREGATE_ID] || i == c[PC_LAST_PUBLISHED_VERSION] ||
+			i == c[PC_LAST_PUBLISHED_AT] || i == c[PC_UPDATED_AT] ||
+			(expr = build_column_default(w->rel, attnum)) == NULL)
+			continue;
+		w->default_attnums[w->ndefaults] = attnum;
+		w->defaults[w->ndefaults] = ExecInitExpr(expression_planner((Expr *) expr), NULL);
+		w->ndefaults++;
+	}
+	MemoryContextSwitchTo(oldcxt);
 }
 
 /* Close what writer_open() opened (locks kept to commit). */
@@ -191,6 +243,8 @@ static void
 writer_close(ProgressWriter *w)
 {
 	index_endscan(w->scan);
+	if (w->dirty_scan != NULL)
+		index_endscan(w->dirty_scan);
 	EvalPlanQualEnd(&w->epq);
 	ExecCloseResultRelations(w->estate);
 	ExecCloseIndices(w->rri);
@@ -266,19 +320,71 @@ write_progress(ProgressWriter *w, int64 version, TimestampTz acked_at, Timestamp
 }
 
 /*
- * Record the progress of n aggregates that had their rows when read
- * (ids[i] reached versions[i], acknowledged at acked_at[i]; its row was at
- * version xmins[i]); each one recorded is entered into applied (keys
- * allocated in applied_cxt).  Returns the number recorded.
+ * Insert the row of an aggregate that had none when read: it reached
+ * version, acknowledged at acked_at; the other columns take their
+ * defaults.  False if a row exists or is being inserted (left alone).
+ */
+static bool
+insert_progress(ProgressWriter *w, const char *aggregate_id, int64 version,
+				TimestampTz acked_at, TimestampTz now)
+{
+	TupleTableSlot *slot = w->next;
+	ExprContext *econtext = GetPerTupleExprContext(w->estate);
+	const int  *c = progress_columns;
+	MemoryContext oldcxt;
+
+	if (w->dirty_scan == NULL)
+		writer_prepare_insert(w);
+	if (find_row(w->dirty_scan, w->pkey, aggregate_id, w->found))
+		return false;
+	oldcxt = MemoryContextSwitchTo(econtext->ecxt_per_tuple_memory);
+	ExecClearTuple(slot);
+	memset(slot->tts_isnull, true, sizeof(bool) * slot->tts_tupleDescriptor->natts);
+	for (int i = 0; i < w->ndefaults; i++)
+	{
+		int			att = w->default_attnums[i] - 1;
+
+		slot->tts_values[att] = ExecEvalExpr(w->defaults[i], econtext, &slot->tts_isnull[att]);
+	}
+	slot->tts_values[c[PC_AGGREGATE_ID]] = CStringGetTextDatum(aggregate_id);
+	slot->tts_isnull[c[PC_AGGREGATE_ID]] = false;
+	slot->tts_values[c[PC_LAST_PUBLISHED_VERSION]] = Int64GetDatum(version);
+	slot->tts_isnull[c[PC_LAST_PUBLISHED_VERSION]] = false;
+	slot->tts_values[c[PC_LAST_PUBLISHED_AT]] = TimestampTzGetDatum(acked_at);
+	slot->tts_isnull[c[PC_LAST_PUBLISHED_AT]] = false;
+	slot->tts_values[c[PC_UPDATED_AT]] = TimestampTzGetDatum(now);
+	slot->tts_isnull[c[PC_UPDATED_AT]] = false;
+	ExecStoreVirtualTuple(slot);
+	MemoryContextSwitchTo(oldcxt);
+#if PG_VERSION_NUM >= 140000
+	ExecSimpleRelationInsert(w->rri, w->estate, slot);
+#else
+	w->estate->es_result_relation_info = w->rri;
+	ExecSimpleRelationInsert(w->estate, slot);
+#endif
+	ExecClearTuple(slot);
+	ResetPerTupleExprContext(w->estate);
+	return true;
+}
+
+/*
+ * Record the progress of n aggregates (ids[i] reached versions[i],
+ * acknowledged at acked_at[i]; when read, its row was at version xmins[i],
+ * or it had none: has_row[i] false); each one recorded is entered into
+ * applied (keys allocated in applied_cxt).  Returns the number recorded.
  */
 uint64
-publish_progress_record(char **ids, int64 *versions, TransactionId *xmins, TimestampTz *acked_at,
-						int n, TimestampTz now, HTAB *applied, MemoryContext applied_cxt)
+publish_progress_record(char **ids, int64 *versions, TransactionId *xmins, bool *has_row,
+						TimestampTz *acked_at, int n, TimestampTz now, HTAB *applied,
+						MemoryContext applied_cxt)
 {
 	ProgressWriter w;
 	uint64		recorded = 0;
+	bool		insert = false;
 
-	writer_open(&w);
+	for (int i = 0; i < n && !insert; i++)
+		insert = !has_row[i];
+	writer_open(&w, insert);
 	/*
 	 * A row trigger an administrator added fires as for the statement (not
 	 * statement-level or UPDATE OF triggers: no statement, no column list).
@@ -288,9 +394,15 @@ publish_progress_record(char **ids, int64 *versions, TransactionId *xmins, Times
 	{
 		char	   *key;
 
-		if (!find_and_lock(&w, ids[i], xmins[i]))
+		if (!has_row[i])
+		{
+			if (!insert_progress(&w, ids[i], versions[i], acked_at[i], now))
+				continue;
+		}
+		else if (find_and_lock(&w, ids[i], xmins[i]))
+			write_progress(&w, versions[i], acked_at[i], now);
+		else
 			continue;
-		write_progress(&w, versions[i], acked_at[i], now);
 		key = MemoryContextStrdup(applied_cxt, ids[i]);
 		(void) hash_search(applied, &key, HASH_ENTER, NULL);
 		recorded++;

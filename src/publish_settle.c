@@ -120,18 +120,6 @@ publish_settle_prepare(const char *s)
 	settle_small_plan = outbox_keep_plan_options(sql, 9, types, CURSOR_OPT_GENERIC_PLAN);
 }
 
-/* Does every aggregate of the marks have its row, and nothing a disposition? */
-static bool
-progress_only(PendingMarks *pm)
-{
-	if (pm->ndisposed > 0)
-		return false;
-	for (int i = 0; i < pm->nprogress; i++)
-		if (!pm->progress_rows[i])
-			return false;
-	return true;
-}
-
 /* An array of a 64-bit type (bigint, timestamptz) for a plan argument. */
 static Datum
 int64_array(int64 *v, int n, Oid type)
@@ -200,11 +188,15 @@ apply_marks(PendingMarks *pm, TimestampTz now)
 
 	if (pm->nprogress == 0)
 		return 0;
-	/* The common case: the rows updated directly (publish_progress.c). */
-	if (progress_only(pm))
+	/*
+	 * The common case, nothing dead-lettered or skipped: the rows updated
+	 * or inserted directly (publish_progress.c).
+	 */
+	if (pm->ndisposed == 0)
 		return publish_progress_record(pm->progress_ids, pm->progress_versions,
-									   pm->progress_xmins, pm->progress_acked_at,
-									   pm->nprogress, now, pm->applied, marks_context);
+									   pm->progress_xmins, pm->progress_rows,
+									   pm->progress_acked_at, pm->nprogress, now,
+									   pm->applied, marks_context);
 	args[0] = TimestampTzGetDatum(now);
 	args[1] = publish_text_array(pm->progress_ids, pm->nprogress);
 	args[2] = publish_int8_array(pm->progress_versions, pm->nprogress);
