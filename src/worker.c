@@ -402,6 +402,7 @@ pipeline_step(void)
 	int			n;
 	int			nevents;
 	int64		nbytes;
+	bool		can_read;
 
 	/* Early, so that a configuration it refuses shows while idle. */
 	publish_ensure_producer();
@@ -416,9 +417,9 @@ pipeline_step(void)
 	 * exits) or whose producer waits to be replaced (see
 	 * publish_check_producer_settings).
 	 */
-	if (!publish_slot->yield && !stop_requested && !publish_producer_outdated() &&
-		nevents < outbox_batch_events && nbytes < outbox_batch_bytes &&
-		publish_hold_reading_ms() == 0 && !kafka_unreachable())
+	can_read = !publish_slot->yield && !stop_requested && !publish_producer_outdated() &&
+		nevents < outbox_batch_events && nbytes < outbox_batch_bytes && !kafka_unreachable();
+	if (can_read && publish_hold_reading_ms() == 0)
 	{
 		/*
 		 * Too soon after a read: idle_wait() waits out the gap first, or
@@ -442,7 +443,15 @@ pipeline_step(void)
 		}
 	}
 	else
-		(void) pg_atomic_exchange_u32(&publish_slot->read_scheduled, 0);
+	{
+		/*
+		 * Held for the newest flight's reports, the worker reads once they
+		 * come (idle_wait() waits for them, bounded by the hold): commits
+		 * meanwhile need not wake it, but for outbox.read_commits.  At a
+		 * steady 2,000 commits/s two wake-ups in three were such.
+		 */
+		(void) pg_atomic_exchange_u32(&publish_slot->read_scheduled, can_read ? 1 : 0);
+	}
 	publish_check_fatal();
 	return n;
 }
