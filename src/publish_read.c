@@ -9,6 +9,10 @@
 #include "postgres.h"
 
 #include "access/table.h"
+#include "access/tableam.h"
+#include "executor/tuptable.h"
+#include "utils/fmgrprotos.h"
+#include "utils/snapmgr.h"
 #include "catalog/namespace.h"
 #include "catalog/pg_type.h"
 #include "commands/extension.h"
@@ -43,7 +47,6 @@ static bool last_read_unchecked = false;
 
 static Oid	plans_extoid = InvalidOid;	/* the extension the plans are for */
 static bool extension_stale = true; /* look it up before trusting plans_extoid */
-static SPIPlanPtr snapshot_plan = NULL;
 static SPIPlanPtr unsettled_plan = NULL;
 static SPIPlanPtr fetch_id_plan = NULL;
 static SPIPlanPtr listed_plan = NULL;
@@ -177,12 +180,7 @@ prepare_read_plans(const char *s)
 	Oid			catch_up_types[2] = {TEXTARRAYOID, INT4OID};
 	Oid			clear_types[2] = {TEXTARRAYOID, XIDARRAYOID};
 
-	/* The read's snapshot, and whether publishing is paused as a whole. */
 	listed_changed = true;
-	snapshot_plan = publish_keep_plan(psprintf("SELECT pg_catalog.pg_current_snapshot()::text, "
-											   "coalesce((SELECT c.paused FROM %s.publisher_control c LIMIT 1), false)",
-											   s),
-									  0, NULL);
 
 	/* Without a horizon (first start, after a restore): every unsettled event. */
 	unsettled_plan = publish_keep_plan(psprintf(
@@ -250,7 +248,7 @@ prepare_read_plans(const char *s)
 static void
 free_read_plans(void)
 {
-	SPIPlanPtr *plans[] = {&snapshot_plan, &unsettled_plan,
+	SPIPlanPtr *plans[] = {&unsettled_plan,
 	&fetch_id_plan, &listed_plan, &held_plan, &catch_up_plan, &clear_plan};
 
 	for (int i = 0; i < lengthof(plans); i++)
@@ -259,6 +257,51 @@ free_read_plans(void)
 			SPI_freeplan(*plans[i]);
 			*plans[i] = NULL;
 		}
+}
+
+/* publisher_control, and where its column paused is. */
+static Oid	control_relid = InvalidOid;
+static const char *const control_names[1] = {"paused"};
+static int	control_columns[1];
+
+/*
+ * Is publishing paused as a whole (outbox_pause()), as the read's snapshot
+ * sees publisher_control?  Read without a statement: a statement's executor
+ * start-up per read was 5% of the worker's CPU under a steady load.
+ */
+static bool
+publishing_paused(void)
+{
+	Relation	rel = publish_open_table(control_relid, AccessShareLock, ACL_SELECT, control_names,
+										 1, control_columns);
+	TableScanDesc scan = table_beginscan(rel, GetActiveSnapshot(), 0, NULL);
+	TupleTableSlot *slot = table_slot_create(rel, NULL);
+	bool		paused = false;
+
+	/* One row (its primary key is a constant); the first, as LIMIT 1 took. */
+	if (table_scan_getnextslot(scan, ForwardScanDirection, slot))
+	{
+		bool		isnull;
+		Datum		d = slot_getattr(slot, control_columns[0] + 1, &isnull);
+
+		paused = !isnull && DatumGetBool(d);
+	}
+	table_endscan(scan);
+	ExecDropSingleTupleTableSlot(slot);
+	table_close(rel, NoLock);
+	return paused;
+}
+
+/* The read's snapshot (the active one) as pg_current_snapshot()::text. */
+static char *
+read_snapshot_text(void)
+{
+	LOCAL_FCINFO(fcinfo, 0);
+	Datum		snap;
+
+	InitFunctionCallInfoData(*fcinfo, NULL, 0, InvalidOid, NULL, NULL);
+	snap = pg_current_snapshot(fcinfo);
+	return DatumGetCString(DirectFunctionCall1(pg_snapshot_out, snap));
 }
 
 /* Prepare every module's plans for the extension in schema. */
@@ -280,7 +323,8 @@ prepare_plans(const char *schema)
 static void
 extension_relcache_callback(Datum arg, Oid relid)
 {
-	if (!OidIsValid(relid) || relid == publish_heap_relid() || relid == publish_progress_relid())
+	if (!OidIsValid(relid) || relid == publish_heap_relid() || relid == publish_progress_relid() ||
+		relid == control_relid)
 		extension_stale = true;
 }
 
@@ -324,6 +368,8 @@ publish_lookup_extension(void)
 	nsp = get_namespace_oid(schema, false);
 	publish_heap_prepare(nsp);
 	publish_progress_prepare(nsp);
+	control_relid = publish_table_columns(nsp, "publisher_control", control_names, 1,
+										  control_columns);
 	columns_found = true;
 	return extoid;
 }
@@ -1004,16 +1050,13 @@ int
 publish_fetch(Flight *f, int nshares, int share, int max_events, int64 max_bytes)
 {
 	ReadState	rs;
-	bool		isnull;
 	char	   *snapshot;
 
-	if (SPI_execute_plan(snapshot_plan, NULL, NULL, true, 1) != SPI_OK_SELECT)
-		elog(ERROR, "could not take the read's snapshot");
 	last_read_at = GetCurrentTimestamp();
 	last_read_full = false;
-	if (DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2, &isnull)))
+	if (publishing_paused())
 		return 0;
-	snapshot = SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1);
+	snapshot = read_snapshot_text();
 
 	publish_stream_begin(nshares, share);
 	rs.f = f;
