@@ -47,7 +47,7 @@ typedef enum OutboxCounter
 } OutboxCounter;
 
 /* Upper bounds (ms) of the emit-to-acknowledgement latency histogram. */
-#define OUTBOX_LATENCY_BUCKETS 16
+#define OUTBOX_LATENCY_BUCKETS 34
 
 typedef struct OutboxStats
 {

@@ -404,17 +404,27 @@ settle_sampler_start() {
 	settle_sampler_pid=$!
 	q -F ' ' -c "SELECT le_ms, count FROM outbox_latency_histogram()" >"$work/hist.before"
 }
-settle_sampler_stop() { # key: R[key.hist] = p50 p99 bucket bounds (ms) of the histogram's delta
+settle_sampler_stop() { # key: R[key.hist] = "count p50 p99 max" (ms) of the histogram's delta
 	sleep 0.1 # one more sample after the last settle
 	q -o /dev/null -c "SELECT pg_cancel_backend(pid) FROM pg_stat_activity WHERE application_name = 'bench-settle-sampler'"
 	wait "$settle_sampler_pid" 2>/dev/null || true
 	settle_sampler_pid=
 	q -F ' ' -c "SELECT le_ms, count FROM outbox_latency_histogram()" >"$work/hist.after"
+	# Percentiles interpolated linearly inside their bucket (as Prometheus'
+	# histogram_quantile); max = the upper bound of the highest bucket used.
 	res "$1.hist" "$(paste -d' ' "$work/hist.before" "$work/hist.after" | awk '
+		function pct(q,   i, lo) {
+			for (i = 1; i <= NR; i++)
+				if (d[i] >= q * n) {
+					lo = (i > 1 ? le[i - 1] : 0)
+					if (le[i] == "Infinity") return lo
+					return lo + (le[i] - lo) * (q * n - (i > 1 ? d[i - 1] : 0)) / (d[i] - (i > 1 ? d[i - 1] : 0))
+				}
+		}
 		{ le[NR] = $1; d[NR] = $4 - $2 } END {
-			n = d[NR]; if (n <= 0) { print "- -"; exit }
-			for (i = 1; i <= NR; i++) { if (p50 == "" && d[i] >= 0.5 * n) p50 = le[i]; if (p99 == "" && d[i] >= 0.99 * n) p99 = le[i] }
-			print p50, p99 }')"
+			n = d[NR]; if (n <= 0) { print "0 - - -"; exit }
+			for (i = 1; i <= NR; i++) if (d[i] == n) { top = le[i]; break }
+			printf "%d %.1f %.1f %s\n", n, pct(0.5), pct(0.99), top }')"
 }
 
 start_relay() { # brokers
