@@ -9,6 +9,7 @@
 #include "postgres.h"
 
 #include "access/xact.h"
+#include "access/xlog.h"
 #include "common/hashfn.h"
 #include "executor/executor.h"
 #include "executor/spi.h"
@@ -45,6 +46,8 @@ bool		outbox_enable_test_hooks = false;
 
 static bool emitted_in_xact = false;
 static bool xact_callback_registered = false;
+/* This transaction is counted in async_emits_committing. */
+static bool async_counted = false;
 
 #if PG_VERSION_NUM >= 150000
 static shmem_request_hook_type prev_shmem_request_hook = NULL;
@@ -86,6 +89,8 @@ outbox_shmem_startup(void)
 		pg_atomic_init_u32(&outbox_shared->inject_fatal_error, 0);
 		pg_atomic_init_u32(&outbox_shared->probe_generation, 0);
 		pg_atomic_init_u32(&outbox_shared->databases_waiting, 0);
+		pg_atomic_init_u32(&outbox_shared->async_emits_committing, 0);
+		pg_atomic_init_u64(&outbox_shared->async_emit_lsn, 0);
 	}
 	for (int i = 0; i < OUTBOX_MAX_DATABASES; i++)
 	{
@@ -146,6 +151,54 @@ wake_publishers(bool commit)
 	}
 }
 
+/* Raise *v to at least lsn. */
+static void
+raise_lsn(pg_atomic_uint64 *v, uint64 lsn)
+{
+	uint64		cur = pg_atomic_read_u64(v);
+
+	while (cur < lsn && !pg_atomic_compare_exchange_u64(v, &cur, lsn))
+		;
+}
+
+/*
+ * An emitting transaction about to commit asynchronously is counted from
+ * before it becomes visible until its commit record's end is in
+ * async_emit_lsn (or it aborted): a publisher whose snapshot sees it either
+ * still counts it (and flushes to the end of the WAL) or finds its commit
+ * in async_emit_lsn.  A synchronous commit is flushed before it becomes
+ * visible, and COMMIT PREPARED always flushes: neither is counted.
+ */
+static void
+count_async_commit(XactEvent event)
+{
+	switch (event)
+	{
+		case XACT_EVENT_PRE_COMMIT:
+			if (emitted_in_xact && outbox_shared != NULL &&
+				synchronous_commit == SYNCHRONOUS_COMMIT_OFF)
+			{
+				pg_atomic_fetch_add_u32(&outbox_shared->async_emits_committing, 1);
+				async_counted = true;
+			}
+			break;
+		case XACT_EVENT_COMMIT:
+		case XACT_EVENT_PARALLEL_COMMIT:
+			if (async_counted)
+				raise_lsn(&outbox_shared->async_emit_lsn, XactLastCommitEnd);
+			/* FALLTHROUGH */
+		case XACT_EVENT_ABORT:
+		case XACT_EVENT_PARALLEL_ABORT:
+		case XACT_EVENT_PREPARE:
+			if (async_counted)
+				pg_atomic_fetch_sub_u32(&outbox_shared->async_emits_committing, 1);
+			async_counted = false;
+			break;
+		default:
+			break;
+	}
+}
+
 /*
  * Wake every publisher when a transaction that emitted commits: the event is
  * visible from this moment, and waiting for the fallback poll would add its
@@ -154,6 +207,7 @@ wake_publishers(bool commit)
 static void
 outbox_xact_callback(XactEvent event, void *arg)
 {
+	count_async_commit(event);
 	switch (event)
 	{
 		case XACT_EVENT_COMMIT:

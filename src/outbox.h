@@ -137,6 +137,14 @@ typedef struct OutboxShared
 	pg_atomic_uint32 probe_generation;
 	/* Databases waiting for a turn: idle workers make way for them. */
 	pg_atomic_uint32 databases_waiting;
+	/*
+	 * Emitting transactions that commit asynchronously (synchronous_commit
+	 * = off): how many are between their pre-commit and the end of their
+	 * commit, and the highest end of their commit records.  How far a
+	 * publisher's read must flush the WAL (publish_delta.c).
+	 */
+	pg_atomic_uint32 async_emits_committing;
+	pg_atomic_uint64 async_emit_lsn;
 	Latch	   *launcher_latch;
 	OutboxDatabase databases[OUTBOX_MAX_DATABASES];
 } OutboxShared;

@@ -21,18 +21,28 @@
  *	  It also finds how far the WAL must be flushed before the delta's
  *	  events go out (invariant 1: a crash must not take back a published
  *	  event): a commit made visible with synchronous_commit on was flushed
- *	  before it became visible; one made with it off left its commit
- *	  record's end in its commit status (the group LSN the status keeps for
- *	  hint bits, raised by every asynchronous commit of the group), so the
- *	  highest of those is enough, rather than all the WAL written so far
- *	  (the publisher's own asynchronous settling included): under a steady
- *	  load of synchronous commits the publisher then never flushes.
+ *	  before it became visible; an emitting transaction that commits with it
+ *	  off is counted in shared memory from its pre-commit until the end of
+ *	  its commit record is recorded there (outbox.c), so a read whose
+ *	  snapshot sees it flushes that far, or to the end of the WAL while one
+ *	  is still counted.  Under a steady load of synchronous emitters the
+ *	  publisher then does not flush at all.
+ *
+ *	  A row written otherwise (an INSERT by the table's owner) is covered by
+ *	  its transaction's commit status: an asynchronous commit leaves the end
+ *	  of its commit record in the group LSN the status keeps for hint bits
+ *	  (the highest of 32 transactions').  That LSN alone was the bound
+ *	  before, but the publisher's own asynchronous settling raises it in
+ *	  nearly every group, which cost a flush per read: a group LSN that is
+ *	  one of the publisher's own recent commits is left to the count above.
  *
  *-------------------------------------------------------------------------
  */
 #include "postgres.h"
 
 #include "access/genam.h"
+#include "access/xact.h"
+#include "access/xlog.h"
 #include "access/relscan.h"
 #include "access/stratnum.h"
 #include "access/table.h"
@@ -80,6 +90,11 @@ static int	delta_columns[DC_NCOLUMNS];
  */
 static XLogRecPtr commits_lsn = InvalidXLogRecPtr;
 static FullTransactionId looked_up = {0};
+
+/* The ends of this process's last commit records (a ring). */
+#define OWN_COMMITS 16
+static XLogRecPtr own_commits[OWN_COMMITS];
+static int	own_next = 0;
 
 /* A row of the delta, as it is sorted. */
 typedef struct DeltaRow
@@ -159,6 +174,27 @@ commit_lsn(FullTransactionId fxid)
 	return lsn;
 }
 
+/* Note the end of each commit record this process writes (an xact callback). */
+static void
+note_own_commit(XactEvent event, void *arg)
+{
+	if (event == XACT_EVENT_COMMIT && !XLogRecPtrIsInvalid(XactLastCommitEnd))
+	{
+		own_commits[own_next] = XactLastCommitEnd;
+		own_next = (own_next + 1) % OWN_COMMITS;
+	}
+}
+
+/* Is lsn the end of one of this process's recent commit records? */
+static bool
+own_commit(XLogRecPtr lsn)
+{
+	for (int i = 0; i < OWN_COMMITS; i++)
+		if (own_commits[i] == lsn)
+			return true;
+	return false;
+}
+
 /* Raise commits_lsn for an event of transaction txid (an xid8) to publish. */
 static void
 note_commit(Datum txid)
@@ -170,10 +206,35 @@ note_commit(Datum txid)
 	if (FullTransactionIdEquals(fxid, looked_up))
 		return;
 	lsn = commit_lsn(fxid);
-	if (lsn > commits_lsn)
+	/* (Our own settling's: the emitters' are counted, note_async_emits.) */
+	if (lsn > commits_lsn && !own_commit(lsn))
 		commits_lsn = lsn;
 	/* Only once noted: a look-up that failed is made again. */
 	looked_up = fxid;
+}
+
+/*
+ * Raise commits_lsn for the asynchronous emitters the read's snapshot (taken
+ * before) may see: the highest end of their commit records, or the end of
+ * the WAL now while one is between its pre-commit and that record's end
+ * being noted (see outbox.c's count_async_commit).
+ */
+static void
+note_async_emits(void)
+{
+	XLogRecPtr	lsn;
+
+	/* After the snapshot, the count; after the count, the LSN. */
+	pg_memory_barrier();
+	if (pg_atomic_read_u32(&outbox_shared->async_emits_committing) > 0)
+		lsn = GetXLogInsertRecPtr();
+	else
+	{
+		pg_read_barrier();
+		lsn = pg_atomic_read_u64(&outbox_shared->async_emit_lsn);
+	}
+	if (lsn > commits_lsn)
+		commits_lsn = lsn;
 }
 
 /*
@@ -266,6 +327,14 @@ publish_delta_read(const char *from, const char *to, int nshares, int share,
 	int			n = 0;
 	DeltaRow   *rows = palloc(sizeof(DeltaRow) * size);
 	ManifestEntry *out;
+	static bool callback_registered = false;
+
+	if (!callback_registered)
+	{
+		RegisterXactCallback(note_own_commit, NULL);
+		callback_registered = true;
+	}
+	note_async_emits();
 
 	if (index != NULL)
 	{
