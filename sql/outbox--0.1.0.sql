@@ -198,6 +198,20 @@ COMMENT ON FUNCTION @extschema@.uuid_v7() IS
 ALTER TABLE @extschema@.outbox
 	ALTER COLUMN event_id SET DEFAULT @extschema@.uuid_v7()::text;
 
+-- A statement that writes rows into the outbox itself (INSERT, COPY by its
+-- owner; outbox_emit*() mark their transaction without it): if its
+-- transaction commits asynchronously, publishers flush the WAL past that
+-- commit before publishing the rows (invariant 1).  ALWAYS: also under
+-- session_replication_role = replica (pg_restore, replication tools).
+CREATE FUNCTION @extschema@.outbox_note_write()
+RETURNS trigger
+AS 'MODULE_PATHNAME', 'outbox_note_write'
+LANGUAGE C VOLATILE;
+REVOKE ALL ON FUNCTION @extschema@.outbox_note_write() FROM PUBLIC;
+CREATE TRIGGER outbox_note_write AFTER INSERT ON @extschema@.outbox
+	FOR EACH STATEMENT EXECUTE FUNCTION @extschema@.outbox_note_write();
+ALTER TABLE @extschema@.outbox ENABLE ALWAYS TRIGGER outbox_note_write;
+
 CREATE TYPE @extschema@.emitted_event AS (
 	id bigint,
 	event_id text,

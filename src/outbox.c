@@ -10,6 +10,7 @@
 
 #include "access/xact.h"
 #include "access/xlog.h"
+#include "commands/trigger.h"
 #include "common/hashfn.h"
 #include "executor/executor.h"
 #include "executor/spi.h"
@@ -176,7 +177,8 @@ count_async_commit(XactEvent event)
 	{
 		case XACT_EVENT_PRE_COMMIT:
 			if (emitted_in_xact && outbox_shared != NULL &&
-				synchronous_commit == SYNCHRONOUS_COMMIT_OFF)
+				synchronous_commit == SYNCHRONOUS_COMMIT_OFF &&
+				TransactionIdIsValid(GetTopTransactionIdIfAny()))
 			{
 				pg_atomic_fetch_add_u32(&outbox_shared->async_emits_committing, 1);
 				async_counted = true;
@@ -259,6 +261,24 @@ outbox_simple_estate(Relation rel, LOCKMODE mode)
 	ExecInitRangeTable(estate, list_make1(rte));
 #endif
 	return estate;
+}
+
+/*
+ * outbox_note_write() RETURNS trigger: a statement wrote rows into the
+ * outbox without outbox_emit*() (an INSERT or COPY by its owner); its
+ * transaction is marked as theirs is, for the publishers' flush.
+ */
+PG_FUNCTION_INFO_V1(outbox_note_write);
+Datum
+outbox_note_write(PG_FUNCTION_ARGS)
+{
+	if (!CALLED_AS_TRIGGER(fcinfo))
+		ereport(ERROR,
+				(errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
+				 errmsg("outbox_note_write() must be called as a trigger"),
+				 errhint("It is the outbox table's statement trigger.")));
+	outbox_note_emit();
+	return PointerGetDatum(NULL);
 }
 
 /* This transaction emitted: wake the publishers when it commits. */

@@ -28,13 +28,16 @@
  *	  is still counted.  Under a steady load of synchronous emitters the
  *	  publisher then does not flush at all.
  *
- *	  A row written otherwise (an INSERT by the table's owner) is covered by
- *	  its transaction's commit status: an asynchronous commit leaves the end
- *	  of its commit record in the group LSN the status keeps for hint bits
- *	  (the highest of 32 transactions').  That LSN alone was the bound
- *	  before, but the publisher's own asynchronous settling raises it in
- *	  nearly every group, which cost a flush per read: a group LSN that is
- *	  one of the publisher's own recent commits is left to the count above.
+ *	  A row written otherwise (an INSERT or COPY by the table's owner) marks
+ *	  its transaction the same way, through the outbox's statement trigger
+ *	  (outbox_note_write).  The commit status of each transaction is still
+ *	  looked up as a second guard (a writer no trigger sees: logical
+ *	  replication's apply): an asynchronous commit leaves the end of its
+ *	  commit record in the group LSN the status keeps for hint bits (the
+ *	  highest of 32 transactions').  That LSN alone was the bound before, but
+ *	  the publisher's own asynchronous settling raises it in nearly every
+ *	  group, which cost a flush per read: a group LSN that is one of the
+ *	  publisher's own recent commits is left to the count.
  *
  *-------------------------------------------------------------------------
  */
@@ -178,7 +181,9 @@ commit_lsn(FullTransactionId fxid)
 static void
 note_own_commit(XactEvent event, void *arg)
 {
-	if (event == XACT_EVENT_COMMIT && !XLogRecPtrIsInvalid(XactLastCommitEnd))
+	/* (A transaction without a commit record leaves the last one's end.) */
+	if (event == XACT_EVENT_COMMIT && !XLogRecPtrIsInvalid(XactLastCommitEnd) &&
+		XactLastCommitEnd != own_commits[(own_next + OWN_COMMITS - 1) % OWN_COMMITS])
 	{
 		own_commits[own_next] = XactLastCommitEnd;
 		own_next = (own_next + 1) % OWN_COMMITS;

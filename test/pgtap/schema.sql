@@ -5,7 +5,7 @@ BEGIN;
 CREATE SCHEMA ob;
 CREATE EXTENSION outbox SCHEMA ob;
 
-SELECT plan(188);
+SELECT plan(191);
 
 -- Extension
 
@@ -288,7 +288,7 @@ SELECT is((SELECT string_agg(attname || ' ' || format_type(atttypid, atttypmod),
 SELECT functions_are('ob', ARRAY['uuid_v7', 'outbox_emit', 'outbox_emit_raw', 'outbox_emit_many',
                      'outbox_emit_many_raw', 'inbox_claim',
                      'outbox_counters', 'outbox_latency_histogram', 'outbox_test_fatal_error',
-                     'outbox_lock_aggregate', 'outbox_wake_on_commit', 'outbox_workers',
+                     'outbox_lock_aggregate', 'outbox_note_write', 'outbox_wake_on_commit', 'outbox_workers',
                      'outbox_publisher', 'outbox_check_publisher',
                      'outbox_check_arg', 'outbox_retry', 'outbox_pending_event', 'outbox_settled',
                      'outbox_catch_up',
@@ -432,6 +432,14 @@ SELECT is((SELECT array_agg(c::regclass::text ORDER BY c::regclass::text)
 SELECT ok(coalesce((SELECT pg_get_serial_sequence('ob.outbox', 'id')::regclass = ANY (e.extconfig)
                       FROM pg_extension e WHERE e.extname = 'outbox'), false),
           'pg_dump dumps the outbox id sequence (else restored ids restart at 1)');
+
+-- Writes into the outbox that bypass outbox_emit*() mark their transaction
+-- for the publishers' flush (asynchronous commits), replication role or not.
+SELECT has_trigger('ob', 'outbox', 'outbox_note_write', 'the outbox has its statement trigger');
+SELECT is((SELECT tgenabled FROM pg_trigger WHERE tgrelid = 'ob.outbox'::regclass
+            AND tgname = 'outbox_note_write'), 'A', 'the trigger fires always (ENABLE ALWAYS)');
+SELECT throws_ok($$SELECT ob.outbox_note_write()$$, '39P01', NULL,
+                 'outbox_note_write() is refused outside a trigger');
 
 SELECT * FROM finish();
 ROLLBACK;
