@@ -18,9 +18,12 @@
  *	  statement's "xmin = the version read" leaves it.  A row to insert is
  *	  first looked for with a dirty snapshot: one that exists or is being
  *	  inserted (an operator's function) is left alone, as the statement's
- *	  ON CONFLICT DO NOTHING leaves it.  One inserted between that look and
- *	  ours fails the settling with a unique violation; its marks are held
- *	  and the retry finds the row.
+ *	  ON CONFLICT DO NOTHING leaves it (which waited for one being
+ *	  inserted: if that insert is rolled back, the aggregate is read again
+ *	  by index and its acknowledged events sent again, duplicates).  One
+ *	  inserted between that look and ours fails the settling with a unique
+ *	  violation; its marks are held and the retry finds the row.  A row
+ *	  trigger that skips the write leaves the aggregate unrecorded.
  *
  *-------------------------------------------------------------------------
  */
@@ -278,9 +281,10 @@ find_and_lock(ProgressWriter *w, const char *aggregate_id, TransactionId xmin)
 /*
  * Write the locked row's new version: its progress reaches version, its
  * failures are cleared, and an aggregate that was backing off catches up
- * by index (see publish_settle.c's statement: the same update).
+ * by index (see publish_settle.c's statement: the same update).  False if
+ * a row trigger skipped the update (nothing was recorded).
  */
-static void
+static bool
 write_progress(ProgressWriter *w, int64 version, TimestampTz acked_at, TimestampTz now)
 {
 	TupleTableSlot *next = w->next;
@@ -311,12 +315,15 @@ write_progress(ProgressWriter *w, int64 version, TimestampTz acked_at, Timestamp
 	next->tts_values[c[PC_UPDATED_AT]] = TimestampTzGetDatum(now);
 	next->tts_isnull[c[PC_UPDATED_AT]] = false;
 	ExecStoreVirtualTuple(next);
+	/* Set by the update: a BEFORE trigger that returned NULL leaves it so. */
+	ItemPointerSetInvalid(&next->tts_tid);
 #if PG_VERSION_NUM >= 140000
 	ExecSimpleRelationUpdate(w->rri, w->estate, &w->epq, w->found, next);
 #else
 	w->estate->es_result_relation_info = w->rri;
 	ExecSimpleRelationUpdate(w->estate, &w->epq, w->found, next);
 #endif
+	return ItemPointerIsValid(&next->tts_tid);
 }
 
 /*
@@ -332,6 +339,7 @@ insert_progress(ProgressWriter *w, const char *aggregate_id, int64 version,
 	ExprContext *econtext = GetPerTupleExprContext(w->estate);
 	const int  *c = progress_columns;
 	MemoryContext oldcxt;
+	bool		inserted;
 
 	if (w->dirty_scan == NULL)
 		writer_prepare_insert(w);
@@ -356,15 +364,18 @@ insert_progress(ProgressWriter *w, const char *aggregate_id, int64 version,
 	slot->tts_isnull[c[PC_UPDATED_AT]] = false;
 	ExecStoreVirtualTuple(slot);
 	MemoryContextSwitchTo(oldcxt);
+	/* Set by the insert: a BEFORE trigger that returned NULL leaves it so. */
+	ItemPointerSetInvalid(&slot->tts_tid);
 #if PG_VERSION_NUM >= 140000
 	ExecSimpleRelationInsert(w->rri, w->estate, slot);
 #else
 	w->estate->es_result_relation_info = w->rri;
 	ExecSimpleRelationInsert(w->estate, slot);
 #endif
+	inserted = ItemPointerIsValid(&slot->tts_tid);
 	ExecClearTuple(slot);
 	ResetPerTupleExprContext(w->estate);
-	return true;
+	return inserted;
 }
 
 /*
@@ -399,9 +410,8 @@ publish_progress_record(char **ids, int64 *versions, TransactionId *xmins, bool 
 			if (!insert_progress(&w, ids[i], versions[i], acked_at[i], now))
 				continue;
 		}
-		else if (find_and_lock(&w, ids[i], xmins[i]))
-			write_progress(&w, versions[i], acked_at[i], now);
-		else
+		else if (!find_and_lock(&w, ids[i], xmins[i]) ||
+				 !write_progress(&w, versions[i], acked_at[i], now))
 			continue;
 		key = MemoryContextStrdup(applied_cxt, ids[i]);
 		(void) hash_search(applied, &key, HASH_ENTER, NULL);

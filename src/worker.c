@@ -112,6 +112,8 @@ static bool reloaded_in_batch = false;
 
 /* A read was due but came too soon after the previous one (outbox.read_interval). */
 static bool read_wanted = false;
+/* A read is held for the newest flight's reports (and said so: read_scheduled). */
+static bool read_held = false;
 
 /*
  * A SIGTERM asked the worker to stop; whether one now may (the worker waits
@@ -450,6 +452,7 @@ pipeline_step(void)
 		 * meanwhile need not wake it, but for outbox.read_commits.  At a
 		 * steady 2,000 commits/s two wake-ups in three were such.
 		 */
+		read_held = can_read;
 		(void) pg_atomic_exchange_u32(&publish_slot->read_scheduled, can_read ? 1 : 0);
 	}
 	publish_check_fatal();
@@ -506,11 +509,11 @@ idle_wait(long wait_ms, bool failed)
 	TimestampTz end = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), wait_ms);
 
 	/*
-	 * A read put off (read_wanted) bounds the wait even if its time came
+	 * A read put off (read_wanted, read_held) bounds the wait even if its time came
 	 * meanwhile: commits do not wake a worker that said it will read
 	 * (read_scheduled), so missing it would cost a whole poll interval.
 	 */
-	bool		held = !failed && (read_wanted || read_hold_ms() > 0);
+	bool		held = !failed && (read_wanted || read_held || read_hold_ms() > 0);
 	bool		settle = !failed && publish_pending_marks == NULL;
 
 	for (;;)
@@ -842,6 +845,7 @@ loop_turn(bool *failed)
 	*failed = false;
 	/* Only a pipeline step that puts a read off says one is coming. */
 	read_wanted = false;
+	read_held = false;
 	pg_atomic_write_u32(&publish_slot->read_scheduled, 0);
 	PG_TRY();
 	{
@@ -856,6 +860,7 @@ loop_turn(bool *failed)
 	{
 		HOLD_INTERRUPTS();
 		read_wanted = false;
+		read_held = false;
 		pg_atomic_write_u32(&publish_slot->read_scheduled, 0);
 		log_worker_error();
 		AbortCurrentTransaction();
