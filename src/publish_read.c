@@ -30,7 +30,7 @@
 int			outbox_batch_events = 10000;
 int			outbox_batch_bytes = 16 * 1024 * 1024;
 int			outbox_read_interval_ms = 10;
-int			outbox_read_commits = 8;
+int			outbox_read_commits = 4;
 
 /* When the last read began, and whether it took a full batch (a backlog). */
 static TimestampTz last_read_at = 0;
@@ -107,7 +107,7 @@ publish_read_init(void)
 							"whichever comes first: the faster events come, the sooner a read has enough "
 							"of them to pay its fixed cost.  1 reads at every commit.",
 							&outbox_read_commits,
-							8, 1, 1000000,
+							4, 1, 1000000,
 							PGC_SIGHUP,
 							0,
 							NULL, NULL, NULL);

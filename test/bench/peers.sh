@@ -308,7 +308,7 @@ peer_steady() { # key p rate
 	base=$(peer_settled)
 	since=$(q -c "SELECT clock_timestamp()")
 	pids=$(peer_pids "$p" | xargs)
-	[ "$p" = ours ] && settle_sampler_start # (its CPU is not the publisher's)
+	[ "$p" = ours ] && hist_start
 	c0=$(cpu_of $pids)
 	pgbench -n -M prepared -c "$LAT_CLIENTS" -j 2 --rate "$rate" -T "$P_LAT_S" -f "$work/steady.sql" >"$log" 2>&1 ||
 		{ cat "$log" >&2; exit 1; }
@@ -323,7 +323,7 @@ peer_steady() { # key p rate
 			done ;;
 	esac
 	c2=$(cpu_of $pids)
-	[ "$p" = ours ] && settle_sampler_stop "$key"
+	[ "$p" = ours ] && hist_stop "$key"
 	res "$key.events" "$n"
 	res "$key.tps" "$(sed -n 's/^tps = \([0-9.]*\) .*/\1/p' "$log" | xargs printf '%.0f')"
 	res "$key.cpu_pct" "$(awk -v a="$c0" -v b="$c1" -v hz="$HZ" -v s="$P_LAT_S" 'BEGIN { printf "%.1f\n", 100 * (b - a) / hz / s }')"
@@ -331,19 +331,16 @@ peer_steady() { # key p rate
 	peer_stop "$p"
 	res "$key.line" "${PEER_LINE#*: }"
 	case $p in
-		ours)
-			# The headline: the worker's own emit→ack histogram (exact per
-			# event, to within a bucket); the sampler's figures stay beside it.
-			lat_stats "$key" outbox "$since"
-			res "$key.stats_sampled" "${R[$key.stats]}"
-			res "$key.stats" "${R[$key.hist]}" ;;
+		# The worker's own emit→ack histogram (every event, to within a
+		# bucket): no sampler session beside the extension only.
+		ours) res "$key.stats" "${R[$key.hist]}" ;;
 		relay | relay1000) lat_stats "$key" relay_outbox "$since" ;;
 		*) res "$key.stats" "$(sort -n "$PEER_LAT" | awk '{ x[NR] = $1 } END {
 				if (NR == 0) { print "0 - - -"; exit }
 				i50 = int(0.5 * NR); if (i50 < 0.5 * NR) i50++; i99 = int(0.99 * NR); if (i99 < 0.99 * NR) i99++
 				printf "%d %.1f %.1f %.1f\n", NR, x[i50], x[i99], x[NR] }')" ;;
 	esac
-	say "  $key: ${R[$key.tps]} tps; count p50 p99 max (ms): ${R[$key.stats]}; CPU ${R[$key.cpu_pct]}% = ${R[$key.cpu_us]} µs/event$([ "$p" = ours ] && echo "; sampler: ${R[$key.stats_sampled]}, on its clock ${R[$key.stats_seen]}, unsampled ${R[$key.unsampled]}")"
+	say "  $key: ${R[$key.tps]} tps; count p50 p99 max (ms): ${R[$key.stats]}; CPU ${R[$key.cpu_pct]}% = ${R[$key.cpu_us]} µs/event"
 }
 
 # ------------------------------------------------------------ the section
@@ -461,13 +458,11 @@ peers_report() {
 	echo "of \`outbox_latency_histogram()\`, which the worker fills with delivery-report time − created_at of"
 	echo "every event it settles (the same definition), percentiles interpolated linearly inside their bucket"
 	echo "(buckets of 0.5 ms up to 3 ms, 1 ms up to 10 ms, then 12, 15, 20, 25, 30, 40, 50, 75, 100 ms, …;"
-	echo "max is the upper bound of the highest bucket used).  Cross-checks in results.tsv and below: a"
-	echo "sampler session that every 20 ms copies the aggregates settled since its last look with their"
-	echo "\`last_published_at\` (the delivery report's time of that version) — an event's time is the first"
-	echo "sampled settle reaching its version: exact unless the aggregate settled twice within one 20 ms"
-	echo "interval, when the earlier event gets the later time (≤ 20 ms late; at 5,000/s over 10,000"
-	echo "aggregates about 1% of events, so its p99 there is biased upward) — and the same on the"
-	echo "sampler's own clock (\`stats_seen\`: when it saw the settle committed)."
+	echo "max is the upper bound of the highest bucket used).  Until 2026-12-04 the extension's figures came"
+	echo "from a sampler session beside it (every 20 ms, the aggregates settled since with their"
+	echo "\`last_published_at\`): it cost CPU on a saturated machine beside the extension only, and gave an"
+	echo "event the time of a later settle of its aggregate within the same 20 ms (about 1% of events at"
+	echo "5,000/s over 10,000 aggregates: its p99 there was biased upward).  Section d still uses it."
 	echo
 	echo "| metric | $(for p in $PEERS; do printf '%s | ' "$(peer_name "$p")"; done)raw | best peer |"
 	echo "|---|$(for p in $PEERS; do printf -- '---:|'; done)---:|---|"
@@ -539,11 +534,6 @@ peers_report() {
 		[ "$p" = ours ] && continue
 		echo "- $(peer_name "$p"): \`${R[p.tp0.$p.r1.line]:-}\`"
 	done
-	echo
-	echo "The extension's latency cross-checks (steady load; count p50 p99 max in ms): the sampler"
-	echo "$(for rate in $P_RATES; do printf '%s/s: %s; ' "$rate" "${R[p.st.$rate.ours.stats_sampled]:-}"; done)on the sampler's clock"
-	echo "$(for rate in $P_RATES; do printf '%s/s: %s; ' "$rate" "${R[p.st.$rate.ours.stats_seen]:-}"; done)events whose settle was not sampled:"
-	echo "$(for rate in $P_RATES; do printf '%s/s: %s; ' "$rate" "${R[p.st.$rate.ours.unsampled]:-}"; done | sed 's/; $/./')"
 	echo
 	echo "All rounds, events/s at 0 ms: $(for p in $PEERS raw; do printf '%s %s; ' "$p" "${R[p.tp0.$p.all]}"; done)"
 	echo "at 5 ms: $(for p in $PEERS raw; do printf '%s %s; ' "$p" "${R[p.tp5.$p.all]}"; done)"

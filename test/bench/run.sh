@@ -402,13 +402,21 @@ reset_tables() {
 settle_sampler_start() {
 	PGAPPNAME=bench-settle-sampler q -c "CALL bench_sample_settled(0.02)" >/dev/null 2>&1 &
 	settle_sampler_pid=$!
-	q -F ' ' -c "SELECT le_ms, count FROM outbox_latency_histogram()" >"$work/hist.before"
+	hist_start
 }
-settle_sampler_stop() { # key: R[key.hist] = "count p50 p99 max" (ms) of the histogram's delta
+settle_sampler_stop() { # key: as hist_stop
 	sleep 0.1 # one more sample after the last settle
 	q -o /dev/null -c "SELECT pg_cancel_backend(pid) FROM pg_stat_activity WHERE application_name = 'bench-settle-sampler'"
 	wait "$settle_sampler_pid" 2>/dev/null || true
 	settle_sampler_pid=
+	hist_stop "$1"
+}
+# The extension's latency histogram before a steady run (hist_start) and the
+# delta since (hist_stop).
+hist_start() {
+	q -F ' ' -c "SELECT le_ms, count FROM outbox_latency_histogram()" >"$work/hist.before"
+}
+hist_stop() { # key: R[key.hist] = "count p50 p99 max" (ms) of the histogram's delta
 	q -F ' ' -c "SELECT le_ms, count FROM outbox_latency_histogram()" >"$work/hist.after"
 	# Percentiles interpolated linearly inside their bucket (as Prometheus'
 	# histogram_quantile); max = the upper bound of the highest bucket used.
