@@ -665,8 +665,9 @@ res mock_nodelay "$([ "${BENCH_MOCK_NAGLE:-0}" = 1 ] && echo no || echo yes)"
 
 # section p (the peers: PgQ, logical decoding, ...), run after (e)
 . "$bench/peers.sh"
-if [ "${BENCH_PEERS_ONLY:-0}" = 1 ] && [ "$real" = 0 ]; then
-	# development aid: section p alone, its report in out/peers.md
+if [ "${BENCH_PEERS_ONLY:-0}" = 1 ]; then
+	# section p alone (on the mock, or with real on the Kafka cluster), its
+	# report in out/peers.md
 	restart_pg 1
 	set +u
 	peers_run
