@@ -33,7 +33,11 @@
  * the aggregates of a flight still out are diverted from the next read (to
  * be read by index later), so the healthy case waits the few milliseconds
  * acknowledgements take, and a partition that does not acknowledge holds
- * up reading only this long: 10 ms, and 1 ms more per 100 events of the
+ * up reading only this long: 10 ms, or as long as flights have recently
+ * taken to be wholly reported if that is longer (a replicated cluster on a
+ * busy machine: reading then follows its pace rather than sending a small
+ * batch every 10 ms, which on a real 3-broker cluster cost a third more
+ * CPU per event at 2,000 events/s), and 1 ms more per 100 events of the
  * flight (a large one takes longer to acknowledge), up to 200 ms.
  */
 #define HOLD_READING_MS 10
@@ -143,6 +147,12 @@ result_slot(uint32 generation, int index)
 	return &f->results[index];
 }
 
+/*
+ * A moving average of how long a flight took to be wholly reported (ms,
+ * each sample at most HOLD_READING_MAX_MS): the hold follows it.
+ */
+static double reported_ms_avg = 0;
+
 /* Delivery report callback: one message less in flight. */
 static void
 delivered(uint32 generation, int index)
@@ -151,6 +161,13 @@ delivered(uint32 generation, int index)
 	BatchAggregate *agg;
 
 	f->outstanding--;
+	if (f->outstanding == 0)
+	{
+		double		ms = Min((double) (GetCurrentTimestamp() - f->produced_at) / 1000.0,
+							 HOLD_READING_MAX_MS);
+
+		reported_ms_avg = reported_ms_avg == 0 ? ms : 0.8 * reported_ms_avg + 0.2 * ms;
+	}
 	agg = hash_search(f->aggregates, &f->events[index].aggregate_id, HASH_FIND, NULL);
 	if (agg != NULL)
 		agg->unreported--;
@@ -491,7 +508,8 @@ publish_hold_reading_ms(void)
 
 	if (f == NULL || f->outstanding == 0)
 		return 0;
-	limit = Min(HOLD_READING_MS + f->nevents / 100, HOLD_READING_MAX_MS);
+	limit = Min(Max(HOLD_READING_MS, (long) reported_ms_avg) + f->nevents / 100,
+				HOLD_READING_MAX_MS);
 	age = TimestampDifferenceMilliseconds(f->produced_at, GetCurrentTimestamp());
 	return age < limit ? limit - age : 0;
 }
