@@ -129,8 +129,9 @@ $node->safe_psql('postgres', 'ALTER DATABASE late IS_TEMPLATE false');
 ok(defined wait_until(sub { workers_in('late') == 2 }, 30), 'and is served again when it is not');
 
 # --- DROP DATABASE while its publisher is busy ---
-# A backlog in billing keeps its workers inside batches.
-$node->safe_psql('billing', q{SELECT outbox_pause()}) if 0;
+# A backlog in billing keeps its workers inside batches; with one partition
+# leaderless, the aggregates there stay pending however fast the rest drains.
+$mk->cmd('leader outbox.event.ev_billing 0 -1');
 emit_in('billing', 'ev_billing', 4, 20000);
 ok(defined wait_until(sub {
 	$node->safe_psql('billing', q{SELECT value FROM outbox_counters() WHERE name = 'events_published'}) > 2000 }, 60),
@@ -140,6 +141,7 @@ $t0 = time;
 my ($rc, $out, $err) = $node->psql('postgres', 'DROP DATABASE billing');
 my $t_drop = time - $t0;
 is($rc, 0, 'plain DROP DATABASE of a database being published succeeds') or diag $err;
+$mk->cmd('leader outbox.event.ev_billing 0 1');
 note sprintf "FIGURES scenario=drop_database drop_s=%.2f", $t_drop;
 is($node->safe_psql('postgres', q{SELECT count(*) FROM pg_database WHERE datname = 'billing'}), '0',
 	'billing is gone');
