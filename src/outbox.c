@@ -109,7 +109,7 @@ outbox_worker_slots_init(OutboxWorkerSlot *slots)
 	memset(slots, 0, sizeof(OutboxWorkerSlot) * OUTBOX_MAX_WORKERS);
 	for (int w = 0; w < OUTBOX_MAX_WORKERS; w++)
 	{
-		pg_atomic_init_u32(&slots[w].read_scheduled, 0);
+		pg_atomic_init_u32(&slots[w].read_scheduled, OUTBOX_READ_NOT_SCHEDULED);
 		pg_atomic_init_u32(&slots[w].commits_unread, 0);
 		pg_atomic_init_u32(&slots[w].reading_extension, 0);
 		pg_atomic_init_u32(&slots[w].shares_view, 0);
@@ -119,8 +119,9 @@ outbox_worker_slots_init(OutboxWorkerSlot *slots)
 /*
  * Wake the publishers of this database; on a commit (commit true) not those
  * about to read anyway (read_scheduled) unless this commit makes
- * outbox.read_commits since their last read: at 1,000 commits/s, nine
- * wake-ups in ten found a read already due and only cost CPU.  The commit
+ * outbox.read_commits since their last read, and never those holding reading
+ * for their newest flight's reports: at 1,000 commits/s, nine wake-ups in
+ * ten found a read already due and only cost CPU.  The commit
  * is visible before the flag is read, and a worker clears it before its
  * read's snapshot: a commit that finds it set is seen by that read.
  */
@@ -147,8 +148,18 @@ wake_publishers(bool commit)
 			continue;
 		}
 		unread = pg_atomic_add_fetch_u32(&slot->commits_unread, 1);
-		if (pg_atomic_read_u32(&slot->read_scheduled) == 0 || unread >= slot->read_commits)
-			SetLatch(latch);
+		switch (pg_atomic_read_u32(&slot->read_scheduled))
+		{
+			case OUTBOX_READ_NOT_SCHEDULED:
+				SetLatch(latch);
+				break;
+			case OUTBOX_READ_SCHEDULED:
+				if (unread >= slot->read_commits)
+					SetLatch(latch);
+				break;
+			default:
+				break;
+		}
 	}
 }
 

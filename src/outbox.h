@@ -53,15 +53,23 @@
 /* Longest problem description kept for the status views. */
 #define OUTBOX_PROBLEM_LEN 256
 
+/* OutboxWorkerSlot.read_scheduled: which commits wake the worker. */
+#define OUTBOX_READ_NOT_SCHEDULED	0	/* every commit */
+#define OUTBOX_READ_SCHEDULED		1	/* the outbox.read_commits-th */
+#define OUTBOX_READ_HELD			2	/* none */
+
 /* Per-worker state published in shared memory for the status views. */
 typedef struct OutboxWorkerSlot
 {
 	pid_t		pid;
 	Latch	   *latch;			/* set on commit of an emitting transaction */
 	/*
-	 * 1 while the worker is sure to read soon (it waits out
-	 * outbox.read_interval): a commit need not set its latch.  Cleared,
-	 * with a full barrier, before the read takes its snapshot.
+	 * OUTBOX_READ_SCHEDULED while the worker is sure to read soon (it waits
+	 * out outbox.read_interval): only the outbox.read_commits-th commit
+	 * sets its latch.  OUTBOX_READ_HELD while it holds reading for its
+	 * newest flight's reports: no commit does, as none could end the hold.
+	 * Cleared (OUTBOX_READ_NOT_SCHEDULED), with a full barrier, before the
+	 * read takes its snapshot.
 	 */
 	pg_atomic_uint32 read_scheduled;
 	/*
