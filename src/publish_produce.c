@@ -515,6 +515,13 @@ publish_hold_reading_ms(void)
 }
 
 
+/* How long flights take to be wholly reported (ms, the moving average). */
+long
+publish_reported_ms(void)
+{
+	return (long) reported_ms_avg;
+}
+
 /* Serve the delivery reports that arrived (and drain the wake-up pipe). */
 void
 publish_serve_reports(void)

@@ -49,8 +49,10 @@ static void release_collected(void);
 /*
  * Settling waits this long after an aggregate became ready while other
  * messages are still out, so that one transaction settles the reports of
- * several partitions rather than one each: 5 ms, and 1 ms more per 100
- * messages out (many take longer to acknowledge), up to 100 ms.
+ * several partitions rather than one each: 5 ms, or as long as flights take
+ * to be wholly reported if longer (a replicated cluster's partitions answer
+ * tens of ms apart), and 1 ms more per 100 messages out (many take longer
+ * to acknowledge), up to 100 ms.
  */
 #define SETTLE_DELAY_MS 5
 #define SETTLE_DELAY_MAX_MS 100
@@ -228,6 +230,7 @@ count_settled(PendingMarks *pm, TimestampTz now)
 	outbox_count(OC_EVENTS_PUBLISHED, pm->nsettled[EV_PUBLISH]);
 	outbox_count(OC_EVENTS_DEAD_LETTERED, pm->nsettled[EV_DEAD_LETTER]);
 	outbox_count(OC_EVENTS_SKIPPED, pm->nsettled[EV_SKIP]);
+	outbox_count(OC_SETTLES, 1);
 	publish_slot->last_batch_at = now;
 }
 
@@ -584,7 +587,8 @@ publish_settle_due(long *wait_ms)
 	outstanding = publish_outstanding();
 	if (outstanding == 0)
 		return true;
-	delay = Min(SETTLE_DELAY_MS + outstanding / 100, SETTLE_DELAY_MAX_MS);
+	delay = Min(Max(SETTLE_DELAY_MS, publish_reported_ms()) + outstanding / 100,
+				SETTLE_DELAY_MAX_MS);
 	waited = TimestampDifferenceMilliseconds(ready_since, now);
 	if (waited >= delay)
 		return true;

@@ -26,6 +26,7 @@ const char *const outbox_counter_names[OC_NUM_COUNTERS] = {
 	[OC_EVENTS_DEAD_LETTERED] = "events_dead_lettered",
 	[OC_EVENTS_SKIPPED] = "events_skipped",
 	[OC_BATCHES] = "batches",
+	[OC_SETTLES] = "settles",
 	[OC_DELIVERY_ERRORS_RETRIABLE] = "delivery_errors_retriable",
 	[OC_DELIVERY_ERRORS_PERMANENT] = "delivery_errors_permanent",
 	[OC_DELIVERY_ERRORS_FATAL] = "delivery_errors_fatal",

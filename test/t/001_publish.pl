@@ -170,11 +170,16 @@ is($node->safe_psql('postgres', q{SELECT max(count) = (SELECT value FROM outbox_
 like($node->safe_psql('postgres', 'SELECT state FROM outbox_workers()'), qr/idle|reading|producing|awaiting|marking|retention/,
 	'outbox_workers() shows what the worker does');
 
-# With slow acknowledgements (100 ms round trips) a steady trickle is read at
-# the pace its flights are reported, not every 10 ms: fewer, larger reads (a
-# replicated cluster on a busy machine acknowledges in 50-200 ms).
-$mk->cmd('rtt all 100');
-my ($b0, $e0) = (counter($node, 'batches'), counter($node, 'events_published'));
+# With slow acknowledgements (round trips of 30, 60 and 100 ms to the three
+# brokers) a steady trickle is read at the pace its flights are reported, not
+# every 10 ms: fewer, larger reads (a replicated cluster on a busy machine
+# acknowledges in 50-200 ms).  While the worker holds reading for a flight's
+# reports, commits do not wake it (none could end the hold),
+# outbox.read_commits-th ones neither.  And a flight's reports, coming tens of
+# ms apart, are settled together, not one settling per broker.
+$mk->cmd("rtt $_->[0] $_->[1]") for ([1, 30], [2, 60], [3, 100]);
+my ($b0, $e0, $w0, $s0) = (counter($node, 'batches'), counter($node, 'events_published'),
+	counter($node, 'wakeups'), counter($node, 'settles'));
 $t0 = time;
 while (time - $t0 < 3)
 {
@@ -183,10 +188,15 @@ while (time - $t0 < 3)
 }
 ok(defined wait_published($node, 120), 'the trickle under 100 ms acknowledgements is published');
 $mk->cmd('rtt all 0');
-my ($reads, $events) = (counter($node, 'batches') - $b0, counter($node, 'events_published') - $e0);
+my ($reads, $events, $wakeups, $settles) = (counter($node, 'batches') - $b0,
+	counter($node, 'events_published') - $e0, counter($node, 'wakeups') - $w0, counter($node, 'settles') - $s0);
 cmp_ok($reads * 2, '<', $events,
 	"under 100 ms acknowledgements reads follow them: $reads reads for $events events");
-note "FIGURES scenario=slow_acks reads=$reads events=$events";
+cmp_ok($wakeups, '<=', $reads + 5,
+	"commits do not wake a worker holding reading for its flight's reports: $wakeups wake-ups");
+cmp_ok($settles, '<=', $reads * 1.25 + 2,
+	"a flight's reports from three brokers are settled together: $settles settlings for $reads reads");
+note "FIGURES scenario=slow_acks reads=$reads events=$events wakeups=$wakeups settles=$settles";
 
 $r = $mk->check(topics => [$topic], expect => expect_file($node, "$dir/exp4"));
 is($r->{exit}, 0, 'final: order checker clean') or diag $r->{output};
