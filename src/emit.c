@@ -31,7 +31,6 @@
 #include "parser/parse_relation.h"
 #include "parser/scansup.h"
 #include "port/pg_bswap.h"
-#include "rewrite/rewriteHandler.h"
 #include "utils/array.h"
 #include "utils/builtins.h"
 #include "utils/fmgroids.h"
@@ -793,13 +792,6 @@ static const char *const emit_column_names[EMIT_NCOLUMNS] = {
 	"event_type", "topic", "headers", "payload", "payload_bytes"
 };
 
-/* A column outbox_emit() leaves to its default, and that default. */
-typedef struct ColumnDefault
-{
-	AttrNumber	attnum;
-	Expr	   *expr;			/* planned (expression_planner) */
-} ColumnDefault;
-
 /*
  * What outbox_emit() needs of the extension's tables, looked up once per
  * backend rather than per call (the reason it does not go through SPI:
@@ -818,7 +810,7 @@ typedef struct EmitRelations
 	AttrNumber	attnums[EMIT_NCOLUMNS];
 	AttrNumber	id_attnum;
 	int			ndefaults;
-	ColumnDefault *defaults;
+	OutboxColumnDefault *defaults; /* of the columns outbox_emit() leaves */
 	Oid			publication;	/* aggregate_publication */
 	Oid			publication_pkey;	/* (aggregate_id) */
 	AttrNumber	last_published_attnum;
@@ -1017,24 +1009,10 @@ open_indexes(ResultRelInfo *rri)
 static void
 load_defaults(Relation rel)
 {
-	TupleDesc	desc = RelationGetDescr(rel);
 	MemoryContext old = MemoryContextSwitchTo(rels.cxt);
 
-	rels.defaults = palloc(sizeof(ColumnDefault) * desc->natts);
-	rels.ndefaults = 0;
-	for (AttrNumber attnum = 1; attnum <= desc->natts; attnum++)
-	{
-		bool		set = TupleDescAttr(desc, attnum - 1)->attisdropped;
-		Node	   *expr;
-
-		for (int c = 0; !set && c < EMIT_NCOLUMNS; c++)
-			set = rels.attnums[c] == attnum;
-		if (set || (expr = build_column_default(rel, attnum)) == NULL)
-			continue;
-		rels.defaults[rels.ndefaults].attnum = attnum;
-		rels.defaults[rels.ndefaults].expr = expression_planner((Expr *) expr);
-		rels.ndefaults++;
-	}
+	rels.defaults = palloc(sizeof(OutboxColumnDefault) * RelationGetDescr(rel)->natts);
+	rels.ndefaults = outbox_column_defaults(rel, rels.attnums, EMIT_NCOLUMNS, rels.defaults);
 	MemoryContextSwitchTo(old);
 }
 

@@ -16,9 +16,11 @@
 #include "executor/spi.h"
 #include "fmgr.h"
 #include "miscadmin.h"
+#include "optimizer/optimizer.h"
 #include "parser/parse_relation.h"
 #include "postmaster/bgworker.h"
 #include "replication/walsender.h"
+#include "rewrite/rewriteHandler.h"
 #include "storage/ipc.h"
 #include "storage/lwlock.h"
 #include "storage/shmem.h"
@@ -272,6 +274,34 @@ outbox_simple_estate(Relation rel, LOCKMODE mode)
 	ExecInitRangeTable(estate, list_make1(rte));
 #endif
 	return estate;
+}
+
+/*
+ * The defaults of rel's columns that are neither dropped nor among set (nset
+ * attribute numbers), planned, in the current memory context, into defaults
+ * (room for rel's natts).  Returns how many.
+ */
+int
+outbox_column_defaults(Relation rel, const AttrNumber *set, int nset,
+					   OutboxColumnDefault *defaults)
+{
+	TupleDesc	desc = RelationGetDescr(rel);
+	int			n = 0;
+
+	for (AttrNumber attnum = 1; attnum <= desc->natts; attnum++)
+	{
+		bool		skip = TupleDescAttr(desc, attnum - 1)->attisdropped;
+		Node	   *expr;
+
+		for (int i = 0; !skip && i < nset; i++)
+			skip = set[i] == attnum;
+		if (skip || (expr = build_column_default(rel, attnum)) == NULL)
+			continue;
+		defaults[n].attnum = attnum;
+		defaults[n].expr = expression_planner((Expr *) expr);
+		n++;
+	}
+	return n;
 }
 
 /*

@@ -177,11 +177,20 @@ typedef enum PoisonPolicy
 	POISON_SKIP
 } PoisonPolicy;
 
+/* A column an insert leaves to its default, and that default (planned). */
+typedef struct OutboxColumnDefault
+{
+	AttrNumber	attnum;
+	struct Expr *expr;
+} OutboxColumnDefault;
+
 /* outbox.c */
 extern void outbox_note_emit(void);
 extern void outbox_wake_workers(void);
 extern void outbox_worker_slots_init(OutboxWorkerSlot *slots);
 extern struct EState *outbox_simple_estate(struct RelationData *rel, LOCKMODE mode);
+extern int	outbox_column_defaults(struct RelationData *rel, const AttrNumber *set, int nset,
+								   OutboxColumnDefault *defaults);
 extern void outbox_aggregate_locktag(LOCKTAG *tag, const char *aggregate_id,
 									 int len, uint16 space);
 extern void outbox_publish_locktag(LOCKTAG *tag, const char *aggregate_id);

@@ -16,14 +16,13 @@
  *	  written, as the statement's UPDATE would; a row updated since the
  *	  read (an operator, a failure recorded) is left alone, as the
  *	  statement's "xmin = the version read" leaves it.  A row to insert is
- *	  first looked for with a dirty snapshot: one that exists or is being
- *	  inserted (an operator's function) is left alone, as the statement's
- *	  ON CONFLICT DO NOTHING leaves it (which waited for one being
- *	  inserted: if that insert is rolled back, the aggregate is read again
- *	  by index and its acknowledged events sent again, duplicates).  One
- *	  inserted between that look and ours fails the settling with a unique
- *	  violation; its marks are held and the retry finds the row.  A row
- *	  trigger that skips the write leaves the aggregate unrecorded.
+ *	  first looked for with a dirty snapshot: one that exists is left
+ *	  alone, as the statement's ON CONFLICT DO NOTHING leaves it, and one
+ *	  being inserted or deleted (an operator's function) is waited for, as
+ *	  that statement waits, and looked for again.  One inserted between
+ *	  that look and ours fails the settling with a unique violation; its
+ *	  marks are held and the retry finds the row.  A row trigger that skips
+ *	  the write leaves the aggregate unrecorded.
  *
  *-------------------------------------------------------------------------
  */
@@ -38,8 +37,7 @@
 #include "catalog/pg_type.h"
 #include "commands/trigger.h"
 #include "executor/executor.h"
-#include "optimizer/optimizer.h"
-#include "rewrite/rewriteHandler.h"
+#include "storage/lmgr.h"
 #include "utils/builtins.h"
 #include "utils/fmgroids.h"
 #include "utils/lsyscache.h"
@@ -82,12 +80,43 @@ static const char *const progress_names[PC_NCOLUMNS] = {
 static Oid	publication_relid = InvalidOid;
 static int	progress_columns[PC_NCOLUMNS];	/* 0-based attribute indexes */
 
+/*
+ * The defaults of the columns an insert does not set, planned once per
+ * look-up of the table (a relcache invalidation of it, e.g. ALTER TABLE
+ * ... SET DEFAULT, makes publish_lookup_extension() look it up again), in
+ * defaults_context; valid while defaults is not NULL.
+ */
+static MemoryContext defaults_context = NULL;
+static OutboxColumnDefault *defaults = NULL;
+static int	ndefaults = 0;
+
 /* Look up aggregate_publication in namespace nsp, and its columns. */
 void
 publish_progress_prepare(Oid nsp)
 {
 	publication_relid = publish_table_columns(nsp, "aggregate_publication", progress_names,
 											  PC_NCOLUMNS, progress_columns);
+	if (defaults_context != NULL)
+		MemoryContextReset(defaults_context);
+	defaults = NULL;
+}
+
+/* The planned defaults of the columns an insert into rel does not set. */
+static void
+load_defaults(Relation rel)
+{
+	const int  *c = progress_columns;
+	AttrNumber	set[] = {c[PC_AGGREGATE_ID] + 1, c[PC_LAST_PUBLISHED_VERSION] + 1,
+	c[PC_LAST_PUBLISHED_AT] + 1, c[PC_UPDATED_AT] + 1};
+	MemoryContext oldcxt;
+
+	if (defaults_context == NULL)
+		defaults_context = AllocSetContextCreate(TopMemoryContext, "outbox progress defaults",
+												 ALLOCSET_SMALL_SIZES);
+	oldcxt = MemoryContextSwitchTo(defaults_context);
+	defaults = palloc(sizeof(OutboxColumnDefault) * RelationGetDescr(rel)->natts);
+	ndefaults = outbox_column_defaults(rel, set, lengthof(set), defaults);
+	MemoryContextSwitchTo(oldcxt);
 }
 
 /* The primary key of aggregate_publication (rel). */
@@ -172,9 +201,7 @@ typedef struct ProgressWriter
 	/* For inserts, set up by the first (insert_progress) */
 	SnapshotData dirty;			/* sees rows being inserted too */
 	IndexScanDesc dirty_scan;
-	int			ndefaults;
-	AttrNumber *default_attnums;	/* the columns with a default we do not set */
-	ExprState **defaults;
+	ExprState **defaults;		/* of the columns in defaults[] */
 } ProgressWriter;
 
 /*
@@ -210,34 +237,21 @@ writer_open(ProgressWriter *w, bool insert)
 
 /*
  * Set up inserting: the dirty scan, and the defaults of the columns an
- * insert does not set (in the executor's memory).
+ * insert does not set (planned once, their states in the executor's memory).
  */
 static void
 writer_prepare_insert(ProgressWriter *w)
 {
-	TupleDesc	desc = RelationGetDescr(w->rel);
-	MemoryContext oldcxt = MemoryContextSwitchTo(w->estate->es_query_cxt);
-	const int  *c = progress_columns;
+	MemoryContext oldcxt;
 
+	if (defaults == NULL)
+		load_defaults(w->rel);
+	oldcxt = MemoryContextSwitchTo(w->estate->es_query_cxt);
 	InitDirtySnapshot(w->dirty);
 	w->dirty_scan = index_beginscan(w->rel, w->pkey, &w->dirty, 1, 0);
-	w->ndefaults = 0;
-	w->default_attnums = palloc(sizeof(AttrNumber) * desc->natts);
-	w->defaults = palloc(sizeof(ExprState *) * desc->natts);
-	for (AttrNumber attnum = 1; attnum <= desc->natts; attnum++)
-	{
-		int			i = attnum - 1;
-		Node	   *expr;
-
-		if (TupleDescAttr(desc, i)->attisdropped ||
-			i == c[PC_AGGREGATE_ID] || i == c[PC_LAST_PUBLISHED_VERSION] ||
-			i == c[PC_LAST_PUBLISHED_AT] || i == c[PC_UPDATED_AT] ||
-			(expr = build_column_default(w->rel, attnum)) == NULL)
-			continue;
-		w->default_attnums[w->ndefaults] = attnum;
-		w->defaults[w->ndefaults] = ExecInitExpr(expression_planner((Expr *) expr), NULL);
-		w->ndefaults++;
-	}
+	w->defaults = palloc(sizeof(ExprState *) * Max(ndefaults, 1));
+	for (int i = 0; i < ndefaults; i++)
+		w->defaults[i] = ExecInitExpr(defaults[i].expr, NULL);
 	MemoryContextSwitchTo(oldcxt);
 }
 
@@ -329,7 +343,8 @@ write_progress(ProgressWriter *w, int64 version, TimestampTz acked_at, Timestamp
 /*
  * Insert the row of an aggregate that had none when read: it reached
  * version, acknowledged at acked_at; the other columns take their
- * defaults.  False if a row exists or is being inserted (left alone).
+ * defaults.  False if a row exists (left alone; one being inserted or
+ * deleted is waited for first).
  */
 static bool
 insert_progress(ProgressWriter *w, const char *aggregate_id, int64 version,
@@ -343,14 +358,20 @@ insert_progress(ProgressWriter *w, const char *aggregate_id, int64 version,
 
 	if (w->dirty_scan == NULL)
 		writer_prepare_insert(w);
-	if (find_row(w->dirty_scan, w->pkey, aggregate_id, w->found))
-		return false;
+	while (find_row(w->dirty_scan, w->pkey, aggregate_id, w->found))
+	{
+		TransactionId xwait = TransactionIdIsValid(w->dirty.xmin) ? w->dirty.xmin : w->dirty.xmax;
+
+		if (!TransactionIdIsValid(xwait))
+			return false;
+		XactLockTableWait(xwait, w->rel, &w->found->tts_tid, XLTW_InsertIndex);
+	}
 	oldcxt = MemoryContextSwitchTo(econtext->ecxt_per_tuple_memory);
 	ExecClearTuple(slot);
 	memset(slot->tts_isnull, true, sizeof(bool) * slot->tts_tupleDescriptor->natts);
-	for (int i = 0; i < w->ndefaults; i++)
+	for (int i = 0; i < ndefaults; i++)
 	{
-		int			att = w->default_attnums[i] - 1;
+		int			att = defaults[i].attnum - 1;
 
 		slot->tts_values[att] = ExecEvalExpr(w->defaults[i], econtext, &slot->tts_isnull[att]);
 	}

@@ -1,0 +1,50 @@
+# Settling inserts an aggregate's first aggregate_publication row itself
+# (publish_progress.c).  If an operator's transaction is inserting that row
+# meanwhile (outbox_catch_up() of an aggregate that had none), the publisher
+# waits for it, as the INSERT ... ON CONFLICT DO NOTHING it replaces did: if
+# that transaction rolls back, the publisher's row goes in and the event is
+# settled once; leaving the row alone would leave the aggregate unrecorded
+# and its acknowledged event to be sent again.
+use strict;
+use warnings;
+
+use PostgreSQL::Test::Utils;
+use Test::More;
+
+use MockKafka;
+use OutboxTest;
+
+my $dir = $PostgreSQL::Test::Utils::tmp_check;
+mkdir "$dir/mock";
+my $mk = MockKafka->start(dir => "$dir/mock", brokers => 1, max_seconds => 300);
+my $node = outbox_node('first_row', $mk);
+
+sub q1 { $node->safe_psql('postgres', $_[0]) }
+
+q1(q{SELECT outbox_emit('first', 'warm', 'E', '{}')});
+ok(defined wait_published($node, 60), 'the publisher runs');
+
+# An operator's transaction inserts the row of aggregate "new", uncommitted.
+my $op = $node->background_psql('postgres');
+$op->query_safe('BEGIN');
+$op->query_safe(q{SELECT outbox_catch_up('new')});
+
+q1(q{SELECT outbox_emit('first', 'new', 'E', '{"n": 1}')});
+ok($node->poll_query_until('postgres',
+	q{SELECT count(*) = 1 FROM pg_stat_activity
+	   WHERE backend_type = 'outbox publisher' AND wait_event = 'transactionid'}),
+	'the publisher settling the event waits for the transaction inserting its row');
+
+$op->query_safe('ROLLBACK');
+$op->quit;
+ok(defined wait_published($node, 60), 'after the rollback the event is settled');
+is(q1(q{SELECT last_published_version FROM aggregate_publication WHERE aggregate_id = 'new'}), '1',
+	"the publisher's row went in");
+sleep 1.5;
+my $r = $mk->check(topics => ['outbox.event.first'], expect => { new => 1, warm => 1 });
+is($r->{exit}, 0, 'every event in Kafka, in order') or diag $r->{output};
+is($r->{duplicates}, 0, 'and sent once');
+
+$node->stop;
+$mk->stop;
+done_testing();
