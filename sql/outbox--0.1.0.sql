@@ -211,6 +211,12 @@ REVOKE ALL ON FUNCTION @extschema@.outbox_note_write() FROM PUBLIC;
 CREATE TRIGGER outbox_note_write AFTER INSERT ON @extschema@.outbox
 	FOR EACH STATEMENT EXECUTE FUNCTION @extschema@.outbox_note_write();
 ALTER TABLE @extschema@.outbox ENABLE ALWAYS TRIGGER outbox_note_write;
+-- Logical replication's apply fires no statement trigger on INSERT, and
+-- commits asynchronously by default: its rows mark their transaction by a
+-- row trigger that fires only in replica mode (so never for emitters).
+CREATE TRIGGER outbox_note_applied AFTER INSERT ON @extschema@.outbox
+	FOR EACH ROW EXECUTE FUNCTION @extschema@.outbox_note_write();
+ALTER TABLE @extschema@.outbox ENABLE REPLICA TRIGGER outbox_note_applied;
 
 CREATE TYPE @extschema@.emitted_event AS (
 	id bigint,

@@ -306,8 +306,9 @@ outbox_column_defaults(Relation rel, const AttrNumber *set, int nset,
 
 /*
  * outbox_note_write() RETURNS trigger: a statement wrote rows into the
- * outbox without outbox_emit*() (an INSERT or COPY by its owner); its
- * transaction is marked as theirs is, for the publishers' flush.
+ * outbox without outbox_emit*() (an INSERT or COPY by its owner), or
+ * logical replication's apply a row; its transaction is marked as theirs
+ * is, for the publishers' flush.
  */
 PG_FUNCTION_INFO_V1(outbox_note_write);
 Datum
@@ -317,7 +318,7 @@ outbox_note_write(PG_FUNCTION_ARGS)
 		ereport(ERROR,
 				(errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
 				 errmsg("outbox_note_write() must be called as a trigger"),
-				 errhint("It is the outbox table's statement trigger.")));
+				 errhint("It is a trigger of the outbox table.")));
 	outbox_note_emit();
 	return PointerGetDatum(NULL);
 }

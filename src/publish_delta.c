@@ -28,16 +28,13 @@
  *	  is still counted.  Under a steady load of synchronous emitters the
  *	  publisher then does not flush at all.
  *
- *	  A row written otherwise (an INSERT or COPY by the table's owner) marks
- *	  its transaction the same way, through the outbox's statement trigger
- *	  (outbox_note_write).  The commit status of each transaction is still
- *	  looked up as a second guard (a writer no trigger sees: logical
- *	  replication's apply): an asynchronous commit leaves the end of its
- *	  commit record in the group LSN the status keeps for hint bits (the
- *	  highest of 32 transactions').  That LSN alone was the bound before, but
- *	  the publisher's own asynchronous settling raises it in nearly every
- *	  group, which cost a flush per read: a group LSN that is one of the
- *	  publisher's own recent commits is left to the count.
+ *	  A row written otherwise marks its transaction the same way, through
+ *	  the outbox's triggers (outbox_note_write): a statement trigger for an
+ *	  INSERT or COPY by the table's owner, a row trigger in replica mode for
+ *	  logical replication's apply (which fires no statement trigger).  The
+ *	  commit log's group LSN was the bound before the count; the publisher's
+ *	  own asynchronous settling raised it in nearly every 32-transaction
+ *	  group, which cost a flush per read.
  *
  *-------------------------------------------------------------------------
  */
@@ -49,8 +46,6 @@
 #include "access/relscan.h"
 #include "access/stratnum.h"
 #include "access/table.h"
-#include "access/clog.h"
-#include "access/transam.h"
 #include "access/tableam.h"
 #include "catalog/pg_am.h"
 #include "catalog/pg_class.h"
@@ -89,15 +84,9 @@ static int	delta_columns[DC_NCOLUMNS];
 /*
  * The highest commit LSN that must be flushed before the events of the
  * deltas read so far are published (only ever raised: flushing again is a
- * no-op), and the transaction it was last looked up for.
+ * no-op).
  */
 static XLogRecPtr commits_lsn = InvalidXLogRecPtr;
-static FullTransactionId looked_up = {0};
-
-/* The ends of this process's last commit records (a ring). */
-#define OWN_COMMITS 16
-static XLogRecPtr own_commits[OWN_COMMITS];
-static int	own_next = 0;
 
 /* A row of the delta, as it is sorted. */
 typedef struct DeltaRow
@@ -148,74 +137,6 @@ delta_row_cmp(const void *a, const void *b)
 	if (x->version != y->version)
 		return x->version < y->version ? -1 : 1;
 	return x->id < y->id ? -1 : (x->id > y->id ? 1 : 0);
-}
-
-/*
- * The WAL position the commit of committed transaction fxid needs flushed
- * to be durable: the group LSN its commit status keeps if it committed
- * asynchronously (an upper bound: the group's highest), else nothing.  A
- * status older than the commit log keeps (truncated, which is logged and
- * flushed after the commit) or 2^31 transactions back is long durable.
- */
-static XLogRecPtr
-commit_lsn(FullTransactionId fxid)
-{
-	FullTransactionId next = ReadNextFullTransactionId();
-	TransactionId xid = XidFromFullTransactionId(fxid);
-	XLogRecPtr	lsn = InvalidXLogRecPtr;
-
-	if (U64FromFullTransactionId(next) - U64FromFullTransactionId(fxid) >= ((uint64) 1 << 31))
-		return InvalidXLogRecPtr;
-	LWLockAcquire(XactTruncationLock, LW_SHARED);
-#if PG_VERSION_NUM >= 170000
-	if (!TransactionIdPrecedes(xid, TransamVariables->oldestClogXid))
-#else
-	if (!TransactionIdPrecedes(xid, ShmemVariableCache->oldestClogXid))
-#endif
-		(void) TransactionIdGetStatus(xid, &lsn);
-	LWLockRelease(XactTruncationLock);
-	return lsn;
-}
-
-/* Note the end of each commit record this process writes (an xact callback). */
-static void
-note_own_commit(XactEvent event, void *arg)
-{
-	/* (A transaction without a commit record leaves the last one's end.) */
-	if (event == XACT_EVENT_COMMIT && !XLogRecPtrIsInvalid(XactLastCommitEnd) &&
-		XactLastCommitEnd != own_commits[(own_next + OWN_COMMITS - 1) % OWN_COMMITS])
-	{
-		own_commits[own_next] = XactLastCommitEnd;
-		own_next = (own_next + 1) % OWN_COMMITS;
-	}
-}
-
-/* Is lsn the end of one of this process's recent commit records? */
-static bool
-own_commit(XLogRecPtr lsn)
-{
-	for (int i = 0; i < OWN_COMMITS; i++)
-		if (own_commits[i] == lsn)
-			return true;
-	return false;
-}
-
-/* Raise commits_lsn for an event of transaction txid (an xid8) to publish. */
-static void
-note_commit(Datum txid)
-{
-	FullTransactionId fxid = DatumGetFullTransactionId(txid);
-	XLogRecPtr	lsn;
-
-	/* A delta's rows come by transaction: one look-up for each. */
-	if (FullTransactionIdEquals(fxid, looked_up))
-		return;
-	lsn = commit_lsn(fxid);
-	/* (Our own settling's: the emitters' are counted, note_async_emits.) */
-	if (lsn > commits_lsn && !own_commit(lsn))
-		commits_lsn = lsn;
-	/* Only once noted: a look-up that failed is made again. */
-	looked_up = fxid;
 }
 
 /*
@@ -297,7 +218,6 @@ add_if_in_delta(TupleTableSlot *slot, Datum from, Datum to, int nshares, int sha
 	h = hash_bytes((const unsigned char *) VARDATA_ANY(agg), VARSIZE_ANY_EXHDR(agg));
 	if (!in_share(h, nshares, share))
 		return;
-	note_commit(txid);
 	if (*n == *size)
 	{
 		*size *= 2;
@@ -332,13 +252,7 @@ publish_delta_read(const char *from, const char *to, int nshares, int share,
 	int			n = 0;
 	DeltaRow   *rows = palloc(sizeof(DeltaRow) * size);
 	ManifestEntry *out;
-	static bool callback_registered = false;
 
-	if (!callback_registered)
-	{
-		RegisterXactCallback(note_own_commit, NULL);
-		callback_registered = true;
-	}
 	note_async_emits();
 
 	if (index != NULL)

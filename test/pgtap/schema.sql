@@ -5,7 +5,7 @@ BEGIN;
 CREATE SCHEMA ob;
 CREATE EXTENSION outbox SCHEMA ob;
 
-SELECT plan(191);
+SELECT plan(193);
 
 -- Extension
 
@@ -438,6 +438,10 @@ SELECT ok(coalesce((SELECT pg_get_serial_sequence('ob.outbox', 'id')::regclass =
 SELECT has_trigger('ob', 'outbox', 'outbox_note_write', 'the outbox has its statement trigger');
 SELECT is((SELECT tgenabled FROM pg_trigger WHERE tgrelid = 'ob.outbox'::regclass
             AND tgname = 'outbox_note_write'), 'A', 'the trigger fires always (ENABLE ALWAYS)');
+SELECT has_trigger('ob', 'outbox', 'outbox_note_applied', 'the outbox has its row trigger for replication apply');
+SELECT is((SELECT tgenabled::text || ' ' || (tgtype & 1)::text FROM pg_trigger WHERE tgrelid = 'ob.outbox'::regclass
+            AND tgname = 'outbox_note_applied'), 'R 1',
+          'the row trigger fires per row only in replica mode (ENABLE REPLICA): never for emitters');
 SELECT throws_ok($$SELECT ob.outbox_note_write()$$, '39P01', NULL,
                  'outbox_note_write() is refused outside a trigger');
 
