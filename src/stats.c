@@ -34,6 +34,7 @@ const char *const outbox_counter_names[OC_NUM_COUNTERS] = {
 	[OC_RETRIES] = "retries",
 	[OC_PRODUCER_CREATIONS] = "producer_creations",
 	[OC_WAKEUPS] = "wakeups",
+	[OC_REPORT_WAKEUPS] = "report_wakeups",
 	[OC_POLLS] = "polls",
 	[OC_AGGREGATES_LOCK_SKIPPED] = "aggregates_lock_skipped",
 	[OC_ORDER_GUARD_STOPS] = "order_guard_stops",

@@ -176,10 +176,11 @@ like($node->safe_psql('postgres', 'SELECT state FROM outbox_workers()'), qr/idle
 # acknowledges in 50-200 ms).  While the worker holds reading for a flight's
 # reports, commits do not wake it (none could end the hold),
 # outbox.read_commits-th ones neither.  And a flight's reports, coming tens of
-# ms apart, are settled together, not one settling per broker.
+# ms apart, are served and settled together: not a wake-up per report, not
+# one settling per broker.
 $mk->cmd("rtt $_->[0] $_->[1]") for ([1, 30], [2, 60], [3, 100]);
-my ($b0, $e0, $w0, $s0) = (counter($node, 'batches'), counter($node, 'events_published'),
-	counter($node, 'wakeups'), counter($node, 'settles'));
+my ($b0, $e0, $w0, $s0, $r0) = (counter($node, 'batches'), counter($node, 'events_published'),
+	counter($node, 'wakeups'), counter($node, 'settles'), counter($node, 'report_wakeups'));
 $t0 = time;
 while (time - $t0 < 3)
 {
@@ -194,9 +195,12 @@ cmp_ok($reads * 2, '<', $events,
 	"under 100 ms acknowledgements reads follow them: $reads reads for $events events");
 cmp_ok($held_wakeups, '<=', $reads + 5,
 	"commits do not wake a worker holding reading for its flight's reports: $held_wakeups wake-ups");
+my $report_wakeups = counter($node, 'report_wakeups') - $r0;
+cmp_ok($report_wakeups, '<=', $reads * 1.5 + 2,
+	"the early reports of a flight are served together: $report_wakeups wake-ups by reports for $reads reads");
 cmp_ok($settles, '<=', $reads * 1.25 + 2,
 	"a flight's reports from three brokers are settled together: $settles settlings for $reads reads");
-note "FIGURES scenario=slow_acks reads=$reads events=$events wakeups=$held_wakeups settles=$settles";
+note "FIGURES scenario=slow_acks reads=$reads events=$events wakeups=$held_wakeups settles=$settles report_wakeups=$report_wakeups";
 
 $r = $mk->check(topics => [$topic], expect => expect_file($node, "$dir/exp4"));
 is($r->{exit}, 0, 'final: order checker clean') or diag $r->{output};
