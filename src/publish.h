@@ -109,6 +109,7 @@ typedef struct Flight
 	int			live_events;	/* events of those: what is in flight */
 	TimestampTz produced_at;
 	bool		timed_out;		/* unreported past outbox.delivery_timeout */
+	bool		report_failed;	/* a message's report was a failure */
 	bool		after_others;	/* other flights had messages out meanwhile */
 	struct Flight *next;
 } Flight;

@@ -160,8 +160,11 @@ delivered(uint32 generation, int index)
 	Flight	   *f = find_flight(generation);
 	BatchAggregate *agg;
 
+	if (f->results[index].err != RD_KAFKA_RESP_ERR_NO_ERROR)
+		f->report_failed = true;
 	f->outstanding--;
-	if (f->outstanding == 0)
+	/* A failure (a timeout, a leaderless partition) says nothing of the cluster's pace. */
+	if (f->outstanding == 0 && !f->report_failed)
 	{
 		double		ms = Min((double) (GetCurrentTimestamp() - f->produced_at) / 1000.0,
 							 HOLD_READING_MAX_MS);

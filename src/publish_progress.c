@@ -40,6 +40,7 @@
 #include "storage/lmgr.h"
 #include "utils/builtins.h"
 #include "utils/fmgroids.h"
+#include "utils/inval.h"
 #include "utils/lsyscache.h"
 #include "utils/rel.h"
 #include "utils/snapmgr.h"
@@ -81,14 +82,23 @@ static Oid	publication_relid = InvalidOid;
 static int	progress_columns[PC_NCOLUMNS];	/* 0-based attribute indexes */
 
 /*
- * The defaults of the columns an insert does not set, planned once per
- * look-up of the table (a relcache invalidation of it, e.g. ALTER TABLE
- * ... SET DEFAULT, makes publish_lookup_extension() look it up again), in
- * defaults_context; valid while defaults is not NULL.
+ * The defaults of the columns an insert does not set, planned in
+ * defaults_context; valid while defaults is not NULL and no relcache
+ * invalidation of the table (an ALTER TABLE, perhaps one the settling's own
+ * lock waited for) came since (defaults_stale).
  */
 static MemoryContext defaults_context = NULL;
 static OutboxColumnDefault *defaults = NULL;
 static int	ndefaults = 0;
+static bool defaults_stale = false;
+
+/* A relcache invalidation of aggregate_publication or of everything. */
+static void
+progress_relcache_callback(Datum arg, Oid relid)
+{
+	if (!OidIsValid(relid) || relid == publication_relid)
+		defaults_stale = true;
+}
 
 /* Look up aggregate_publication in namespace nsp, and its columns. */
 void
@@ -96,12 +106,13 @@ publish_progress_prepare(Oid nsp)
 {
 	publication_relid = publish_table_columns(nsp, "aggregate_publication", progress_names,
 											  PC_NCOLUMNS, progress_columns);
-	if (defaults_context != NULL)
-		MemoryContextReset(defaults_context);
-	defaults = NULL;
+	defaults_stale = true;
 }
 
-/* The planned defaults of the columns an insert into rel does not set. */
+/*
+ * The planned defaults of the columns an insert into rel (locked) does not
+ * set.  Published only once complete: an error leaves none.
+ */
 static void
 load_defaults(Relation rel)
 {
@@ -109,14 +120,26 @@ load_defaults(Relation rel)
 	AttrNumber	set[] = {c[PC_AGGREGATE_ID] + 1, c[PC_LAST_PUBLISHED_VERSION] + 1,
 	c[PC_LAST_PUBLISHED_AT] + 1, c[PC_UPDATED_AT] + 1};
 	MemoryContext oldcxt;
+	OutboxColumnDefault *loaded;
+	int			n;
 
 	if (defaults_context == NULL)
+	{
 		defaults_context = AllocSetContextCreate(TopMemoryContext, "outbox progress defaults",
 												 ALLOCSET_SMALL_SIZES);
+		CacheRegisterRelcacheCallback(progress_relcache_callback, (Datum) 0);
+	}
+	defaults = NULL;
+	ndefaults = 0;
+	MemoryContextReset(defaults_context);
+	/* Cleared first: an invalidation while planning marks them again. */
+	defaults_stale = false;
 	oldcxt = MemoryContextSwitchTo(defaults_context);
-	defaults = palloc(sizeof(OutboxColumnDefault) * RelationGetDescr(rel)->natts);
-	ndefaults = outbox_column_defaults(rel, set, lengthof(set), defaults);
+	loaded = palloc(sizeof(OutboxColumnDefault) * RelationGetDescr(rel)->natts);
+	n = outbox_column_defaults(rel, set, lengthof(set), loaded);
 	MemoryContextSwitchTo(oldcxt);
+	ndefaults = n;
+	defaults = loaded;
 }
 
 /* The primary key of aggregate_publication (rel). */
@@ -244,7 +267,8 @@ writer_prepare_insert(ProgressWriter *w)
 {
 	MemoryContext oldcxt;
 
-	if (defaults == NULL)
+	/* Under the table's lock: an ALTER TABLE it waited for is seen. */
+	if (defaults == NULL || defaults_stale)
 		load_defaults(w->rel);
 	oldcxt = MemoryContextSwitchTo(w->estate->es_query_cxt);
 	InitDirtySnapshot(w->dirty);

@@ -45,6 +45,32 @@ my $r = $mk->check(topics => ['outbox.event.first'], expect => { new => 1, warm 
 is($r->{exit}, 0, 'every event in Kafka, in order') or diag $r->{output};
 is($r->{duplicates}, 0, 'and sent once');
 
+# The columns' defaults are planned once and kept, but an ALTER TABLE that
+# a settling's lock waits for is seen: with the acknowledgement held back
+# (2 s round trip), a default changes while the event is out, and the
+# settling, blocked by the ALTER's lock, inserts the row with the new one.
+q1(q{SELECT outbox_emit('first', 'warm2', 'E', '{}')});
+ok(defined wait_published($node, 60), 'a first row inserted (the defaults are planned)');
+$mk->cmd('rtt all 2000');
+my $batches = counter($node, 'batches');
+q1(q{SELECT outbox_emit('first', 'altered', 'E', '{}')});
+ok($node->poll_query_until('postgres',
+	"SELECT value > $batches FROM outbox_counters() WHERE name = 'batches'"), 'the event is out');
+my $ddl = $node->background_psql('postgres');
+$ddl->query_safe('BEGIN');
+$ddl->query_safe('ALTER TABLE aggregate_publication ALTER COLUMN attempts SET DEFAULT 7');
+ok($node->poll_query_until('postgres',
+	q{SELECT count(*) = 1 FROM pg_stat_activity
+	   WHERE backend_type = 'outbox publisher' AND wait_event_type = 'Lock' AND wait_event = 'relation'}),
+	"the settling waits for the ALTER's lock");
+$ddl->query_safe('COMMIT');
+$ddl->quit;
+$mk->cmd('rtt all 0');
+ok(defined wait_published($node, 60), 'the event is settled');
+is(q1(q{SELECT attempts FROM aggregate_publication WHERE aggregate_id = 'altered'}), '7',
+	'with the default the ALTER set');
+q1('ALTER TABLE aggregate_publication ALTER COLUMN attempts SET DEFAULT 0');
+
 $node->stop;
 $mk->stop;
 done_testing();
