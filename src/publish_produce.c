@@ -499,11 +499,12 @@ publish_in_flight(int *events, int64 *bytes)
 }
 
 /*
- * Milliseconds to hold reading the next batch back (see HOLD_READING_MS):
- * while the newest flight, produced moments ago, awaits reports.
+ * Milliseconds until the newest flight, if it still awaits reports, is ms
+ * old (plus 1 ms per 100 of its events if per_event), at most
+ * HOLD_READING_MAX_MS; 0 if it is older or nothing is out.
  */
-long
-publish_hold_reading_ms(void)
+static long
+newest_flight_younger_than(long ms, bool per_event)
 {
 	Flight	   *f = publish_flights;
 	long		limit;
@@ -511,12 +512,20 @@ publish_hold_reading_ms(void)
 
 	if (f == NULL || f->outstanding == 0)
 		return 0;
-	limit = Min(Max(HOLD_READING_MS, (long) reported_ms_avg) + f->nevents / 100,
-				HOLD_READING_MAX_MS);
+	limit = Min(ms + (per_event ? f->nevents / 100 : 0), HOLD_READING_MAX_MS);
 	age = TimestampDifferenceMilliseconds(f->produced_at, GetCurrentTimestamp());
 	return age < limit ? limit - age : 0;
 }
 
+/*
+ * Milliseconds to hold reading the next batch back (see HOLD_READING_MS):
+ * while the newest flight, produced moments ago, awaits reports.
+ */
+long
+publish_hold_reading_ms(void)
+{
+	return newest_flight_younger_than(Max(HOLD_READING_MS, (long) reported_ms_avg), true);
+}
 
 /*
  * Milliseconds the reports of the newest flight are not worth waking for:
@@ -531,15 +540,7 @@ publish_hold_reading_ms(void)
 long
 publish_reports_quiet_ms(void)
 {
-	Flight	   *f = publish_flights;
-	long		window;
-	long		age;
-
-	if (f == NULL || f->outstanding == 0)
-		return 0;
-	window = (long) (reported_ms_avg * 3 / 4);
-	age = TimestampDifferenceMilliseconds(f->produced_at, GetCurrentTimestamp());
-	return age < window ? window - age : 0;
+	return newest_flight_younger_than((long) (reported_ms_avg * 3 / 4), false);
 }
 
 /* How long flights take to be wholly reported (ms, the moving average). */
