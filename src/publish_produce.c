@@ -153,6 +153,20 @@ result_slot(uint32 generation, int index)
  */
 static double reported_ms_avg = 0;
 
+/*
+ * How long the last flight took to be wholly reported, 0 if it was already
+ * when its quiet window ended (then it is not known, and the next flight's
+ * reports are served as they come): see publish_reports_quiet_ms.
+ */
+static double reported_ms_last = 0;
+
+/* The quiet window of a flight (see publish_reports_quiet_ms), ms. */
+static double
+quiet_window_ms(void)
+{
+	return Min(reported_ms_avg, reported_ms_last) * 3 / 4;
+}
+
 /* Delivery report callback: one message less in flight. */
 static void
 delivered(uint32 generation, int index)
@@ -169,6 +183,7 @@ delivered(uint32 generation, int index)
 		double		ms = Min((double) (GetCurrentTimestamp() - f->produced_at) / 1000.0,
 							 HOLD_READING_MAX_MS);
 
+		reported_ms_last = ms <= quiet_window_ms() + 1 ? 0 : ms;
 		reported_ms_avg = reported_ms_avg == 0 ? ms : 0.8 * reported_ms_avg + 0.2 * ms;
 	}
 	agg = hash_search(f->aggregates, &f->events[index].aggregate_id, HASH_FIND, NULL);
@@ -529,18 +544,20 @@ publish_hold_reading_ms(void)
 
 /*
  * Milliseconds the reports of the newest flight are not worth waking for:
- * until it is three quarters as old as flights were, on average, when
- * wholly reported.  Its reports come per partition and broker, tens of ms
- * apart on a replicated cluster, and settling and the next read wait for
- * the last one anyway: serving each as it came cost about ten sleeps and
- * wake-ups of the worker per read.  A flight reported sooner is noticed at
- * the end of the window, which then counts as its time (the average comes
- * down by a twentieth per flight).  0 when nothing is out.
+ * until it is three quarters as old as flights were when wholly reported
+ * (the last one, or on average if less).  Its reports come per partition
+ * and broker, tens of ms apart on a replicated cluster, and settling and
+ * the next read wait for the last one anyway: serving each as it came cost
+ * about ten sleeps and wake-ups of the worker per read.  A flight reported
+ * sooner is noticed at the end of the window; the next one then has none,
+ * so that the window follows a cluster that became faster (or a backlog's
+ * large flights followed by small ones) after one flight.  0 when nothing
+ * is out.
  */
 long
 publish_reports_quiet_ms(void)
 {
-	return newest_flight_younger_than((long) (reported_ms_avg * 3 / 4), false);
+	return newest_flight_younger_than((long) quiet_window_ms(), false);
 }
 
 /* How long flights take to be wholly reported (ms, the moving average). */
