@@ -288,7 +288,7 @@ extern void publish_in_flight(int *events, int64 *bytes);
 extern long publish_hold_reading_ms(void);
 extern long publish_reported_ms(void);
 extern long publish_reports_quiet_ms(void);
-extern void publish_serve_reports(void);
+extern void publish_serve_reports(bool unwatched);
 extern int	publish_check_timeouts(void);
 extern long publish_stalled_count(void);
 extern int	publish_reports_fd(void);

@@ -154,11 +154,17 @@ result_slot(uint32 generation, int index)
 static double reported_ms_avg = 0;
 
 /*
- * How long the last flight took to be wholly reported, 0 if it was already
- * when its quiet window ended (then it is not known, and the next flight's
- * reports are served as they come): see publish_reports_quiet_ms.
+ * How long the last flight took to be wholly reported, 0 if that is not
+ * known (its last reports were served after a wait that did not watch for
+ * them, the quiet window's) or it was a backlog's (half of
+ * outbox.batch_events or more: large flights take longer): the next
+ * flight's reports are then served as they come.  See
+ * publish_reports_quiet_ms.
  */
 static double reported_ms_last = 0;
+
+/* The reports being served waited unwatched (publish_serve_reports). */
+static bool serving_unwatched = false;
 
 /* The quiet window of a flight (see publish_reports_quiet_ms), ms. */
 static double
@@ -183,7 +189,7 @@ delivered(uint32 generation, int index)
 		double		ms = Min((double) (GetCurrentTimestamp() - f->produced_at) / 1000.0,
 							 HOLD_READING_MAX_MS);
 
-		reported_ms_last = ms <= quiet_window_ms() + 1 ? 0 : ms;
+		reported_ms_last = serving_unwatched || f->nevents >= outbox_batch_events / 2 ? 0 : ms;
 		reported_ms_avg = reported_ms_avg == 0 ? ms : 0.8 * reported_ms_avg + 0.2 * ms;
 	}
 	agg = hash_search(f->aggregates, &f->events[index].aggregate_id, HASH_FIND, NULL);
@@ -548,11 +554,11 @@ publish_hold_reading_ms(void)
  * (the last one, or on average if less).  Its reports come per partition
  * and broker, tens of ms apart on a replicated cluster, and settling and
  * the next read wait for the last one anyway: serving each as it came cost
- * about ten sleeps and wake-ups of the worker per read.  A flight reported
- * sooner is noticed at the end of the window; the next one then has none,
- * so that the window follows a cluster that became faster (or a backlog's
- * large flights followed by small ones) after one flight.  0 when nothing
- * is out.
+ * about ten sleeps and wake-ups of the worker per read.  A flight whose
+ * last reports were served after the window is not timed, and the next one
+ * has none, so that the window follows a cluster that became faster (or a
+ * backlog's large flights followed by small ones) after one flight.  0 when
+ * nothing is out.
  */
 long
 publish_reports_quiet_ms(void)
@@ -567,17 +573,23 @@ publish_reported_ms(void)
 	return (long) reported_ms_avg;
 }
 
-/* Serve the delivery reports that arrived (and drain the wake-up pipe). */
+/*
+ * Serve the delivery reports that arrived (and drain the wake-up pipe);
+ * unwatched: the wait before did not watch for them, so they may have
+ * arrived long before.
+ */
 void
-publish_serve_reports(void)
+publish_serve_reports(bool unwatched)
 {
 	char		buf[64];
 
+	serving_unwatched = unwatched;
 	if (reports_pipe[0] >= 0)
 		while (read(reports_pipe[0], buf, sizeof(buf)) > 0)
 			;
 	if (publish_producer != NULL)
 		rd_kafka_poll(publish_producer, 0);
+	serving_unwatched = false;
 }
 
 /* The pipe to wait on for delivery reports, or -1. */

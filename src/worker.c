@@ -408,7 +408,7 @@ pipeline_step(void)
 
 	/* Early, so that a configuration it refuses shows while idle. */
 	publish_ensure_producer();
-	publish_serve_reports();
+	publish_serve_reports(false);
 	(void) publish_check_timeouts();
 	n = publish_settle_ready();
 	MemoryContextSwitchTo(loop_context);
@@ -563,7 +563,7 @@ idle_wait(long wait_ms, bool failed)
 		if (rc & WL_SOCKET_READABLE)
 			outbox_count(OC_REPORT_WAKEUPS, 1);
 		ResetLatch(MyLatch);
-		publish_serve_reports();
+		publish_serve_reports(fd < 0 && publish_reports_fd() >= 0);
 		if (rc & WL_LATCH_SET)
 			return rc;
 		if (publish_check_timeouts() > 0 ||
