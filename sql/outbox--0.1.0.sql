@@ -213,7 +213,7 @@ CREATE TRIGGER outbox_note_write AFTER INSERT ON @extschema@.outbox
 ALTER TABLE @extschema@.outbox ENABLE ALWAYS TRIGGER outbox_note_write;
 -- Logical replication's apply fires no statement trigger on INSERT, and
 -- commits asynchronously by default: its rows mark their transaction by a
--- row trigger that fires only in replica mode (so never for emitters).
+-- row trigger that fires only in replica mode (so not for ordinary emitters).
 CREATE TRIGGER outbox_note_applied AFTER INSERT ON @extschema@.outbox
 	FOR EACH ROW EXECUTE FUNCTION @extschema@.outbox_note_write();
 ALTER TABLE @extschema@.outbox ENABLE REPLICA TRIGGER outbox_note_applied;
