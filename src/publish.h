@@ -110,6 +110,8 @@ typedef struct Flight
 	TimestampTz produced_at;
 	bool		timed_out;		/* unreported past outbox.delivery_timeout */
 	bool		report_failed;	/* a message's report was a failure */
+	bool		untimed;		/* out before the producer's first report (its
+								 * time includes connecting) */
 	bool		after_others;	/* other flights had messages out meanwhile */
 	struct Flight *next;
 } Flight;
@@ -271,6 +273,7 @@ extern void publish_produce_init(void);
 extern void publish_produce_start(void);
 extern void publish_check_producer_settings(void);
 extern bool publish_producer_outdated(void);
+extern bool publish_producer_replace_due(void);
 extern void publish_ensure_producer(void);
 extern void publish_drop_producer(void);
 extern void publish_check_fatal(void);

@@ -163,6 +163,9 @@ static double reported_ms_avg = 0;
  */
 static double reported_ms_last = 0;
 
+/* Has the producer reported a message yet (it is connected)? */
+static bool producer_reported = false;
+
 /* The reports being served waited unwatched (publish_serve_reports). */
 static bool serving_unwatched = false;
 
@@ -182,9 +185,14 @@ delivered(uint32 generation, int index)
 
 	if (f->results[index].err != RD_KAFKA_RESP_ERR_NO_ERROR)
 		f->report_failed = true;
+	else
+		producer_reported = true;
 	f->outstanding--;
-	/* A failure (a timeout, a leaderless partition) says nothing of the cluster's pace. */
-	if (f->outstanding == 0 && !f->report_failed)
+	/*
+	 * A failure (a timeout, a leaderless partition) says nothing of the
+	 * cluster's pace, nor does a first flight's connecting.
+	 */
+	if (f->outstanding == 0 && !f->report_failed && !f->untimed)
 	{
 		double		ms = Min((double) (GetCurrentTimestamp() - f->produced_at) / 1000.0,
 							 HOLD_READING_MAX_MS);
@@ -259,6 +267,7 @@ publish_drop_producer(void)
 {
 	outbox_producer_destroy(publish_producer);
 	publish_producer = NULL;
+	producer_reported = false;
 	for (Flight *f = publish_flights; f != NULL; f = f->next)
 	{
 		HASH_SEQ_STATUS seq;
@@ -305,9 +314,7 @@ publish_check_producer_settings(void)
 				 errdetail("Once the messages in flight are reported.") : 0));
 		producer_outdated_since = GetCurrentTimestamp();
 	}
-	if (publish_flights != NULL &&
-		!TimestampDifferenceExceeds(producer_outdated_since, GetCurrentTimestamp(),
-									outbox_delivery_timeout_ms))
+	if (!publish_producer_replace_due())
 		return;
 	producer_outdated_since = 0;
 	publish_drop_producer();
@@ -318,6 +325,19 @@ bool
 publish_producer_outdated(void)
 {
 	return producer_outdated_since != 0;
+}
+
+/*
+ * Is an outdated producer to be replaced now: its messages all reported,
+ * or outbox.delivery_timeout past since its settings changed?
+ */
+bool
+publish_producer_replace_due(void)
+{
+	return producer_outdated_since != 0 &&
+		(publish_flights == NULL ||
+		 TimestampDifferenceExceeds(producer_outdated_since, GetCurrentTimestamp(),
+									outbox_delivery_timeout_ms));
 }
 
 /* After a fatal producer error: count it, log it, and start afresh. */
@@ -424,6 +444,7 @@ publish_flight_begin(void)
 	f->aggregates = publish_aggregate_table("outbox flight aggregates", sizeof(BatchAggregate),
 											32, cxt);
 	f->produced_at = GetCurrentTimestamp();
+	f->untimed = !producer_reported;
 	for (Flight *o = publish_flights; o != NULL; o = o->next)
 		if (o->outstanding > 0)
 			f->after_others = true;

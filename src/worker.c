@@ -412,6 +412,9 @@ pipeline_step(void)
 	(void) publish_check_timeouts();
 	n = publish_settle_ready();
 	MemoryContextSwitchTo(loop_context);
+	/* Not after the idle wait (a poll interval): see idle_wait(). */
+	if (publish_producer_replace_due())
+		publish_check_producer_settings();
 
 	publish_in_flight(&nevents, &nbytes);
 	/*
@@ -514,7 +517,8 @@ wait_set_for(int fd)
  * Sleep up to wait_ms or until woken: by the latch (a commit that emitted),
  * or by a delivery report that lets an aggregate settle, or when messages
  * pass outbox.delivery_timeout (to show them stalled), or when reading may
- * resume (not after an error: that waits out its backoff).  Returns the
+ * resume (not after an error: that waits out its backoff), or when a
+ * producer left with old settings is to be replaced.  Returns the
  * WaitLatch result (0 when the wait ended otherwise).
  */
 static int
@@ -568,7 +572,8 @@ idle_wait(long wait_ms, bool failed)
 			return rc;
 		if (publish_check_timeouts() > 0 ||
 			(settle && publish_settle_due(NULL)) ||
-			(held && read_hold_ms() == 0))
+			(held && read_hold_ms() == 0) ||
+			publish_producer_replace_due())
 			return 0;
 		if (GetCurrentTimestamp() >= end)
 			return rc;

@@ -157,7 +157,12 @@ is($node->safe_psql('postgres', "SELECT count(*) FROM outbox_pending WHERE aggre
 	'1', 'after reload to a dead broker list the event stays pending');
 $node->append_conf('postgresql.conf', "outbox.brokers = '@{[ $mk->bootstrap ]}'\n");
 $node->reload;
-ok(defined wait_published($node, 120), 'after reload back to the mock, the event is published');
+# The event went out again to the dead list before the reload: the old
+# producer is replaced once that flight times out (outbox.delivery_timeout,
+# 5 s), not at the next poll (60 s here).
+my $back = wait_published($node, 120);
+ok(defined $back && $back < 30,
+	sprintf('after reload back to the mock, the event is published within 30 s (%.1f s)', $back // -1));
 cmp_ok(counter($node, 'producer_creations'), '>=', $creations + 2,
 	'each broker list change recreated the producer');
 ok($node->log_contains('Kafka settings changed, recreating the producer'),
@@ -170,7 +175,7 @@ is($node->safe_psql('postgres', q{SELECT max(count) = (SELECT value FROM outbox_
 like($node->safe_psql('postgres', 'SELECT state FROM outbox_workers()'), qr/idle|reading|producing|awaiting|marking|retention/,
 	'outbox_workers() shows what the worker does');
 
-# With slow acknowledgements (round trips of 30, 60 and 100 ms to the three
+# With slow acknowledgements (round trips of 20, 60 and 200 ms to the three
 # brokers) a steady trickle is read at the pace its flights are reported, not
 # every 10 ms: fewer, larger reads (a replicated cluster on a busy machine
 # acknowledges in 50-200 ms).  While the worker holds reading for a flight's
@@ -178,25 +183,29 @@ like($node->safe_psql('postgres', 'SELECT state FROM outbox_workers()'), qr/idle
 # outbox.read_commits-th ones neither.  And a flight's reports, coming tens of
 # ms apart, are served and settled together: not a wake-up per report, not
 # one settling per broker.
-$mk->cmd("rtt $_->[0] $_->[1]") for ([1, 30], [2, 60], [3, 100]);
+$mk->cmd("rtt $_->[0] $_->[1]") for ([1, 20], [2, 60], [3, 200]);
 my ($b0, $e0, $w0, $s0, $r0) = (counter($node, 'batches'), counter($node, 'events_published'),
 	counter($node, 'wakeups'), counter($node, 'settles'), counter($node, 'report_wakeups'));
 $t0 = time;
-while (time - $t0 < 3)
+while (time - $t0 < 5)
 {
 	$node->safe_psql('postgres',
 		"SELECT outbox_emit('load', 'slow-' || (random() * 50)::int, 'Tick', '{}')");
 }
-ok(defined wait_published($node, 120), 'the trickle under 100 ms acknowledgements is published');
+ok(defined wait_published($node, 120), 'the trickle under 200 ms acknowledgements is published');
 $mk->cmd('rtt all 0');
 my ($reads, $events, $held_wakeups, $settles) = (counter($node, 'batches') - $b0,
 	counter($node, 'events_published') - $e0, counter($node, 'wakeups') - $w0, counter($node, 'settles') - $s0);
 cmp_ok($reads * 2, '<', $events,
-	"under 100 ms acknowledgements reads follow them: $reads reads for $events events");
+	"under 200 ms acknowledgements reads follow them: $reads reads for $events events");
 cmp_ok($held_wakeups, '<=', $reads + 5,
 	"commits do not wake a worker holding reading for its flight's reports: $held_wakeups wake-ups");
+# Served as they come, a flight's reports wake the worker three times (one
+# per broker; 102 for 34 reads measured so).  Served together, once, or
+# twice when the worker woke late for the window (on a loaded machine)
+# and the next flight has none: the bound lies between.
 my $report_wakeups = counter($node, 'report_wakeups') - $r0;
-cmp_ok($report_wakeups, '<=', $reads * 1.5 + 2,
+cmp_ok($report_wakeups, '<=', $reads * 2 + 2,
 	"the early reports of a flight are served together: $report_wakeups wake-ups by reports for $reads reads");
 cmp_ok($settles, '<=', $reads * 1.25 + 2,
 	"a flight's reports from three brokers are settled together: $settles settlings for $reads reads");
