@@ -104,9 +104,13 @@ progress_relcache_callback(Datum arg, Oid relid)
 void
 publish_progress_prepare(Oid nsp)
 {
-	publication_relid = publish_table_columns(nsp, "aggregate_publication", progress_names,
+	Oid			relid = publish_table_columns(nsp, "aggregate_publication", progress_names,
 											  PC_NCOLUMNS, progress_columns);
-	defaults_stale = true;
+
+	/* A new table (the extension made again); the callback covers the old one. */
+	if (relid != publication_relid)
+		defaults_stale = true;
+	publication_relid = relid;
 }
 
 /*

@@ -49,6 +49,13 @@ is($r->{duplicates}, 0, 'and sent once');
 # a settling's lock waits for is seen: with the acknowledgement held back
 # (2 s round trip), a default changes while the event is out, and the
 # settling, blocked by the ALTER's lock, inserts the row with the new one.
+# Nothing else of the worker may take that wait first (then the settling
+# would find the invalidation already in): no retention (it joins
+# aggregate_publication once a second), and no read while the event is out
+# (outbox.batch_events = 1: no room for more).
+q1(q{ALTER SYSTEM SET outbox.retention = -1; ALTER SYSTEM SET outbox.inbox_retention = -1;
+	ALTER SYSTEM SET outbox.batch_events = 1; SELECT pg_reload_conf()});
+sleep 1;
 q1(q{SELECT outbox_emit('first', 'warm2', 'E', '{}')});
 ok(defined wait_published($node, 60), 'a first row inserted (the defaults are planned)');
 $mk->cmd('rtt all 2000');
@@ -61,7 +68,8 @@ $ddl->query_safe('BEGIN');
 $ddl->query_safe('ALTER TABLE aggregate_publication ALTER COLUMN attempts SET DEFAULT 7');
 ok($node->poll_query_until('postgres',
 	q{SELECT count(*) = 1 FROM pg_stat_activity
-	   WHERE backend_type = 'outbox publisher' AND wait_event_type = 'Lock' AND wait_event = 'relation'}),
+	   WHERE backend_type = 'outbox publisher' AND wait_event_type = 'Lock' AND wait_event = 'relation'
+	     AND query = 'marking published'}),
 	"the settling waits for the ALTER's lock");
 $ddl->query_safe('COMMIT');
 $ddl->quit;
