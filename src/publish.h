@@ -49,6 +49,7 @@ typedef struct BatchEvent
 	char	   *last_error;
 	bool		dead_letter_requested;
 	TransactionId pub_xmin;		/* its aggregate_publication row as read */
+	ItemPointerData pub_tid;	/* ... where it was (invalid: not known) */
 	bool		pub_row;		/* ... if there was one */
 	int64		owed;			/* the stream's delta that owes it (0: none) */
 	bool		maybe_more;		/* read by index, and the read was cut short */
@@ -82,6 +83,7 @@ typedef struct BatchAggregate
 	/* From its first event: */
 	int64		owed;			/* the stream's delta that owes it (0: none) */
 	TransactionId pub_xmin;		/* progress applies only to this row version */
+	ItemPointerData pub_tid;	/* ... found there first (invalid: by key) */
 	bool		pub_row;		/* ... or, if false, to no row */
 	bool		maybe_more;		/* may have more events than it read */
 	/* Its outcome, once collected: */
@@ -131,6 +133,7 @@ typedef struct PendingMarks
 	char	  **progress_ids;
 	int64	   *progress_versions;
 	TransactionId *progress_xmins;
+	ItemPointerData *progress_tids; /* where that row version was */
 	bool	   *progress_rows;	/* false: no row when read (insert) */
 	TimestampTz *progress_acked_at; /* when Kafka acknowledged that version */
 	int			ndisposed;
@@ -209,6 +212,7 @@ typedef struct PublishProgress
 	bool		listed;			/* paused, blocked, backing off or catching up */
 	int64		last_published_version;
 	TransactionId xmin;			/* the row's version */
+	ItemPointerData tid;		/* ... and where it is */
 } PublishProgress;
 
 /* publish_progress.c: progress read, and the common settling, without a statement */
@@ -216,7 +220,8 @@ extern void publish_progress_prepare(Oid nsp);
 extern void publish_progress_read(char **ids, int n, PublishProgress *out);
 extern Oid	publish_progress_relid(void);
 extern uint64 publish_progress_record(char **ids, int64 *versions, TransactionId *xmins,
-									  bool *has_row, TimestampTz *acked_at, int n,
+									  ItemPointerData *tids, bool *has_row,
+									  TimestampTz *acked_at, int n,
 									  TimestampTz now, HTAB *applied,
 									  MemoryContext applied_cxt);
 

@@ -981,6 +981,7 @@ publish_produce_flight(Flight *f, TimestampTz deadline)
 			agg->collected = false;
 			agg->owed = ev->owed;
 			agg->pub_xmin = ev->pub_xmin;
+			agg->pub_tid = ev->pub_tid;
 			agg->pub_row = ev->pub_row;
 			agg->maybe_more = ev->maybe_more;
 			agg->complete = false;

@@ -428,11 +428,12 @@ copy_payload(BatchEvent *ev, Datum *values, bool *nulls, const int *col, bool js
  * Copy one row into ev, in the current memory context: a row of the
  * outbox (columns where publish_heap_columns() says, the payload jsonb) or
  * of EVENT_COLUMNS (sql_columns, the payload's text); its aggregate's row
- * version (if it has a row) is pub_xmin.  The row is deformed once.
+ * version (if it has a row) is pub_xmin, at pub_tid if known (NULL: not).
+ * The row is deformed once.
  */
 static void
 copy_row(BatchEvent *ev, HeapTuple tup, TupleDesc desc, const int *col, bool pub_row,
-		 TransactionId pub_xmin)
+		 TransactionId pub_xmin, const ItemPointerData *pub_tid)
 {
 	Datum		values_local[32];
 	bool		nulls_local[32];
@@ -460,6 +461,10 @@ copy_row(BatchEvent *ev, HeapTuple tup, TupleDesc desc, const int *col, bool pub
 	ev->last_error = column_text(values, nulls, col, EC_LAST_ERROR);
 	ev->dead_letter_requested = DatumGetBool(values[col[EC_DEAD_LETTER_REQUESTED]]);
 	ev->pub_xmin = pub_xmin;
+	if (pub_tid != NULL)
+		ev->pub_tid = *pub_tid;
+	else
+		ItemPointerSetInvalid(&ev->pub_tid);
 	ev->pub_row = pub_row;
 	ev->action = EV_PUBLISH;
 	ev->produced = false;
@@ -526,12 +531,12 @@ chunk_size(ReadState *rs)
 
 /*
  * Add a fetched row (its columns where col says) to the flight, owed by
- * delta seq (0: none); its aggregate's row version is pub_xmin, if it has
- * a row.
+ * delta seq (0: none); its aggregate's row version is pub_xmin (at
+ * pub_tid, if known), if it has a row.
  */
 static void
 add_row(ReadState *rs, HeapTuple tup, TupleDesc desc, const int *col, int64 seq,
-		bool maybe_more, bool pub_row, TransactionId pub_xmin)
+		bool maybe_more, bool pub_row, TransactionId pub_xmin, const ItemPointerData *pub_tid)
 {
 	Flight	   *f = rs->f;
 	MemoryContext oldcxt = MemoryContextSwitchTo(f->cxt);
@@ -543,7 +548,7 @@ add_row(ReadState *rs, HeapTuple tup, TupleDesc desc, const int *col, int64 seq,
 		f->events = repalloc(f->events, sizeof(BatchEvent) * rs->size);
 	}
 	ev = &f->events[f->nevents];
-	copy_row(ev, tup, desc, col, pub_row, pub_xmin);
+	copy_row(ev, tup, desc, col, pub_row, pub_xmin, pub_tid);
 	ev->owed = seq;
 	ev->maybe_more = maybe_more;
 	MemoryContextSwitchTo(oldcxt);
@@ -697,7 +702,7 @@ read_by_index(ReadState *rs, int nshares, int share)
 				owed = publish_stream_undivert(id, false);
 			xmin = DatumGetTransactionId(SPI_getbinval(tup, SPI_tuptable->tupdesc,
 													   COL_PUB_XMIN, &no_row));
-			add_row(rs, tup, SPI_tuptable->tupdesc, sql_columns, owed, false, !no_row, xmin);
+			add_row(rs, tup, SPI_tuptable->tupdesc, sql_columns, owed, false, !no_row, xmin, NULL);
 		}
 		if (SPI_processed == 0 || truncated)
 			break;
@@ -811,7 +816,7 @@ read_new_delta(const char *snapshot, int nshares, int share)
  */
 static void
 stream_row(ReadState *rs, HeapTuple tup, TupleDesc desc, const char *id, int64 seq,
-		   bool pub_row, TransactionId pub_xmin)
+		   const PublishProgress *pub)
 {
 	if (set_has(rs->caught, id))
 		return;
@@ -823,7 +828,8 @@ stream_row(ReadState *rs, HeapTuple tup, TupleDesc desc, const char *id, int64 s
 	}
 	if (set_add(rs->owed, id))
 		publish_stream_owe(seq);
-	add_row(rs, tup, desc, publish_heap_columns(), seq, false, pub_row, pub_xmin);
+	add_row(rs, tup, desc, publish_heap_columns(), seq, false, pub->has_row, pub->xmin,
+			&pub->tid);
 }
 
 /* A chunk of the manifest being fetched: each event's row, once found. */
@@ -976,7 +982,7 @@ stream_chunk(ReadState *rs, Chunk *c, int64 seq)
 			 DatumGetInt64(heap_getattr(tup, c->col[EC_VERSION] + 1, desc, &isnull)) <=
 			 p->state.last_published_version))
 			continue;
-		stream_row(rs, tup, desc, p->aggregate_id, seq, p->state.has_row, p->state.xmin);
+		stream_row(rs, tup, desc, p->aggregate_id, seq, &p->state);
 	}
 }
 

@@ -196,7 +196,7 @@ apply_marks(PendingMarks *pm, TimestampTz now)
 	 */
 	if (pm->ndisposed == 0)
 		return publish_progress_record(pm->progress_ids, pm->progress_versions,
-									   pm->progress_xmins, pm->progress_rows,
+									   pm->progress_xmins, pm->progress_tids, pm->progress_rows,
 									   pm->progress_acked_at, pm->nprogress, now,
 									   pm->applied, marks_context);
 	args[0] = TimestampTzGetDatum(now);
@@ -302,6 +302,7 @@ new_marks(int nevents, int naggregates, Oid extension)
 	pm->progress_ids = palloc(sizeof(char *) * (naggregates + 1));
 	pm->progress_versions = palloc(sizeof(int64) * (naggregates + 1));
 	pm->progress_xmins = palloc(sizeof(TransactionId) * (naggregates + 1));
+	pm->progress_tids = palloc(sizeof(ItemPointerData) * (naggregates + 1));
 	pm->progress_rows = palloc(sizeof(bool) * (naggregates + 1));
 	pm->progress_acked_at = palloc(sizeof(TimestampTz) * (naggregates + 1));
 	pm->disposed_ids = palloc(sizeof(int64) * (nevents + 1));
@@ -440,6 +441,7 @@ collect_aggregate(PendingMarks *pm, Flight *f, BatchAggregate *agg)
 		pm->progress_ids[k] = MemoryContextStrdup(marks_context, agg->aggregate_id);
 		pm->progress_versions[k] = last_acked;
 		pm->progress_xmins[k] = agg->pub_xmin;
+		pm->progress_tids[k] = agg->pub_tid;
 		pm->progress_rows[k] = agg->pub_row;
 		pm->progress_acked_at[k] = acked_at;
 	}

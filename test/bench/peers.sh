@@ -20,11 +20,15 @@
 # defines them all before it sources this file.
 
 PEERS="ours relay relay1000 pgq logical logmsg"  # raw: throughput only
+# The extension again with reads spaced out (steady load only, not a peer):
+# the latency it trades for CPU, measured beside the peers.
+PACED_INTERVAL=100ms
 peer_pid=
 PEER_BASE=
 peer_name() {
 	case $1 in
 		ours) echo "outbox worker" ;;
+		paced) echo "outbox worker, paced" ;;
 		relay) echo "classic polling relay, LIMIT 100" ;;
 		relay1000) echo "classic polling relay, LIMIT 1000" ;;
 		pgq) echo "PgQ relay" ;;
@@ -107,7 +111,7 @@ peer_preload() { # p n a topic tx
 peer_steady_sql() { # p topic
 	local v="(extract(epoch FROM clock_timestamp()) * 1000000)::bigint"
 	case $1 in
-		ours) echo "SELECT event_id FROM outbox_emit('order', 'order-' || :id, 'OrderPaid', '{\"amount\": 10, \"currency\": \"EUR\"}', topic => '$2');" ;;
+		ours | paced) echo "SELECT event_id FROM outbox_emit('order', 'order-' || :id, 'OrderPaid', '{\"amount\": 10, \"currency\": \"EUR\"}', topic => '$2');" ;;
 		relay | relay1000) echo "INSERT INTO relay_outbox (aggregate_id, aggregate_version, topic, headers, payload) VALUES ('order-' || :id, $v, '$2', jsonb_build_object('event_id', gen_random_uuid()::text, 'event_type', 'OrderPaid', 'aggregate_type', 'order'), '{\"amount\": 10, \"currency\": \"EUR\"}');" ;;
 		pgq) echo "SELECT pgq.insert_event('$PGQ_QUEUE', 'OrderPaid', '{\"amount\": 10, \"currency\": \"EUR\"}', 'order-' || :id, $v::text, gen_random_uuid()::text, $v::text);" ;;
 		logical) echo "INSERT INTO peer_outbox (aggregate_type, aggregate_id, aggregate_version, event_id, event_type, topic, payload) VALUES ('order', 'order-' || :id, $v, gen_random_uuid()::text, 'OrderPaid', '$2', '{\"amount\": 10, \"currency\": \"EUR\"}');" ;;
@@ -136,6 +140,11 @@ peer_start() { # p
 	rm -f "$PEER_STATUS" "$PEER_LAT"
 	case $1 in
 		ours) peer_pid= ;;
+		paced)
+			peer_pid=
+			q -o /dev/null -c "ALTER SYSTEM SET outbox.read_interval = '$PACED_INTERVAL'" \
+				-c "ALTER SYSTEM SET outbox.read_commits = 1000000" -c "SELECT pg_reload_conf()"
+			sleep 1 ;;
 		relay | relay1000)
 			"$bench/relay" --dsn "$dsn" --brokers "$brokers" --batch "$([ "$1" = relay ] && echo 100 || echo 1000)" \
 				--poll-ms 10 --max-seconds 900 >"$work/relay.out" 2>>"$work/relay.err" &
@@ -171,13 +180,16 @@ peer_stop() { # p
 		pgq) q -o /dev/null -c "SELECT pgq.unregister_consumer('$PGQ_QUEUE', 'relay')" \
 			-c "SELECT pgq.drop_queue('$PGQ_QUEUE')" ;;
 		logical | logmsg) q -o /dev/null -c "SELECT pg_drop_replication_slot('$PEER_SLOT')" ;;
+		paced) q -o /dev/null -c "ALTER SYSTEM RESET outbox.read_interval" \
+			-c "ALTER SYSTEM RESET outbox.read_commits" -c "SELECT pg_reload_conf()"
+			sleep 1 ;;
 	esac
 }
 # Until the publisher has settled everything emitted so far.
 peer_drain() { # p [exec-sql] -> DRAIN_LINE
 	local sql=${2:-SELECT 1}
 	case $1 in
-		ours) drain outbox "$sql" ;;
+		ours | paced) drain outbox "$sql" ;;
 		relay | relay1000) drain relay_outbox "$sql" ;;
 		*) DRAIN_LINE=$("$bench/drain_wait" --dsn "$dsn" --status-file "$PEER_STATUS" --events "$PEER_EXPECT" \
 			${PEER_BASE:+--base "$PEER_BASE"} --exec "$sql" --interval-ms 20 --timeout-s "$DRAIN_TIMEOUT") ;;
@@ -186,7 +198,7 @@ peer_drain() { # p [exec-sql] -> DRAIN_LINE
 # One event through the started publisher (metadata, connections, producer id).
 peer_warm() { # p
 	case $1 in
-		ours) warm_ours "$T" ;;
+		ours | paced) warm_ours "$T" ;;
 		*)
 			PEER_EXPECT=1
 			peer_drain "$1" "$(peer_body "$1" 0 0 1 "$T" | sed "s/'order-' || (i % 1)/'warmup'/")"
@@ -199,7 +211,7 @@ peer_settled() { sed -n 's/^settled=\([0-9]*\) .*/\1/p' "$PEER_STATUS" 2>/dev/nu
 # CPU ticks of the publisher: its process plus its server backend (or walsender).
 peer_pids() { # p
 	case $1 in
-		ours) q -c "SELECT pid FROM pg_stat_activity WHERE backend_type = 'outbox publisher'" ;;
+		ours | paced) q -c "SELECT pid FROM pg_stat_activity WHERE backend_type = 'outbox publisher'" ;;
 		*) q -c "SELECT pid FROM pg_stat_activity WHERE application_name LIKE 'outbox-bench-%'"
 			echo "$peer_pid" ;;
 	esac
@@ -308,14 +320,14 @@ peer_steady() { # key p rate
 	base=$(peer_settled)
 	since=$(q -c "SELECT clock_timestamp()")
 	pids=$(peer_pids "$p" | xargs)
-	[ "$p" = ours ] && hist_start
+	case $p in ours | paced) hist_start ;; esac
 	c0=$(cpu_of $pids)
 	pgbench -n -M prepared -c "$LAT_CLIENTS" -j 2 --rate "$rate" -T "$P_LAT_S" -f "$work/steady.sql" >"$log" 2>&1 ||
 		{ cat "$log" >&2; exit 1; }
 	c1=$(cpu_of $pids)
 	n=$(sed -n 's/^number of transactions actually processed: \([0-9]*\).*/\1/p' "$log")
 	case $p in
-		ours | relay | relay1000) peer_drain "$p" ;;
+		ours | paced | relay | relay1000) peer_drain "$p" ;;
 		*)
 			for _ in $(seq $((DRAIN_TIMEOUT * 20))); do
 				[ "$(peer_settled)" -ge $((base + n)) ] && break
@@ -323,7 +335,7 @@ peer_steady() { # key p rate
 			done ;;
 	esac
 	c2=$(cpu_of $pids)
-	[ "$p" = ours ] && hist_stop "$key"
+	case $p in ours | paced) hist_stop "$key" ;; esac
 	res "$key.events" "$n"
 	res "$key.tps" "$(sed -n 's/^tps = \([0-9.]*\) .*/\1/p' "$log" | xargs printf '%.0f')"
 	res "$key.cpu_pct" "$(awk -v a="$c0" -v b="$c1" -v hz="$HZ" -v s="$P_LAT_S" 'BEGIN { printf "%.1f\n", 100 * (b - a) / hz / s }')"
@@ -333,7 +345,7 @@ peer_steady() { # key p rate
 	case $p in
 		# The worker's own emit→ack histogram (every event, to within a
 		# bucket): no sampler session beside the extension only.
-		ours) res "$key.stats" "${R[$key.hist]}" ;;
+		ours | paced) res "$key.stats" "${R[$key.hist]}" ;;
 		relay | relay1000) lat_stats "$key" relay_outbox "$since" ;;
 		*) res "$key.stats" "$(sort -n "$PEER_LAT" | awk '{ x[NR] = $1 } END {
 				if (NR == 0) { print "0 - - -"; exit }
@@ -366,7 +378,7 @@ peers_run() {
 	for p in $PEERS; do peer_throughput "p.tx1000.$p" "$p" "$N" "$AGGS_MAIN" 1000; done
 	say "p3. steady load: pgbench --rate, $P_LAT_S s per rate, each publisher alone"
 	for rate in $P_RATES; do
-		for p in $PEERS; do peer_steady "p.st.$rate.$p" "$p" "$rate"; done
+		for p in $PEERS paced; do peer_steady "p.st.$rate.$p" "$p" "$rate"; done
 	done
 }
 
@@ -397,7 +409,7 @@ peers_report() {
 		M+=("p.st.$rate.%.p50|p50 commit→ack at $(fmt "$rate")/s (ms)|lo" "p.st.$rate.%.p99|p99 commit→ack at $(fmt "$rate")/s (ms)|lo")
 	done
 	for rate in $P_RATES; do
-		for p in $PEERS; do
+		for p in $PEERS paced; do
 			R[p.st.$rate.$p.p50]=$(lf "p.st.$rate.$p" 2)
 			R[p.st.$rate.$p.p99]=$(lf "p.st.$rate.$p" 3)
 		done
@@ -523,6 +535,22 @@ peers_report() {
 		echo "| p99 commit→ack at $(fmt "$rate")/s ≤ logical decoding's (table) | ${R[p.st.$rate.ours.p99]} vs ${R[p.st.$rate.logical.p99]} ms | $(met "${R[p.st.$rate.ours.p99]:-999999} <= ${R[p.st.$rate.logical.p99]:-0}") |"
 	done
 	echo
+	echo "The same steady loads with the extension paced: \`outbox.read_interval = $PACED_INTERVAL\`,"
+	echo "\`outbox.read_commits = 1000000\` (a read at most every $PACED_INTERVAL while events come;"
+	echo "a backlog is still read at once): fewer, larger reads, settlings and ProduceRequests, for"
+	echo "up to $PACED_INTERVAL more latency. Same run, same peers:"
+	echo
+	echo "| rate | CPU µs/event: paced / default / best peer | CPU % of a core: paced / default | p50 commit→ack (ms): paced / default | p99 (ms): paced / default / logical decoding (table) | CPU ≤ best peer's and p99 ≤ logical decoding's, paced |"
+	echo "|---|---|---|---|---|---|"
+	for rate in $P_RATES; do
+		read -r bcpu bn <<<"$(best_peer "p.st.$rate.%.cpu_us" lo)"
+		bp99=${R[p.st.$rate.logical.p99]:-}
+		local ok
+		ok=$(met "${R[p.st.$rate.paced.cpu_us]:-999999} <= ${bcpu:-0}")
+		[ "$rate" = 1000 ] || ok="$ok / $(met "${R[p.st.$rate.paced.p99]:-999999} <= ${bp99:-0}")"
+		echo "| $(fmt "$rate")/s | ${R[p.st.$rate.paced.cpu_us]:-} / ${R[p.st.$rate.ours.cpu_us]:-} / ${bcpu:-} ($(peer_name "$bn")) | ${R[p.st.$rate.paced.cpu_pct]:-} / ${R[p.st.$rate.ours.cpu_pct]:-} | ${R[p.st.$rate.paced.p50]:-} / ${R[p.st.$rate.ours.p50]:-} | ${R[p.st.$rate.paced.p99]:-} / ${R[p.st.$rate.ours.p99]:-} / ${bp99:--} | $ok |"
+	done
+	echo
 	echo "Order check of every throughput run (\`test/tools/order_check\`; first round shown per publisher, all rounds in results.tsv):"
 	echo
 	for k in tp0 tp5 tx1000; do
@@ -540,6 +568,6 @@ peers_report() {
 	echo
 	echo "All rounds, events/s at 0 ms: $(for p in $PEERS raw; do printf '%s %s; ' "$p" "${R[p.tp0.$p.all]}"; done)"
 	echo "at 5 ms: $(for p in $PEERS raw; do printf '%s %s; ' "$p" "${R[p.tp5.$p.all]}"; done)"
-	echo "Achieved pgbench rates: $(for rate in $P_RATES; do for p in $PEERS; do printf '%s@%s %s; ' "$p" "$rate" "${R[p.st.$rate.$p.tps]}"; done; done)"
+	echo "Achieved pgbench rates: $(for rate in $P_RATES; do for p in $PEERS paced; do printf '%s@%s %s; ' "$p" "$rate" "${R[p.st.$rate.$p.tps]}"; done; done)"
 	echo
 }
