@@ -154,7 +154,7 @@ result_slot(uint32 generation, int index)
 static double reported_ms_avg = 0;
 
 /*
- * How long the last flight took to be wholly reported, 0 if that is not
+ * How long the last timed flight took to be wholly reported, 0 if that is not
  * known (its last reports were served after a wait that did not watch for
  * them, the quiet window's) or it was a backlog's (half of
  * outbox.batch_events or more: large flights take longer): the next
@@ -163,7 +163,7 @@ static double reported_ms_avg = 0;
  */
 static double reported_ms_last = 0;
 
-/* Has the producer reported a message yet (it is connected)? */
+/* Has the producer had a message acknowledged yet (it is connected)? */
 static bool producer_reported = false;
 
 /* The reports being served waited unwatched (publish_serve_reports). */
@@ -328,8 +328,8 @@ publish_producer_outdated(void)
 }
 
 /*
- * Is an outdated producer to be replaced now: its messages all reported,
- * or outbox.delivery_timeout past since its settings changed?
+ * Is an outdated producer to be replaced now: its flights all settled, or
+ * outbox.delivery_timeout past since its settings changed?
  */
 bool
 publish_producer_replace_due(void)
@@ -344,6 +344,9 @@ publish_producer_replace_due(void)
 void
 publish_check_fatal(void)
 {
+	/* (None since a replacement dropped it: the next read makes one.) */
+	if (publish_producer == NULL)
+		return;
 	if (outbox_producer_fatal_pending() || rd_kafka_fatal_error(publish_producer, NULL, 0))
 	{
 		char		reason[512];

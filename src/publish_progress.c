@@ -306,9 +306,9 @@ writer_close(ProgressWriter *w)
 	table_close(w->rel, NoLock);
 }
 
-/* Is the row in slot the aggregate's, at version xmin? */
+/* Is the row in slot at version xmin, and the aggregate's (unless NULL)? */
 static bool
-row_is(TupleTableSlot *slot, int id_column, const char *aggregate_id, TransactionId xmin)
+row_is(TupleTableSlot *slot, const char *aggregate_id, TransactionId xmin)
 {
 	bool		isnull;
 	text	   *id;
@@ -316,7 +316,9 @@ row_is(TupleTableSlot *slot, int id_column, const char *aggregate_id, Transactio
 	if (DatumGetTransactionId(slot_getsysattr(slot, MinTransactionIdAttributeNumber,
 											  &isnull)) != xmin)
 		return false;
-	id = DatumGetTextPP(slot_getattr(slot, id_column + 1, &isnull));
+	if (aggregate_id == NULL)
+		return true;
+	id = DatumGetTextPP(slot_getattr(slot, progress_columns[PC_AGGREGATE_ID] + 1, &isnull));
 	return !isnull && VARSIZE_ANY_EXHDR(id) == strlen(aggregate_id) &&
 		memcmp(VARDATA_ANY(id), aggregate_id, VARSIZE_ANY_EXHDR(id)) == 0;
 }
@@ -337,11 +339,11 @@ find_and_lock(ProgressWriter *w, const char *aggregate_id, TransactionId xmin, I
 	/* (A vacuum since the read may have cut the table short of tid.) */
 	if (!(ItemPointerIsValid(tid) && ItemPointerGetBlockNumber(tid) < w->nblocks &&
 		  table_tuple_fetch_row_version(w->rel, tid, GetActiveSnapshot(), w->found) &&
-		  row_is(w->found, progress_columns[PC_AGGREGATE_ID], aggregate_id, xmin)))
+		  row_is(w->found, aggregate_id, xmin)))
 	{
-		if (!find_row(w->scan, w->pkey, aggregate_id, w->found))
-			return false;
-		if (!row_is(w->found, progress_columns[PC_AGGREGATE_ID], aggregate_id, xmin))
+		/* (The key matched the aggregate.) */
+		if (!find_row(w->scan, w->pkey, aggregate_id, w->found) ||
+			!row_is(w->found, NULL, xmin))
 			return false;
 	}
 	/* Not following updates: a newer version is not the one read. */
@@ -460,8 +462,9 @@ insert_progress(ProgressWriter *w, const char *aggregate_id, int64 version,
 /*
  * Record the progress of n aggregates (ids[i] reached versions[i],
  * acknowledged at acked_at[i]; when read, its row was at version xmins[i],
- * at tids[i] if valid, or it had none: has_row[i] false); each one recorded is entered into
- * applied (keys allocated in applied_cxt).  Returns the number recorded.
+ * at tids[i] if valid, or it had none: has_row[i] false); each one
+ * recorded is entered into applied (keys allocated in applied_cxt).
+ * Returns the number recorded.
  */
 uint64
 publish_progress_record(char **ids, int64 *versions, TransactionId *xmins, ItemPointerData *tids,

@@ -412,7 +412,7 @@ pipeline_step(void)
 	(void) publish_check_timeouts();
 	n = publish_settle_ready();
 	MemoryContextSwitchTo(loop_context);
-	/* Not after the idle wait (a poll interval): see idle_wait(). */
+	/* Settling freed an outdated producer's last flight: replace it now. */
 	if (publish_producer_replace_due())
 		publish_check_producer_settings();
 

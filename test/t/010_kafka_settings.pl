@@ -164,6 +164,31 @@ is($n, 1, 'and its end once');
 unlike($log, qr/^%\d\|/m, 'no librdkafka line went to stderr');
 unlike($log, qr/Marker[5-8]/, 'no credential or value from the file reached the log');
 
+# 4. A setting changed while a message is in flight: the producer is replaced
+# once that message is acknowledged and settled (not sent again), in the
+# same turn, before any new read; with nothing else to read the worker goes
+# on without a producer until it needs one.
+my $pid = $node->safe_psql('postgres', q{SELECT pid FROM pg_stat_activity WHERE backend_type = 'outbox publisher'});
+my $creations = counter($node, 'producer_creations');
+$mk->cmd('rtt all 1500');
+my $batches = counter($node, 'batches');
+$node->safe_psql('postgres', q{SELECT outbox_emit('flight', 'c-4', 'E', '{}')});
+wait_for("SELECT value > $batches FROM outbox_counters() WHERE name = 'batches'", 'the event is out');
+reload_with(q{outbox.kafka_properties = 'linger.ms=3'});
+my $t0 = time;
+ok(defined wait_published($node, 60), 'the event in flight is settled after the reload');
+cmp_ok(time - $t0, '<', 10, 'when it is acknowledged (1.5 s round trip), not after a poll or a timeout');
+$mk->cmd('rtt all 0');
+sleep 1;
+is($node->safe_psql('postgres', q{SELECT pid FROM pg_stat_activity WHERE backend_type = 'outbox publisher'}),
+	$pid, 'the publisher went on (no crash, no restart)');
+$node->safe_psql('postgres', q{SELECT outbox_emit('flight', 'c-4', 'E', '{}')});
+ok(defined wait_published($node, 60), 'the next event is published by a new producer');
+cmp_ok(counter($node, 'producer_creations'), '>', $creations, 'the producer was recreated');
+my $r = $mk->check(topics => ['outbox.event.flight'], expect => { 'c-4' => 2 });
+is($r->{exit}, 0, 'both versions in Kafka, in order') or diag $r->{output};
+is($r->{duplicates}, 0, 'the event in flight was not sent twice');
+
 $node->stop;
 $mk->stop;
 done_testing();
