@@ -31,6 +31,8 @@ typedef enum EventAction
 
 #define EV_NUM_ACTIONS (EV_SKIP + 1)
 
+struct BatchAggregate;
+
 /* One pending event as read, and what became of it. */
 typedef struct BatchEvent
 {
@@ -58,6 +60,7 @@ typedef struct BatchEvent
 	bool		solo;			/* produced with nothing else in flight */
 	bool		retry_alone;	/* refused for size, maybe for others: no attempt */
 	int			next;			/* next event of the same aggregate, or -1 */
+	struct BatchAggregate *agg; /* its aggregate in the flight, once produced */
 } BatchEvent;
 
 typedef enum AggregateState

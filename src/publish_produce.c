@@ -200,7 +200,8 @@ delivered(uint32 generation, int index)
 		reported_ms_last = serving_unwatched || f->nevents >= outbox_batch_events / 2 ? 0 : ms;
 		reported_ms_avg = reported_ms_avg == 0 ? ms : 0.8 * reported_ms_avg + 0.2 * ms;
 	}
-	agg = hash_search(f->aggregates, &f->events[index].aggregate_id, HASH_FIND, NULL);
+	/* (Its entry, kept at produce time: no look-up per report.) */
+	agg = f->events[index].agg;
 	if (agg != NULL)
 		agg->unreported--;
 }
@@ -996,6 +997,7 @@ publish_produce_flight(Flight *f, TimestampTz deadline)
 			f->events[agg->tail].next = i;
 			agg->tail = i;
 		}
+		ev->agg = agg;
 
 		if (agg->state == AGG_ACTIVE)
 			nfailed += produce_in_order(f, i, agg, deadline);

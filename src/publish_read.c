@@ -471,6 +471,7 @@ copy_row(BatchEvent *ev, HeapTuple tup, TupleDesc desc, const int *col, bool pub
 	ev->solo = false;
 	ev->retry_alone = false;
 	ev->next = -1;
+	ev->agg = NULL;
 	if (values != values_local)
 	{
 		pfree(values);
