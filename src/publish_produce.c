@@ -345,9 +345,6 @@ publish_producer_replace_due(void)
 void
 publish_check_fatal(void)
 {
-	/* (None since a replacement dropped it: the next read makes one.) */
-	if (publish_producer == NULL)
-		return;
 	if (outbox_producer_fatal_pending() || rd_kafka_fatal_error(publish_producer, NULL, 0))
 	{
 		char		reason[512];

@@ -412,9 +412,6 @@ pipeline_step(void)
 	(void) publish_check_timeouts();
 	n = publish_settle_ready();
 	MemoryContextSwitchTo(loop_context);
-	/* Settling freed an outdated producer's last flight: replace it now. */
-	if (publish_producer_replace_due())
-		publish_check_producer_settings();
 
 	publish_in_flight(&nevents, &nbytes);
 	/*
@@ -1024,8 +1021,12 @@ outbox_worker_main(Datum main_arg)
 			error_backoff_ms = WORKER_ERROR_BACKOFF_MS;
 			last_logged_error[0] = '\0';
 			set_problem(NULL);
-			/* After progress, look again at once: more is probably waiting. */
-			if (n > 0)
+			/*
+			 * After progress, look again at once: more is probably waiting;
+			 * and a producer left with old settings whose last flight
+			 * settling freed is replaced at the top, not after a poll.
+			 */
+			if (n > 0 || publish_producer_replace_due())
 				continue;
 			/* Idle: is a broker-level condition over?  (Blocks up to 200 ms.) */
 			if (TimestampDifferenceExceeds(last_probe_at, GetCurrentTimestamp(),
