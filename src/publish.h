@@ -92,6 +92,10 @@ typedef struct BatchAggregate
 	/* Its outcome, once collected: */
 	bool		complete;		/* every event read was settled */
 	bool		listed;			/* a failure made the database list it */
+	int			nmarked;		/* events its last collection marked */
+	/* Settlings that found its row held by another transaction: */
+	int			deferrals;
+	TimestampTz retry_at;		/* ... and when to try again (0: now) */
 } BatchAggregate;
 
 /*
@@ -145,6 +149,7 @@ typedef struct PendingMarks
 	char	  **disposed_aggregates;
 	int64		nsettled[EV_NUM_ACTIONS];
 	HTAB	   *applied;		/* aggregates whose progress was recorded */
+	HTAB	   *busy;			/* ... and those left for a later settling */
 } PendingMarks;
 
 /* worker.c: the loop */
@@ -225,7 +230,7 @@ extern Oid	publish_progress_relid(void);
 extern uint64 publish_progress_record(char **ids, int64 *versions, TransactionId *xmins,
 									  ItemPointerData *tids, bool *has_row,
 									  TimestampTz *acked_at, int n,
-									  TimestampTz now, HTAB *applied,
+									  TimestampTz now, HTAB *applied, HTAB *busy,
 									  MemoryContext applied_cxt);
 
 /* publish_heap.c: a delta's rows from the heap, a page at a time */
@@ -303,6 +308,7 @@ extern void publish_serve_reports(bool unwatched);
 extern int	publish_check_timeouts(void);
 extern long publish_stalled_count(void);
 extern int	publish_reports_fd(void);
+extern bool publish_aggregate_ready(BatchAggregate *agg);
 extern bool publish_any_ready(void);
 extern int	publish_outstanding(void);
 extern const char *publish_event_destination(BatchEvent *ev);

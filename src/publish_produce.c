@@ -689,11 +689,22 @@ publish_stalled_count(void)
 	return n;
 }
 
-/* Is the aggregate ready to settle (all its messages reported)? */
+/*
+ * Is the aggregate ready to settle: all its messages reported, and not
+ * left for later by a settling that found its row held?
+ */
+bool
+publish_aggregate_ready(BatchAggregate *agg)
+{
+	return !agg->settled && !agg->collected && agg->unreported == 0 &&
+		(agg->retry_at == 0 || agg->retry_at <= GetCurrentTimestamp());
+}
+
+/* Walker: is the aggregate ready to settle? */
 static bool
 is_ready(Flight *f, BatchAggregate *agg, void *arg)
 {
-	return !agg->settled && !agg->collected && agg->unreported == 0;
+	return publish_aggregate_ready(agg);
 }
 
 /* Is any aggregate ready to settle (all its messages reported)? */
@@ -987,6 +998,9 @@ publish_produce_flight(Flight *f, TimestampTz deadline)
 			agg->maybe_more = ev->maybe_more;
 			agg->complete = false;
 			agg->listed = false;
+			agg->nmarked = 0;
+			agg->deferrals = 0;
+			agg->retry_at = 0;
 			take_aggregate(f, agg, &naggregates);
 		}
 		else

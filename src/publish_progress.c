@@ -12,17 +12,20 @@
  *	  its time starting the executor for an UPDATE or INSERT of a few rows;
  *	  the other settlings still run publish_settle.c's statement.
  *
- *	  Locking: each row is locked (FOR NO KEY UPDATE, waiting) before it is
- *	  written, as the statement's UPDATE would; a row updated since the
- *	  read (an operator, a failure recorded) is left alone, as the
- *	  statement's "xmin = the version read" leaves it.  A row to insert is
- *	  first looked for with a dirty snapshot: one that exists is left
- *	  alone, as the statement's ON CONFLICT DO NOTHING leaves it, and one
- *	  being inserted or deleted (an operator's function) is waited for, as
- *	  that statement waits, and looked for again.  One inserted between
- *	  that look and ours fails the settling with a unique violation; its
- *	  marks are held and the retry finds the row.  A row trigger that skips
- *	  the write leaves the aggregate unrecorded.
+ *	  Locking: each row is locked (FOR NO KEY UPDATE) before it is
+ *	  written; a row updated since the read (an operator, a failure
+ *	  recorded) is left alone, as the statement's "xmin = the version read"
+ *	  leaves it.  A row to insert is first looked for with a dirty
+ *	  snapshot: one that exists is left alone, as the statement's ON
+ *	  CONFLICT DO NOTHING leaves it, and one being inserted or deleted (an
+ *	  operator's function) is waited for and looked for again.  Neither
+ *	  wait blocks: a row another transaction holds (an operator's, open)
+ *	  makes its aggregate "busy", left for a later settling, so that the
+ *	  others are recorded meanwhile; the statement waited, and with it the
+ *	  whole worker, for as long as that transaction stayed open.  One
+ *	  inserted between the look and ours fails the settling with a unique
+ *	  violation; its marks are held and the retry finds the row.  A row
+ *	  trigger that skips the write leaves the aggregate unrecorded.
  *
  *-------------------------------------------------------------------------
  */
@@ -78,6 +81,14 @@ static const char *const progress_names[PC_NCOLUMNS] = {
 	[PC_PAUSED] = "paused",
 	[PC_BLOCKED_VERSION] = "blocked_version",
 };
+
+/* What became of an aggregate's progress in a settling. */
+typedef enum ProgressOutcome
+{
+	PROGRESS_RECORDED,			/* written (or, from find_and_lock, locked) */
+	PROGRESS_CHANGED,			/* its row changed since the read: not written */
+	PROGRESS_BUSY				/* another transaction holds its row: later */
+} ProgressOutcome;
 
 static Oid	publication_relid = InvalidOid;
 static int	progress_columns[PC_NCOLUMNS];	/* 0-based attribute indexes */
@@ -325,16 +336,19 @@ row_is(TupleTableSlot *slot, const char *aggregate_id, TransactionId xmin)
 
 /*
  * Find the aggregate's row and lock it, if it is still the version read
- * (xmin); false if it is gone or changed since.  Looked for first where
+ * (xmin): PROGRESS_RECORDED if locked (to be written), PROGRESS_CHANGED if
+ * it is gone or changed since, PROGRESS_BUSY if another transaction holds
+ * it.  Looked for first where
  * the read found it (tid, if valid): the version visible there, with the
  * same xmin and aggregate, is the one the key would find, without an
  * index descent (a settling does one per aggregate: ~12% of the worker's
  * main thread at a steady load against a real cluster).
  */
-static bool
+static ProgressOutcome
 find_and_lock(ProgressWriter *w, const char *aggregate_id, TransactionId xmin, ItemPointer tid)
 {
 	TM_FailureData tmfd;
+	TM_Result	result;
 
 	/* (A vacuum since the read may have cut the table short of tid.) */
 	if (!(ItemPointerIsValid(tid) && ItemPointerGetBlockNumber(tid) < w->nblocks &&
@@ -344,12 +358,15 @@ find_and_lock(ProgressWriter *w, const char *aggregate_id, TransactionId xmin, I
 		/* (The key matched the aggregate.) */
 		if (!find_row(w->scan, w->pkey, aggregate_id, w->found) ||
 			!row_is(w->found, NULL, xmin))
-			return false;
+			return PROGRESS_CHANGED;
 	}
 	/* Not following updates: a newer version is not the one read. */
-	return table_tuple_lock(w->rel, &w->found->tts_tid, GetActiveSnapshot(), w->found,
-							GetCurrentCommandId(false), LockTupleNoKeyExclusive,
-							LockWaitBlock, 0, &tmfd) == TM_Ok;
+	result = table_tuple_lock(w->rel, &w->found->tts_tid, GetActiveSnapshot(), w->found,
+							  GetCurrentCommandId(false), LockTupleNoKeyExclusive,
+							  LockWaitSkip, 0, &tmfd);
+	if (result == TM_WouldBlock)
+		return PROGRESS_BUSY;
+	return result == TM_Ok ? PROGRESS_RECORDED : PROGRESS_CHANGED;
 }
 
 /*
@@ -403,10 +420,11 @@ write_progress(ProgressWriter *w, int64 version, TimestampTz acked_at, Timestamp
 /*
  * Insert the row of an aggregate that had none when read: it reached
  * version, acknowledged at acked_at; the other columns take their
- * defaults.  False if a row exists (left alone; one being inserted or
- * deleted is waited for first).
+ * defaults.  PROGRESS_CHANGED if a row exists (left alone) or a row
+ * trigger skipped the insert, PROGRESS_BUSY if one is being inserted or
+ * deleted by a transaction still open.
  */
-static bool
+static ProgressOutcome
 insert_progress(ProgressWriter *w, const char *aggregate_id, int64 version,
 				TimestampTz acked_at, TimestampTz now)
 {
@@ -423,8 +441,9 @@ insert_progress(ProgressWriter *w, const char *aggregate_id, int64 version,
 		TransactionId xwait = TransactionIdIsValid(w->dirty.xmin) ? w->dirty.xmin : w->dirty.xmax;
 
 		if (!TransactionIdIsValid(xwait))
-			return false;
-		XactLockTableWait(xwait, w->rel, &w->found->tts_tid, XLTW_InsertIndex);
+			return PROGRESS_CHANGED;
+		if (!ConditionalXactLockTableWait(xwait))
+			return PROGRESS_BUSY;
 	}
 	oldcxt = MemoryContextSwitchTo(econtext->ecxt_per_tuple_memory);
 	ExecClearTuple(slot);
@@ -456,20 +475,21 @@ insert_progress(ProgressWriter *w, const char *aggregate_id, int64 version,
 	inserted = ItemPointerIsValid(&slot->tts_tid);
 	ExecClearTuple(slot);
 	ResetPerTupleExprContext(w->estate);
-	return inserted;
+	return inserted ? PROGRESS_RECORDED : PROGRESS_CHANGED;
 }
 
 /*
  * Record the progress of n aggregates (ids[i] reached versions[i],
  * acknowledged at acked_at[i]; when read, its row was at version xmins[i],
  * at tids[i] if valid, or it had none: has_row[i] false); each one
- * recorded is entered into applied (keys allocated in applied_cxt).
- * Returns the number recorded.
+ * recorded is entered into applied, each whose row another transaction
+ * holds into busy (keys allocated in applied_cxt).  Returns the number
+ * recorded.
  */
 uint64
 publish_progress_record(char **ids, int64 *versions, TransactionId *xmins, ItemPointerData *tids,
 						bool *has_row, TimestampTz *acked_at, int n, TimestampTz now,
-						HTAB *applied, MemoryContext applied_cxt)
+						HTAB *applied, HTAB *busy, MemoryContext applied_cxt)
 {
 	ProgressWriter w;
 	uint64		recorded = 0;
@@ -485,19 +505,24 @@ publish_progress_record(char **ids, int64 *versions, TransactionId *xmins, ItemP
 	AfterTriggerBeginQuery();
 	for (int i = 0; i < n; i++)
 	{
+		ProgressOutcome outcome;
 		char	   *key;
 
 		if (!has_row[i])
+			outcome = insert_progress(&w, ids[i], versions[i], acked_at[i], now);
+		else
 		{
-			if (!insert_progress(&w, ids[i], versions[i], acked_at[i], now))
-				continue;
+			outcome = find_and_lock(&w, ids[i], xmins[i], &tids[i]);
+			if (outcome == PROGRESS_RECORDED &&
+				!write_progress(&w, versions[i], acked_at[i], now))
+				outcome = PROGRESS_CHANGED;
 		}
-		else if (!find_and_lock(&w, ids[i], xmins[i], &tids[i]) ||
-				 !write_progress(&w, versions[i], acked_at[i], now))
+		if (outcome == PROGRESS_CHANGED)
 			continue;
 		key = MemoryContextStrdup(applied_cxt, ids[i]);
-		(void) hash_search(applied, &key, HASH_ENTER, NULL);
-		recorded++;
+		(void) hash_search(outcome == PROGRESS_BUSY ? busy : applied, &key, HASH_ENTER, NULL);
+		if (outcome == PROGRESS_RECORDED)
+			recorded++;
 	}
 	AfterTriggerEndQuery(w.estate);
 	writer_close(&w);

@@ -177,8 +177,9 @@ publish_text_array(char **v, int n)
 /*
  * Record the aggregates' progress and the dispositions of their
  * dead-lettered and skipped events; note in pm->applied the aggregates
- * recorded (the others changed meanwhile and are read again by index).
- * Returns the number recorded.
+ * recorded (the others changed meanwhile and are read again by index, or,
+ * noted in pm->busy, another transaction held their row).  Returns the
+ * number recorded.
  */
 static uint64
 apply_marks(PendingMarks *pm, TimestampTz now)
@@ -190,6 +191,14 @@ apply_marks(PendingMarks *pm, TimestampTz now)
 
 	if (pm->nprogress == 0)
 		return 0;
+	/* Empty for each attempt: a failed one's entries say nothing. */
+	if (hash_get_num_entries(pm->applied) > 0 || hash_get_num_entries(pm->busy) > 0)
+	{
+		pm->applied = publish_aggregate_table("outbox settled aggregates", sizeof(char *),
+											  Max(pm->nprogress, 16), marks_context);
+		pm->busy = publish_aggregate_table("outbox busy progress rows", sizeof(char *), 16,
+										   marks_context);
+	}
 	/*
 	 * The common case, nothing dead-lettered or skipped: the rows updated
 	 * or inserted directly (publish_progress.c).
@@ -198,7 +207,7 @@ apply_marks(PendingMarks *pm, TimestampTz now)
 		return publish_progress_record(pm->progress_ids, pm->progress_versions,
 									   pm->progress_xmins, pm->progress_tids, pm->progress_rows,
 									   pm->progress_acked_at, pm->nprogress, now,
-									   pm->applied, marks_context);
+									   pm->applied, pm->busy, marks_context);
 	args[0] = TimestampTzGetDatum(now);
 	args[1] = publish_text_array(pm->progress_ids, pm->nprogress);
 	args[2] = publish_int8_array(pm->progress_versions, pm->nprogress);
@@ -221,6 +230,43 @@ apply_marks(PendingMarks *pm, TimestampTz now)
 		MemoryContextSwitchTo(oldcxt);
 	}
 	return n;
+}
+
+/*
+ * Leave the aggregates whose row another transaction held (pm->busy) for a
+ * later settling, after this one committed: collected again from their
+ * flight's results then, after a backoff (100 ms, doubling, up to 1 s),
+ * and busy meanwhile (their acknowledged events are not read again).
+ */
+static bool
+defer_one(Flight *f, BatchAggregate *agg, void *arg)
+{
+	PendingMarks *pm = arg;
+
+	if (!agg->collected || agg->settled ||
+		hash_search(pm->busy, &agg->aggregate_id, HASH_FIND, NULL) == NULL)
+		return false;
+	if (agg->deferrals == 0)
+		ereport(LOG,
+				(errmsg("outbox: recording the progress of aggregate \"%s\" waits for another transaction",
+						agg->aggregate_id),
+				 errdetail("Its aggregate_publication row is locked, or being inserted, by a transaction still open. Its acknowledged events are kept and recorded once that transaction ends; the other aggregates are settled meanwhile."),
+				 errhint("Look in pg_stat_activity for a long-open transaction on aggregate_publication, such as one that called an outbox operator function.")));
+	agg->collected = false;
+	agg->complete = false;
+	pm->nsettled[EV_PUBLISH] -= agg->nmarked;
+	agg->retry_at = TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
+												Min(100 << Min(agg->deferrals, 4), 1000));
+	agg->deferrals++;
+	return false;
+}
+
+/* See defer_one. */
+static void
+defer_busy(PendingMarks *pm)
+{
+	if (hash_get_num_entries(pm->busy) > 0)
+		(void) publish_walk_aggregates(true, defer_one, pm);
 }
 
 /* Count what a committed marking settled. */
@@ -267,6 +313,7 @@ publish_retry_marks(void)
 
 	if (same)
 	{
+		defer_busy(publish_pending_marks);
 		count_settled(publish_pending_marks, now);
 		ereport(LOG,
 				(errmsg("outbox: recorded the progress of " UINT64_FORMAT " of %d held aggregates after settling had failed", applied, n),
@@ -310,6 +357,8 @@ new_marks(int nevents, int naggregates, Oid extension)
 	pm->disposed_aggregates = palloc(sizeof(char *) * (nevents + 1));
 	pm->applied = publish_aggregate_table("outbox settled aggregates", sizeof(char *),
 										  Max(naggregates, 16), marks_context);
+	pm->busy = publish_aggregate_table("outbox busy progress rows", sizeof(char *), 16,
+									   marks_context);
 	MemoryContextSwitchTo(oldcxt);
 	return pm;
 }
@@ -326,7 +375,9 @@ add_mark(PendingMarks *pm, BatchAggregate *agg, BatchEvent *ev, DeliveryResult *
 		pm->ndisposed++;
 	}
 	pm->nsettled[ev->action]++;
-	if (ev->action == EV_PUBLISH)
+	agg->nmarked++;
+	/* (Once: an aggregate left for later is collected again.) */
+	if (ev->action == EV_PUBLISH && agg->deferrals == 0)
 		outbox_observe_latency(r->acked_at - ev->created_at);
 }
 
@@ -347,12 +398,12 @@ log_implicit_acks(const char *aggregate_id, int64 from, int64 to)
 
 /*
  * After an aggregate's first failed event: warn if anything later was
- * acknowledged (it overtook the failure), and classify the failure.
- * Returns true if it is to be recorded (permanent, or a size refusal to
- * retry alone).
+ * acknowledged (it overtook the failure), and classify the failure,
+ * counted unless count is false (classified before).  Returns true if it
+ * is to be recorded (permanent, or a size refusal to retry alone).
  */
 static bool
-classify_failure(Flight *f, BatchEvent *failed, const char *aggregate_id)
+classify_failure(Flight *f, BatchEvent *failed, const char *aggregate_id, bool count)
 {
 	BatchEvent *events = f->events;
 	DeliveryResult *results = f->results;
@@ -360,7 +411,7 @@ classify_failure(Flight *f, BatchEvent *failed, const char *aggregate_id)
 	bool		record = false;
 
 	for (int j = failed->next; j >= 0; j = events[j].next)
-		if (results[j].done && results[j].err == RD_KAFKA_RESP_ERR_NO_ERROR)
+		if (count && results[j].done && results[j].err == RD_KAFKA_RESP_ERR_NO_ERROR)
 		{
 			outbox_count(OC_ORDER_VIOLATIONS, 1);
 			ereport(WARNING,
@@ -374,18 +425,18 @@ classify_failure(Flight *f, BatchEvent *failed, const char *aggregate_id)
 		publish_shared_request(f, failed - events))
 	{
 		/* Maybe refused for others in its request: retried alone. */
-		outbox_count(OC_DELIVERY_ERRORS_RETRIABLE, 1);
+		outbox_count(OC_DELIVERY_ERRORS_RETRIABLE, count ? 1 : 0);
 		failed->retry_alone = true;
 		record = true;
 	}
 	else if (outbox_kafka_error_is_permanent(r->err))
 	{
-		outbox_count(OC_DELIVERY_ERRORS_PERMANENT, 1);
+		outbox_count(OC_DELIVERY_ERRORS_PERMANENT, count ? 1 : 0);
 		record = true;
 	}
 	else
-		outbox_count(OC_DELIVERY_ERRORS_RETRIABLE, 1);
-	if (failed->next >= 0 || r->err != RD_KAFKA_RESP_ERR_NO_ERROR)
+		outbox_count(OC_DELIVERY_ERRORS_RETRIABLE, count ? 1 : 0);
+	if (count && (failed->next >= 0 || r->err != RD_KAFKA_RESP_ERR_NO_ERROR))
 		outbox_count(OC_ORDER_GUARD_STOPS, 1);
 	return record;
 }
@@ -406,6 +457,7 @@ collect_aggregate(PendingMarks *pm, Flight *f, BatchAggregate *agg)
 	BatchEvent *failed = NULL;
 
 	agg->complete = true;
+	agg->nmarked = 0;
 	for (int i = agg->head; i >= 0; i = events[i].next)
 	{
 		DeliveryResult *r = &f->results[i];
@@ -432,7 +484,7 @@ collect_aggregate(PendingMarks *pm, Flight *f, BatchAggregate *agg)
 		/* (A skipped event, never sent, has no acknowledgement: now.) */
 		acked_at = r->acked_at != 0 ? r->acked_at : GetCurrentTimestamp();
 	}
-	if (implicit_from > 0)
+	if (implicit_from > 0 && agg->deferrals == 0)
 		log_implicit_acks(agg->aggregate_id, implicit_from, implicit_to);
 	if (last_acked > 0)
 	{
@@ -446,7 +498,7 @@ collect_aggregate(PendingMarks *pm, Flight *f, BatchAggregate *agg)
 		pm->progress_acked_at[k] = acked_at;
 	}
 	agg->collected = true;
-	if (failed != NULL && classify_failure(f, failed, agg->aggregate_id))
+	if (failed != NULL && classify_failure(f, failed, agg->aggregate_id, agg->deferrals == 0))
 		return failed;
 	return NULL;
 }
@@ -467,7 +519,7 @@ collect_ready(Flight *f, BatchAggregate *agg, void *arg)
 	CollectState *cs = arg;
 	BatchEvent *failed;
 
-	if (agg->settled || agg->collected || agg->unreported > 0)
+	if (!publish_aggregate_ready(agg))
 		return false;
 	failed = collect_aggregate(cs->pm, f, agg);
 	if (failed != NULL)
@@ -478,16 +530,22 @@ collect_ready(Flight *f, BatchAggregate *agg, void *arg)
 	return false;
 }
 
-/* Record the failures collected, in the settling transaction. */
+/*
+ * Record the failures collected, in the settling transaction; not those
+ * of aggregates left for later (busy), which would wait for the row.
+ */
 static void
-record_failures(BatchEvent **failures, Flight **failure_flights, int n)
+record_failures(BatchEvent **failures, Flight **failure_flights, int n, HTAB *busy)
 {
 	for (int k = 0; k < n; k++)
 	{
 		Flight	   *f = failure_flights[k];
 		DeliveryResult *r = &f->results[failures[k] - f->events];
-		char	   *msg = psprintf("%s: %s", rd_kafka_err2name(r->err),
-								   rd_kafka_err2str(r->err));
+		char	   *msg;
+
+		if (hash_search(busy, &failures[k]->aggregate_id, HASH_FIND, NULL) != NULL)
+			continue;
+		msg = psprintf("%s: %s", rd_kafka_err2name(r->err), rd_kafka_err2str(r->err));
 
 		if (failures[k]->retry_alone)
 			publish_note_size_error(failures[k], msg);
@@ -648,7 +706,7 @@ publish_settle_ready(void)
 	if (applied)
 	{
 		nprogress = (int) apply_marks(pm, now);
-		record_failures(cs.failures, cs.failure_flights, cs.nfailures);
+		record_failures(cs.failures, cs.failure_flights, cs.nfailures, pm->busy);
 		publish_stream_store_horizon();
 	}
 
@@ -659,7 +717,10 @@ publish_settle_ready(void)
 		 TimestampDifferenceMilliseconds(GetCurrentStatementStartTimestamp(), GetCurrentTimestamp()));
 
 	if (applied)
+	{
+		defer_busy(pm);
 		count_settled(pm, now);
+	}
 	else
 		publish_stream_reset();
 	publish_pending_marks = pm;

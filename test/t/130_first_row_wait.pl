@@ -1,10 +1,12 @@
-# Settling inserts an aggregate's first aggregate_publication row itself
-# (publish_progress.c).  If an operator's transaction is inserting that row
-# meanwhile (outbox_catch_up() of an aggregate that had none), the publisher
-# waits for it, as the INSERT ... ON CONFLICT DO NOTHING it replaces did: if
-# that transaction rolls back, the publisher's row goes in and the event is
-# settled once; leaving the row alone would leave the aggregate unrecorded
-# and its acknowledged event to be sent again.
+# Settling writes each aggregate's aggregate_publication row itself
+# (publish_progress.c): it inserts the first one and locks an existing one.
+# A row another transaction holds (an operator's, left open: here one
+# inserting the row with outbox_catch_up(), and one holding it FOR UPDATE)
+# must not stop the worker: its aggregate is left for a later settling,
+# the other aggregates of the same settling are recorded meanwhile, and
+# once the transaction ends the aggregate is recorded, each event sent once.
+# (The statement this replaced, and the first version of the C code,
+# waited, and the whole worker with it.)
 use strict;
 use warnings;
 
@@ -18,30 +20,66 @@ my $dir = $PostgreSQL::Test::Utils::tmp_check;
 mkdir "$dir/mock";
 my $mk = MockKafka->start(dir => "$dir/mock", brokers => 1, max_seconds => 300);
 my $node = outbox_node('first_row', $mk);
+my $others = 20;
 
 sub q1 { $node->safe_psql('postgres', $_[0]) }
 
 q1(q{SELECT outbox_emit('first', 'warm', 'E', '{}')});
 ok(defined wait_published($node, 60), 'the publisher runs');
 
-# An operator's transaction inserts the row of aggregate "new", uncommitted.
+# Events of the held aggregate and of others, committed together: one read,
+# and (their acknowledgements awaited together) one settling.
+sub emit_with_others
+{
+	my ($held, $prefix) = @_;
+	q1("SELECT outbox_emit('first', '$held', 'E', '{}'), "
+	  . "(SELECT count(outbox_emit('first', '$prefix-' || i, 'E', '{}')) FROM generate_series(1, $others) i)");
+}
+
+sub others_recorded
+{
+	my ($prefix) = @_;
+	return $node->poll_query_until('postgres',
+		"SELECT count(*) = $others FROM aggregate_publication WHERE aggregate_id LIKE '$prefix-%'");
+}
+
+# 1. An operator's transaction inserts the row of aggregate "new", uncommitted.
+my $published = counter($node, 'events_published');
 my $op = $node->background_psql('postgres');
 $op->query_safe('BEGIN');
 $op->query_safe(q{SELECT outbox_catch_up('new')});
-
-q1(q{SELECT outbox_emit('first', 'new', 'E', '{"n": 1}')});
-ok($node->poll_query_until('postgres',
-	q{SELECT count(*) = 1 FROM pg_stat_activity
-	   WHERE backend_type = 'outbox publisher' AND wait_event = 'transactionid'}),
-	'the publisher settling the event waits for the transaction inserting its row');
-
+emit_with_others('new', 'other');
+ok(others_recorded('other'), 'the other aggregates are settled while the row of "new" is being inserted');
+ok($node->wait_for_log(qr/recording the progress of aggregate "new" waits for another transaction/),
+	'the wait is logged');
+is(q1(q{SELECT count(*) FROM outbox_pending WHERE aggregate_id = 'new'}), '1',
+	'the event of "new" is not recorded yet');
 $op->query_safe('ROLLBACK');
-$op->quit;
 ok(defined wait_published($node, 60), 'after the rollback the event is settled');
 is(q1(q{SELECT last_published_version FROM aggregate_publication WHERE aggregate_id = 'new'}), '1',
 	"the publisher's row went in");
+
+# 2. An existing row held FOR UPDATE by an open transaction.
+my $log_at = -s $node->logfile;
+$op->query_safe('BEGIN');
+$op->query_safe(q{SELECT 1 FROM aggregate_publication WHERE aggregate_id = 'warm' FOR UPDATE});
+emit_with_others('warm', 'more');
+ok(others_recorded('more'), 'the other aggregates are settled while the row of "warm" is locked');
+ok($node->wait_for_log(qr/recording the progress of aggregate "warm" waits for another transaction/, $log_at),
+	'that wait is logged too');
+is(q1(q{SELECT last_published_version FROM aggregate_publication WHERE aggregate_id = 'warm'}), '1',
+	'"warm" stays at version 1 while its row is held');
+$op->query_safe('COMMIT');
+$op->quit;
+ok(defined wait_published($node, 60), 'after the commit version 2 is settled');
+is(q1(q{SELECT last_published_version FROM aggregate_publication WHERE aggregate_id = 'warm'}), '2',
+	'"warm" recorded at version 2');
+is(counter($node, 'events_published') - $published, 2 + 2 * $others,
+	'each event counted once as published');
+
 sleep 1.5;
-my $r = $mk->check(topics => ['outbox.event.first'], expect => { new => 1, warm => 1 });
+my %expect = (new => 1, warm => 2, (map { ("other-$_" => 1, "more-$_" => 1) } 1 .. $others));
+my $r = $mk->check(topics => ['outbox.event.first'], expect => \%expect);
 is($r->{exit}, 0, 'every event in Kafka, in order') or diag $r->{output};
 is($r->{duplicates}, 0, 'and sent once');
 
