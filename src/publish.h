@@ -310,6 +310,7 @@ extern long publish_stalled_count(void);
 extern int	publish_reports_fd(void);
 extern bool publish_aggregate_ready(BatchAggregate *agg);
 extern bool publish_any_ready(void);
+extern bool publish_flight_reported(void);
 extern int	publish_outstanding(void);
 extern const char *publish_event_destination(BatchEvent *ev);
 extern bool publish_shared_request(Flight *f, int index);

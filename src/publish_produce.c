@@ -715,6 +715,31 @@ publish_any_ready(void)
 }
 
 /*
+ * Is a flight wholly reported, with an aggregate ready to settle?  Its
+ * settling need not wait for later flights' reports.
+ */
+bool
+publish_flight_reported(void)
+{
+	for (Flight *f = publish_flights; f != NULL; f = f->next)
+	{
+		HASH_SEQ_STATUS seq;
+		BatchAggregate *agg;
+
+		if (f->outstanding > 0 || f->unsettled == 0)
+			continue;
+		hash_seq_init(&seq, f->aggregates);
+		while ((agg = hash_seq_search(&seq)) != NULL)
+			if (publish_aggregate_ready(agg))
+			{
+				hash_seq_term(&seq);
+				return true;
+			}
+	}
+	return false;
+}
+
+/*
  * Hand one event to librdkafka.  Returns the error if it could not be
  * enqueued (then nothing later of its aggregate may be sent in this batch).
  */

@@ -27,7 +27,7 @@
 #include "outbox.h"
 #include "publish.h"
 
-int			outbox_batch_events = 10000;
+int			outbox_batch_events = 20000;
 int			outbox_batch_bytes = 16 * 1024 * 1024;
 int			outbox_read_interval_ms = 10;
 int			outbox_read_commits = 4;
@@ -73,9 +73,9 @@ publish_read_init(void)
 {
 	DefineCustomIntVariable("outbox.batch_events",
 							"Most events one publisher has read and not yet settled.",
-							"Bounds the events in flight (produced, awaiting acknowledgement or marking) and one batch read.",
+							"Bounds the events in flight (produced, awaiting acknowledgement or marking); one batch reads at most half of it.",
 							&outbox_batch_events,
-							10000, 1, 1000000,
+							20000, 1, 1000000,
 							PGC_SIGHUP,
 							0,
 							NULL, NULL, NULL);

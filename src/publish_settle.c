@@ -625,8 +625,9 @@ publish_settle_abort(void)
 
 /*
  * Is a settling due?  When an aggregate is ready and either nothing else is
- * out or it has waited the settle delay.  If one will be due, *wait_ms (if
- * given) says when.
+ * out, or its flight is wholly reported while a backlog is read, or it has
+ * waited the settle delay.  If one will be due, *wait_ms (if given) says
+ * when.
  */
 bool
 publish_settle_due(long *wait_ms)
@@ -645,7 +646,11 @@ publish_settle_due(long *wait_ms)
 	if (ready_since == 0)
 		ready_since = now;
 	outstanding = publish_outstanding();
-	if (outstanding == 0)
+	/*
+	 * While a backlog is read, the next read waits for room in flight: a
+	 * flight wholly reported waits for no later one's reports.
+	 */
+	if (outstanding == 0 || (!publish_stream_manifest_done() && publish_flight_reported()))
 		return true;
 	delay = Min(Max(SETTLE_DELAY_MS, publish_reported_ms()) + outstanding / 100,
 				SETTLE_DELAY_MAX_MS);

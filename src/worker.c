@@ -405,6 +405,7 @@ pipeline_step(void)
 	int			nevents;
 	int64		nbytes;
 	bool		can_read;
+	bool		backlog;
 
 	/* Early, so that a configuration it refuses shows while idle. */
 	publish_ensure_producer();
@@ -421,7 +422,15 @@ pipeline_step(void)
 	 */
 	can_read = !publish_slot->yield && !stop_requested && !publish_producer_outdated() &&
 		nevents < outbox_batch_events && nbytes < outbox_batch_bytes && !kafka_unreachable();
-	if (can_read && publish_hold_reading_ms() == 0)
+	/*
+	 * A backlog (the newest delta has more to read: other aggregates, in
+	 * its order) is read on without waiting for the newest flight's
+	 * reports, a read at most half the window, so that one is read and
+	 * produced while the one before awaits its acknowledgements: 1.2-1.3x
+	 * the drain at a 5 ms round trip on the mock, the same at 0 ms.
+	 */
+	backlog = !publish_stream_manifest_done();
+	if (can_read && (backlog || publish_hold_reading_ms() == 0))
 	{
 		/*
 		 * Too soon after a read: idle_wait() waits out the gap first, or
@@ -438,7 +447,8 @@ pipeline_step(void)
 
 			/* Before the read's snapshot: the commits counted are seen by it. */
 			(void) pg_atomic_exchange_u32(&publish_slot->commits_unread, 0);
-			r = run_flight(outbox_batch_events - nevents, outbox_batch_bytes - nbytes);
+			r = run_flight(Min(outbox_batch_events - nevents, Max(outbox_batch_events / 2, 1)),
+						   outbox_batch_bytes - nbytes);
 			if (r < 0 && n == 0 && publish_flights == NULL)
 				n = -1;
 			else if (r > 0)
