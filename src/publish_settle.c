@@ -313,13 +313,16 @@ publish_retry_marks(void)
 
 	if (same)
 	{
+		int			nbusy = (int) hash_get_num_entries(publish_pending_marks->busy);
+		int			nchanged = n - (int) applied - nbusy;
+
 		defer_busy(publish_pending_marks);
 		count_settled(publish_pending_marks, now);
 		ereport(LOG,
 				(errmsg("outbox: recorded the progress of " UINT64_FORMAT " of %d held aggregates after settling had failed", applied, n),
-				 applied < (uint64) n
+				 nchanged > 0
 				 ? errdetail("%d aggregates changed meanwhile (an operator replayed, retried or settled events) are read again.",
-							 n - (int) applied) : 0));
+							 nchanged) : 0));
 	}
 	else
 	{
