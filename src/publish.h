@@ -187,6 +187,7 @@ typedef struct ManifestEntry
 {
 	int64		id;
 	ItemPointerData tid;		/* its row version when the delta was read */
+	int32		hash;			/* hashtext(aggregate_id): the order's first key */
 } ManifestEntry;
 
 /*
@@ -260,6 +261,7 @@ extern bool publish_stream_reading(int nshares, int share);
 extern void publish_stream_store_horizon(void);
 extern const char *publish_stream_read_from(void);
 extern bool publish_stream_manifest_done(void);
+extern bool publish_stream_manifest_at_aggregate(void);
 extern void publish_stream_new_delta(const char *snapshot, ManifestEntry *entries, int n);
 extern int	publish_stream_next_ids(int max, ManifestEntry **entries, int64 *seq);
 extern void publish_stream_ids_done(void);

@@ -311,6 +311,7 @@ publish_delta_read(const char *from, const char *to, int nshares, int share,
 	{
 		out[i].id = rows[i].id;
 		out[i].tid = rows[i].tid;
+		out[i].hash = rows[i].hash;
 	}
 	MemoryContextDelete(cxt);
 	*entries = out;

@@ -38,7 +38,9 @@
  * busy machine: reading then follows its pace rather than sending a small
  * batch every 10 ms, which on a real 3-broker cluster cost a third more
  * CPU per event at 2,000 events/s), and 1 ms more per 100 events of the
- * flight (a large one takes longer to acknowledge), up to 200 ms.
+ * flight (a large one takes longer to acknowledge), up to 200 ms.  The
+ * next read of a backlog, which starts with another aggregate, does not
+ * wait (worker.c's pipeline_step).
  */
 #define HOLD_READING_MS 10
 #define HOLD_READING_MAX_MS 200

@@ -184,7 +184,7 @@ prepare_read_plans(const char *s)
 
 	/* Without a horizon (first start, after a restore): every unsettled event. */
 	unsettled_plan = publish_keep_plan(psprintf(
-											   "SELECT o.id, o.ctid FROM %s.outbox o "
+											   "SELECT o.id, o.ctid, pg_catalog.hashtext(o.aggregate_id) FROM %s.outbox o "
 											   "LEFT JOIN %s.aggregate_publication p ON p.aggregate_id = o.aggregate_id "
 											   "WHERE o.aggregate_version > coalesce(p.last_published_version, 0) "
 											   "AND o.disposition IS NULL "
@@ -766,7 +766,10 @@ clear_caught_up(char **cand, int ncand, HTAB *caught, HTAB *listed)
 		elog(ERROR, "could not return aggregates to the stream");
 }
 
-/* The (id, ctid) rows SPI_tuptable holds as manifest entries, in cxt. */
+/*
+ * The (id, ctid[, hashtext(aggregate_id)]) rows SPI_tuptable holds as
+ * manifest entries, in cxt.
+ */
 static ManifestEntry *
 spi_entries(MemoryContext cxt)
 {
@@ -780,6 +783,8 @@ spi_entries(MemoryContext cxt)
 		entries[r].id = DatumGetInt64(SPI_getbinval(tup, SPI_tuptable->tupdesc, 1, &isnull));
 		entries[r].tid = *(ItemPointer) DatumGetPointer(SPI_getbinval(tup, SPI_tuptable->tupdesc, 2,
 																	  &isnull));
+		entries[r].hash = SPI_tuptable->tupdesc->natts < 3 ? 0 :
+			DatumGetInt32(SPI_getbinval(tup, SPI_tuptable->tupdesc, 3, &isnull));
 	}
 	return entries;
 }

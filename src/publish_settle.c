@@ -250,7 +250,7 @@ defer_one(Flight *f, BatchAggregate *agg, void *arg)
 		ereport(LOG,
 				(errmsg("outbox: recording the progress of aggregate \"%s\" waits for another transaction",
 						agg->aggregate_id),
-				 errdetail("Its aggregate_publication row is locked, or being inserted, by a transaction still open. Its acknowledged events are kept and recorded once that transaction ends; the other aggregates are settled meanwhile."),
+				 errdetail("Its aggregate_publication row is locked, or being inserted, by a transaction still open. Its acknowledged events are kept and recorded once that transaction ends (read again if it changed the row); the other aggregates are settled meanwhile, unless a settling also has events to dead-letter or skip, or a failure to record on that row: those wait."),
 				 errhint("Look in pg_stat_activity for a long-open transaction on aggregate_publication, such as one that called an outbox operator function.")));
 	agg->collected = false;
 	agg->complete = false;
@@ -671,7 +671,8 @@ publish_settle_due(long *wait_ms)
  * The others (messages still out) wait; a partition that does not
  * acknowledge holds up only its own aggregates.  From building the marks
  * until the commit, a failure keeps them for publish_retry_marks().
- * Returns the number of events settled or failed.
+ * Returns the number of aggregates settled (their row held: not) and
+ * failures recorded.
  */
 int
 publish_settle_ready(void)
@@ -681,6 +682,7 @@ publish_settle_ready(void)
 	int			naggregates = 0;
 	PendingMarks *pm;
 	int			nprogress = 0;
+	int			nsettled;
 	bool		applied;
 	CollectState cs;
 
@@ -724,6 +726,8 @@ publish_settle_ready(void)
 	elog(DEBUG1, "outbox: settled %d aggregates and %d failures in %ld ms", nprogress, cs.nfailures,
 		 TimestampDifferenceMilliseconds(GetCurrentStatementStartTimestamp(), GetCurrentTimestamp()));
 
+	/* (pm is in marks_context, reset below.) */
+	nsettled = pm->nprogress - (int) hash_get_num_entries(pm->busy) + cs.nfailures;
 	if (applied)
 	{
 		defer_busy(pm);
@@ -735,5 +739,5 @@ publish_settle_ready(void)
 	release_collected();
 	MemoryContextReset(marks_context);
 	publish_pending_marks = NULL;
-	return pm->nprogress + cs.nfailures;
+	return nsettled;
 }

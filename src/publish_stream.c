@@ -387,6 +387,17 @@ publish_stream_manifest_done(void)
 }
 
 /*
+ * Does the rest of the newest delta's manifest start with an aggregate the
+ * reads before did not reach (by its hash, the manifest's first key)?
+ */
+bool
+publish_stream_manifest_at_aggregate(void)
+{
+	return manifest_pos < manifest_len &&
+		(manifest_pos == 0 || manifest[manifest_pos].hash != manifest[manifest_pos - 1].hash);
+}
+
+/*
  * A new delta was read at snapshot (its n events in the order to read
  * them, allocated in any context): it becomes the newest, and the next one
  * starts from its snapshot.
