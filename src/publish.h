@@ -309,6 +309,7 @@ extern long publish_reports_quiet_ms(void);
 extern void publish_serve_reports(bool unwatched);
 extern int	publish_check_timeouts(void);
 extern long publish_stalled_count(void);
+extern long publish_deferred_count(void);
 extern int	publish_reports_fd(void);
 extern bool publish_aggregate_ready(BatchAggregate *agg);
 extern bool publish_any_ready(void);

@@ -691,6 +691,25 @@ publish_stalled_count(void)
 	return n;
 }
 
+/* Count an aggregate whose progress waits for a row another transaction holds. */
+static bool
+count_deferred(Flight *f, BatchAggregate *agg, void *arg)
+{
+	if (agg->deferrals > 0 && !agg->settled)
+		(*(long *) arg)++;
+	return false;
+}
+
+/* Aggregates whose progress waits for a row another transaction holds. */
+long
+publish_deferred_count(void)
+{
+	long		n = 0;
+
+	(void) publish_walk_aggregates(true, count_deferred, &n);
+	return n;
+}
+
 /*
  * Is the aggregate ready to settle: all its messages reported, and not
  * left for later by a settling that found its row held?

@@ -52,6 +52,9 @@ emit_with_others('new', 'other');
 ok(others_recorded('other'), 'the other aggregates are settled while the row of "new" is being inserted');
 ok($node->wait_for_log(qr/recording the progress of aggregate "new" waits for another transaction/),
 	'the wait is logged');
+ok($node->poll_query_until('postgres',
+	q{SELECT state = 'idle, progress of 1 aggregates waits for a row lock' FROM outbox_workers()}),
+	'and shown in outbox_workers()');
 is(q1(q{SELECT count(*) FROM outbox_pending WHERE aggregate_id = 'new'}), '1',
 	'the event of "new" is not recorded yet');
 $op->query_safe('ROLLBACK');
