@@ -672,42 +672,60 @@ publish_walk_aggregates(bool unsettled_only, AggregateVisitor visit, void *arg)
 	return false;
 }
 
-/* Count an aggregate with messages out past outbox.delivery_timeout. */
-static bool
-count_stalled(Flight *f, BatchAggregate *agg, void *arg)
+/* What count_aggregates counts, and how many so far. */
+typedef struct CountState
 {
-	if (f->timed_out && agg->unreported > 0)
-		(*(long *) arg)++;
+	AggregateVisitor match;
+	long		n;
+} CountState;
+
+/* Walker: count the aggregate if it matches. */
+static bool
+count_one(Flight *f, BatchAggregate *agg, void *arg)
+{
+	CountState *cs = arg;
+
+	if (cs->match(f, agg, NULL))
+		cs->n++;
 	return false;
+}
+
+/* The aggregates (of unsettled flights only, if unsettled_only) match accepts. */
+static long
+count_aggregates(bool unsettled_only, AggregateVisitor match)
+{
+	CountState	cs = {match, 0};
+
+	(void) publish_walk_aggregates(unsettled_only, count_one, &cs);
+	return cs.n;
+}
+
+/* Has the aggregate messages out past outbox.delivery_timeout? */
+static bool
+is_stalled(Flight *f, BatchAggregate *agg, void *arg)
+{
+	return f->timed_out && agg->unreported > 0;
 }
 
 /* Aggregates with messages unacknowledged past outbox.delivery_timeout. */
 long
 publish_stalled_count(void)
 {
-	long		n = 0;
-
-	(void) publish_walk_aggregates(false, count_stalled, &n);
-	return n;
+	return count_aggregates(false, is_stalled);
 }
 
-/* Count an aggregate whose progress waits for a row another transaction holds. */
+/* Does the aggregate's progress wait for a row another transaction holds? */
 static bool
-count_deferred(Flight *f, BatchAggregate *agg, void *arg)
+is_deferred(Flight *f, BatchAggregate *agg, void *arg)
 {
-	if (agg->deferrals > 0 && !agg->settled)
-		(*(long *) arg)++;
-	return false;
+	return agg->deferrals > 0 && !agg->settled;
 }
 
 /* Aggregates whose progress waits for a row another transaction holds. */
 long
 publish_deferred_count(void)
 {
-	long		n = 0;
-
-	(void) publish_walk_aggregates(true, count_deferred, &n);
-	return n;
+	return count_aggregates(true, is_deferred);
 }
 
 /*

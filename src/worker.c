@@ -855,26 +855,21 @@ worker_setup(void)
 static void
 show_waiting_state(bool failed)
 {
-	long		nstalled;
-	long		ndeferred;
+	char		state[sizeof(((OutboxWorkerSlot *) NULL)->state)];
+	long		n;
 
 	if (publish_pending_marks != NULL)
 		publish_set_state("marking failed: acknowledged events held");
 	else if (failed)
 		publish_set_state("error, retrying");
-	else if ((ndeferred = publish_deferred_count()) > 0)
+	else if ((n = publish_deferred_count()) > 0)
 	{
-		char		state[sizeof(((OutboxWorkerSlot *) NULL)->state)];
-
-		snprintf(state, sizeof(state), "idle, progress of %ld aggregates waits for a row lock",
-				 ndeferred);
+		snprintf(state, sizeof(state), "idle, progress of %ld aggregates waits for a row lock", n);
 		publish_set_state(state);
 	}
-	else if ((nstalled = publish_stalled_count()) > 0)
+	else if ((n = publish_stalled_count()) > 0)
 	{
-		char		state[sizeof(((OutboxWorkerSlot *) NULL)->state)];
-
-		snprintf(state, sizeof(state), "idle, %ld aggregates awaiting Kafka", nstalled);
+		snprintf(state, sizeof(state), "idle, %ld aggregates awaiting Kafka", n);
 		publish_set_state(state);
 	}
 	else if (publish_flights != NULL)
