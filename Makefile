@@ -31,6 +31,12 @@ include $(PGXS)
 # shared-memory layout) left stale objects that disagreed on its offsets.
 $(OBJS): $(wildcard src/*.h)
 
+# A build in another directory (make -f SRCDIR/Makefile VPATH=SRCDIR, as
+# pg_buildext does) needs its own src/ for the objects.
+$(OBJS): | $(CURDIR)/src
+$(CURDIR)/src:
+	$(MKDIR_P) $@
+
 # The TAP tests' own modules (MockKafka, OutboxTest, FaultTest); not in
 # PROVE_FLAGS, which is the user's (make ... PROVE_FLAGS=--verbose).
 PG_PROVE_FLAGS += -I ./test/perl
@@ -61,9 +67,13 @@ outbox-preflight:
 tools:
 	$(MAKE) -C test/tools
 
+# The test tools are built beside the sources only: a build in another
+# directory (pg_buildext's build-NN for the Debian package) builds the
+# extension alone.
+ifneq ($(wildcard test/tools/Makefile),)
 all: tools
-
 clean: clean-tools
+endif
 clean-tools:
 	$(MAKE) -C test/tools clean
 
