@@ -17,7 +17,8 @@
 #   OUTBOX_FRESH_CACHE    directory of the cached base tarball
 #                         (default /var/cache/outbox-fresh; delete it or use
 #                         --fresh to start from a new debootstrap)
-#   OUTBOX_FRESH_MIRROR   Debian mirror (default http://deb.debian.org/debian)
+#   OUTBOX_FRESH_MIRROR   Debian mirror (default: the one the host's apt uses,
+#                         from /etc/apt/sources.list*)
 #   OUTBOX_FRESH_TIMEOUT  seconds for the whole run (default 5400); each step
 #                         gets what is left, and is killed when it runs out
 #   OUTBOX_FRESH_PROVE_TESTS  passed as PROVE_TESTS into the chroot, to shorten
@@ -57,10 +58,7 @@ for c in git unshare mount chroot timeout tar; do
 done
 
 src=$(cd "$(dirname "$0")/.." && pwd)
-cache=${OUTBOX_FRESH_CACHE:-/var/cache/outbox-fresh}
-mirror=${OUTBOX_FRESH_MIRROR:-http://deb.debian.org/debian}
 budget=${OUTBOX_FRESH_TIMEOUT:-5400}
-base=$cache/bookworm-minbase.tar
 
 # Private mount namespace: the chroot's mounts stay invisible to the host
 # and are dropped by the kernel when the last process in it exits.
@@ -69,24 +67,17 @@ if [ -z "${OUTBOX_FRESH_NS:-}" ]; then
 		unshare --mount --propagation private -- "$0" "$@"
 fi
 start=${OUTBOX_FRESH_START:-$(date +%s)}
+# shellcheck source=test/chroot_lib.sh
+. "$src/test/chroot_lib.sh"
 
 say() { echo "== fresh_machine: $*"; }
 left() { echo $((budget - ($(date +%s) - start))); }
 
 work=$(mktemp -d /var/tmp/outbox-fresh.XXXXXX)
 root=$work/root
-mounts=()
 
 cleanup() {
-	local i pid
-	# Processes left inside the chroot (a server of a failed test, say):
-	# they are ours, found by their root directory.
-	for pid in $(ls /proc | grep -E '^[0-9]+$'); do
-		[ "$(readlink "/proc/$pid/root" 2>/dev/null)" = "$root" ] && kill -KILL "$pid" 2>/dev/null
-	done
-	for ((i = ${#mounts[@]} - 1; i >= 0; i--)); do
-		umount "${mounts[i]}" 2>/dev/null || umount -l "${mounts[i]}" 2>/dev/null
-	done
+	chroot_cleanup
 	if [ -n "$keep" ]; then
 		echo "fresh_machine: chroot kept in $root"
 	elif ! grep -q " $work" /proc/self/mounts; then
@@ -107,54 +98,7 @@ bounded() {	# bounded CMD...: run CMD within what is left of the budget
 }
 
 # ---------------------------------------------------------------- the base
-if ! command -v debootstrap >/dev/null; then
-	say "installing debootstrap on the host"
-	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq debootstrap >/dev/null ||
-		{ echo "fresh_machine: cannot install debootstrap" >&2; exit 2; }
-fi
-if [ -n "$fresh" ] || [ ! -s "$base" ]; then
-	say "debootstrap --variant=minbase bookworm from $mirror (base cached in $base)"
-	mkdir -p "$cache"
-	rm -rf "$work/base"
-	t0=$(date +%s)
-	if ! bounded debootstrap --variant=minbase bookworm "$work/base" "$mirror" >"$work/debootstrap.log" 2>&1; then
-		tail -n 30 "$work/debootstrap.log"
-		echo "fresh_machine: FAIL (debootstrap)"
-		exit 1
-	fi
-	tar -C "$work/base" --numeric-owner -cf "$base.tmp" . && mv "$base.tmp" "$base"
-	rm -rf "$work/base"
-	say "debootstrap took $(($(date +%s) - t0)) s"
-else
-	say "using the cached base $base ($(date -r "$base" '+%F %T'); --fresh for a new one)"
-fi
-mkdir "$root"
-tar -C "$root" --numeric-owner -xf "$base" || { echo "fresh_machine: FAIL (cannot unpack $base)"; exit 1; }
-say "base: $(. "$root/etc/os-release"; echo "$PRETTY_NAME"), $(chroot "$root" dpkg-query -W -f='.\n' | wc -l) packages"
-
-# A Debian 12 as installed: main, updates and security.
-cat >"$root/etc/apt/sources.list" <<EOF
-deb $mirror bookworm main
-deb $mirror bookworm-updates main
-deb http://deb.debian.org/debian-security bookworm-security main
-EOF
-cp /etc/resolv.conf "$root/etc/resolv.conf"
-# The network's own trust anchors, as every machine of this network has
-# them: here the registries are reached through a TLS-inspecting egress
-# proxy whose CA the host trusts (/usr/local/share/ca-certificates).
-# Without it Maven (Java's trust store) cannot fetch the Kafka jars; apt
-# itself uses http.  A certificate, not a package: the package list of the
-# chroot stays what .ci/install-deps makes it.  ca-certificates and
-# ca-certificates-java pick these up when .ci/install-deps installs them.
-if ls /usr/local/share/ca-certificates/*.crt >/dev/null 2>&1; then
-	mkdir -p "$root/usr/local/share/ca-certificates"
-	cp /usr/local/share/ca-certificates/*.crt "$root/usr/local/share/ca-certificates/"
-	say "copied the host's local CA certificates: $(cd /usr/local/share/ca-certificates && echo *.crt)"
-fi
-# No daemons started by package installs (the host may run its own
-# PostgreSQL on the same port): the usual policy for chroots.
-printf '#!/bin/sh\nexit 101\n' >"$root/usr/sbin/policy-rc.d"
-chmod +x "$root/usr/sbin/policy-rc.d"
+chroot_new "$work" $fresh || { echo "fresh_machine: FAIL (chroot)"; exit 1; }
 
 # ---------------------------------------------------------------- the repo
 head=$(git -C "$src" rev-parse HEAD) || { echo "fresh_machine: $src is not a git work tree" >&2; exit 2; }
@@ -169,15 +113,7 @@ git clone -q --no-hardlinks "$src" "$root/root/outbox" &&
 say "cloned $head ($(git -C "$src" log -1 --format=%s "$head" | cut -c1-70))"
 
 # ---------------------------------------------------------------- mounts
-mnt() {	# mnt TARGET MOUNT-ARGS...
-	mount "${@:2}" "$1" || { echo "fresh_machine: FAIL (mount $1)"; exit 1; }
-	mounts+=("$1")
-}
-mnt "$root/proc" -t proc proc
-mnt "$root/sys" -t sysfs -o ro sysfs
-mnt "$root/dev" --bind /dev
-mnt "$root/dev/pts" --bind /dev/pts
-mnt "$root/dev/shm" -t tmpfs -o mode=1777 tmpfs		# PostgreSQL's shared memory
+chroot_mount || { echo "fresh_machine: FAIL (mounts)"; exit 1; }
 
 # ---------------------------------------------------------------- the two commands
 in_chroot() {	# in_chroot NAME COMMAND: run as root in the clone, log to $work/NAME.log

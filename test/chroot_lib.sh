@@ -1,0 +1,150 @@
+# test/chroot_lib.sh: a brand-new Debian 12 for a test, sourced by
+# test/fresh_machine.sh and test/package.sh.
+#
+# A `debootstrap --variant=minbase bookworm` base (only the essential
+# packages) is made once and kept as a tarball in $OUTBOX_FRESH_CACHE
+# (default /var/cache/outbox-fresh); each run unpacks it into a new
+# directory.  apt in the chroot uses the mirror the host's apt uses (read
+# from /etc/apt/sources.list*), or $OUTBOX_FRESH_MIRROR.
+#
+# The caller runs as root in a private mount namespace (unshare --mount
+# --propagation private) and defines say MESSAGE and bounded COMMAND...
+# (run within the caller's time budget).  chroot_new WORK makes $root in
+# WORK; chroot_cleanup stops what runs in it and unmounts (call it on exit).
+
+chroot_root=
+chroot_mounts=()
+
+# apt_sources: the host's enabled deb sources, one "URI SUITE" a line
+# (one-line .list files and deb822 .sources files).
+apt_sources() {
+	local f
+	for f in /etc/apt/sources.list /etc/apt/sources.list.d/*.list; do
+		[ -f "$f" ] || continue
+		awk '$1 == "deb" {
+			i = 2
+			if ($i ~ /^\[/) { while (i < NF && $i !~ /\]$/) i++; i++ }
+			print $i, $(i + 1)
+		}' "$f"
+	done
+	for f in /etc/apt/sources.list.d/*.sources; do
+		[ -f "$f" ] || continue
+		awk 'BEGIN { RS = ""; FS = "\n" }
+		{
+			types = ""; uris = ""; suites = ""; enabled = "yes"
+			for (j = 1; j <= NF; j++) {
+				if ($j ~ /^[ \t]*#/ || $j !~ /:/) continue
+				key = tolower(substr($j, 1, index($j, ":") - 1))
+				val = substr($j, index($j, ":") + 1)
+				gsub(/^[ \t]+|[ \t]+$/, "", val)
+				if (key == "types") types = val
+				else if (key == "uris") uris = val
+				else if (key == "suites") suites = val
+				else if (key == "enabled") enabled = tolower(val)
+			}
+			if (types !~ /(^| )deb( |$)/ || enabled == "no") next
+			nu = split(uris, u, /[ \t]+/); ns = split(suites, s, /[ \t]+/)
+			for (a = 1; a <= nu; a++) for (b = 1; b <= ns; b++) print u[a], s[b]
+		}' "$f"
+	done
+}
+
+# chroot_mirrors: sets mirror and security_mirror, the URIs the host's apt
+# uses for bookworm and bookworm-security; false if the host has none.
+chroot_mirrors() {
+	mirror=${OUTBOX_FRESH_MIRROR:-$(apt_sources | awk '$2 == "bookworm" { print $1; exit }')}
+	security_mirror=$(apt_sources | awk '$2 == "bookworm-security" { print $1; exit }')
+	if [ -z "$mirror" ]; then
+		echo "chroot: no bookworm source in /etc/apt/sources.list*; set OUTBOX_FRESH_MIRROR" >&2
+		return 1
+	fi
+}
+
+# chroot_new WORK [--fresh]: unpacks the cached base (debootstrapped first
+# if absent, or with --fresh) into WORK/root, with apt's sources set.
+chroot_new() {
+	local work=$1 fresh=${2:-} cache=${OUTBOX_FRESH_CACHE:-/var/cache/outbox-fresh}
+	local base t0
+	base=$cache/bookworm-minbase.tar
+	chroot_mirrors || return 1
+	if ! command -v debootstrap >/dev/null; then
+		say "installing debootstrap on the host"
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq debootstrap >/dev/null ||
+			{ echo "chroot: cannot install debootstrap" >&2; return 1; }
+	fi
+	if [ -n "$fresh" ] || [ ! -s "$base" ]; then
+		say "debootstrap --variant=minbase bookworm from $mirror (base cached in $base)"
+		mkdir -p "$cache"
+		rm -rf "$work/base"
+		t0=$(date +%s)
+		if ! bounded debootstrap --variant=minbase bookworm "$work/base" "$mirror" >"$work/debootstrap.log" 2>&1; then
+			tail -n 30 "$work/debootstrap.log"
+			echo "chroot: debootstrap failed" >&2
+			return 1
+		fi
+		# A name of its own: another run may be writing the cache too.
+		tar -C "$work/base" --numeric-owner -cf "$base.$$" . && mv "$base.$$" "$base"
+		rm -rf "$work/base"
+		say "debootstrap took $(($(date +%s) - t0)) s"
+	else
+		say "using the cached base $base ($(date -r "$base" '+%F %T'); --fresh for a new one)"
+	fi
+	chroot_root=$work/root
+	mkdir "$chroot_root"
+	tar -C "$chroot_root" --numeric-owner -xf "$base" || { echo "chroot: cannot unpack $base" >&2; return 1; }
+	say "base: $(. "$chroot_root/etc/os-release"; echo "$PRETTY_NAME"), $(chroot "$chroot_root" dpkg-query -W -f='.\n' | wc -l) packages"
+	chroot_configure
+}
+
+# chroot_configure: a Debian 12 as installed (main, updates, security),
+# the host's DNS and local CA certificates, no daemons started by installs.
+chroot_configure() {
+	{
+		echo "deb $mirror bookworm main"
+		echo "deb $mirror bookworm-updates main"
+		[ -n "$security_mirror" ] && echo "deb $security_mirror bookworm-security main"
+	} >"$chroot_root/etc/apt/sources.list"
+	cp /etc/resolv.conf "$chroot_root/etc/resolv.conf"
+	# The network's own trust anchors, as every machine of this network has
+	# them: registries may be reached through a TLS-inspecting egress proxy
+	# whose CA the host trusts (/usr/local/share/ca-certificates); Maven
+	# (Java's trust store) needs it.  A certificate, not a package: the
+	# chroot's package list stays what the test installs.
+	if ls /usr/local/share/ca-certificates/*.crt >/dev/null 2>&1; then
+		mkdir -p "$chroot_root/usr/local/share/ca-certificates"
+		cp /usr/local/share/ca-certificates/*.crt "$chroot_root/usr/local/share/ca-certificates/"
+		say "copied the host's local CA certificates: $(cd /usr/local/share/ca-certificates && echo *.crt)"
+	fi
+	# No daemons started by package installs (the host may run its own
+	# PostgreSQL on the same port): the usual policy for chroots.
+	printf '#!/bin/sh\nexit 101\n' >"$chroot_root/usr/sbin/policy-rc.d"
+	chmod +x "$chroot_root/usr/sbin/policy-rc.d"
+}
+
+# chroot_mount: /proc, /sys, /dev, /dev/pts and a /dev/shm of its own
+# (PostgreSQL's shared memory), undone by chroot_cleanup.
+chroot_mount() {
+	local spec target
+	for spec in "proc -t proc proc" "sys -t sysfs -o ro sysfs" "dev --bind /dev" \
+		"dev/pts --bind /dev/pts" "dev/shm -t tmpfs -o mode=1777 tmpfs"; do
+		target=$chroot_root/${spec%% *}
+		# shellcheck disable=SC2086
+		mount ${spec#* } "$target" || { echo "chroot: cannot mount $target" >&2; return 1; }
+		chroot_mounts+=("$target")
+	done
+}
+
+# chroot_cleanup: kills every process still running inside the chroot (a
+# server of a failed test, say: ours, found by their root directory) and
+# unmounts; the caller removes the directory.
+chroot_cleanup() {
+	local i pid
+	[ -n "$chroot_root" ] || return 0
+	for pid in $(ls /proc | grep -E '^[0-9]+$'); do
+		[ "$(readlink "/proc/$pid/root" 2>/dev/null)" = "$chroot_root" ] && kill -KILL "$pid" 2>/dev/null
+	done
+	for ((i = ${#chroot_mounts[@]} - 1; i >= 0; i--)); do
+		umount "${chroot_mounts[i]}" 2>/dev/null || umount -l "${chroot_mounts[i]}" 2>/dev/null
+	done
+	chroot_mounts=()
+}
