@@ -63,6 +63,14 @@ outbox-preflight:
 	@PG_CONFIG='$(PG_CONFIG)' test/preflight.sh --not-root $(if $(REGRESS),regress) $(if $(ISOLATION),isolation) \
 		$(if $(TAP_TESTS),tap)
 
+# PGXN: the release archive outbox-VERSION.zip (VERSION from META.json) of
+# the committed HEAD, every file under outbox-VERSION/.  test/pgxn.sh
+# checks META.json and the archive.
+DIST_VERSION = $(shell perl -MJSON::PP -0777 -e 'print decode_json(<>)->{version}' META.json)
+.PHONY: dist
+dist:
+	git archive --format=zip --prefix=$(EXTENSION)-$(DIST_VERSION)/ -o $(EXTENSION)-$(DIST_VERSION).zip HEAD
+
 .PHONY: tools clean-tools test demo
 tools:
 	$(MAKE) -C test/tools
