@@ -8,12 +8,45 @@
 # from /etc/apt/sources.list*), or $OUTBOX_FRESH_MIRROR.
 #
 # The caller runs as root in a private mount namespace (unshare --mount
-# --propagation private) and defines say MESSAGE and bounded COMMAND...
-# (run within the caller's time budget).  chroot_new WORK makes $root in
-# WORK; chroot_cleanup stops what runs in it and unmounts (call it on exit).
+# --propagation private), defines say MESSAGE and sets budget (seconds)
+# and start (its start time).  chroot_session NAME makes the work directory
+# $work, removed on exit (kept if $keep is set); chroot_new $work makes the
+# chroot $chroot_root in it; bounded COMMAND... runs within the budget.
 
 chroot_root=
 chroot_mounts=()
+chroot_name=
+
+# chroot_session NAME: $work, a new /var/tmp/outbox-NAME.XXXXXX, cleaned up
+# on exit.
+chroot_session() {
+	chroot_name=$1
+	work=$(mktemp -d "/var/tmp/outbox-$1.XXXXXX")
+	trap chroot_exit EXIT
+	trap 'exit 130' INT TERM
+}
+
+# chroot_exit: stops and unmounts the chroot, removes $work unless $keep
+# is set (or something is still mounted in it).
+chroot_exit() {
+	chroot_cleanup
+	if [ -n "${keep:-}" ]; then
+		echo "$chroot_name: kept $work"
+	elif ! grep -q " $work" /proc/self/mounts; then
+		rm -rf "$work"
+	fi
+}
+
+# bounded COMMAND...: COMMAND within what is left of $budget seconds from
+# $start, killed when it runs out.
+bounded() {
+	local t=$((budget - ($(date +%s) - start)))
+	if [ "$t" -le 0 ]; then
+		echo "$chroot_name: out of time before: $*" >&2
+		return 124
+	fi
+	timeout --kill-after=30 "$t" "$@"
+}
 
 # apt_sources: the host's enabled deb sources, one "URI SUITE" a line
 # (one-line .list files and deb822 .sources files).

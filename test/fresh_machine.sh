@@ -71,31 +71,8 @@ start=${OUTBOX_FRESH_START:-$(date +%s)}
 . "$src/test/chroot_lib.sh"
 
 say() { echo "== fresh_machine: $*"; }
-left() { echo $((budget - ($(date +%s) - start))); }
-
-work=$(mktemp -d /var/tmp/outbox-fresh.XXXXXX)
+chroot_session fresh
 root=$work/root
-
-cleanup() {
-	chroot_cleanup
-	if [ -n "$keep" ]; then
-		echo "fresh_machine: chroot kept in $root"
-	elif ! grep -q " $work" /proc/self/mounts; then
-		rm -rf "$work"
-	fi
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-
-bounded() {	# bounded CMD...: run CMD within what is left of the budget
-	local t
-	t=$(left)
-	if [ "$t" -le 0 ]; then
-		echo "fresh_machine: out of time before: $*" >&2
-		return 124
-	fi
-	timeout --kill-after=30 "$t" "$@"
-}
 
 # ---------------------------------------------------------------- the base
 chroot_new "$work" $fresh || { echo "fresh_machine: FAIL (chroot)"; exit 1; }

@@ -50,24 +50,7 @@ budget=${OUTBOX_PACKAGE_TIMEOUT:-1200}
 say() { echo "== package: $*"; }
 fail() { echo "package: FAIL ($*; logs in $work)"; keep=1; exit 1; }
 
-# bounded CMD...: CMD within what is left of the budget.
-bounded() {
-	local t=$((budget - ($(date +%s) - start)))
-	[ "$t" -gt 0 ] || { echo "package: out of time before: $*" >&2; return 124; }
-	timeout --kill-after=30 "$t" "$@"
-}
-
-work=$(mktemp -d /var/tmp/outbox-package.XXXXXX)
-cleanup() {
-	chroot_cleanup
-	if [ -n "$keep" ]; then
-		echo "package: kept $work"
-	elif ! grep -q " $work" /proc/self/mounts; then
-		rm -rf "$work"
-	fi
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
+chroot_session package
 
 # ---------------------------------------------------------------- build
 tools=(dpkg-dev debhelper postgresql-server-dev-all librdkafka-dev lintian debootstrap)
