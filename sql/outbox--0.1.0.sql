@@ -355,10 +355,9 @@ AS 'MODULE_PATHNAME', 'outbox_check_arg'
 LANGUAGE C IMMUTABLE;
 
 -- Who may claim for a consumer: a consumer listed here only members of its
--- role (checked against session_user: a session can always return to it
--- with RESET ROLE, so SET ROLE neither gains nor loses anything here).  An
--- unlisted consumer name may be claimed for by any role with EXECUTE on
--- inbox_claim().
+-- role (checked against current_user, as privileges are: in an inbox
+-- handler, the subscribing role).  An unlisted consumer name may be claimed
+-- for by any role with EXECUTE on inbox_claim().
 CREATE TABLE @extschema@.inbox_consumer (
 	consumer text PRIMARY KEY,
 	role name NOT NULL
@@ -370,33 +369,15 @@ COMMENT ON TABLE @extschema@.inbox_consumer IS
 REVOKE ALL ON @extschema@.inbox_consumer FROM PUBLIC;
 SELECT pg_catalog.pg_extension_config_dump('@extschema@.inbox_consumer', '');
 
+-- Not SECURITY DEFINER: the claimant is the calling role (current_user; in
+-- a handler, the role the inbox worker runs it as), which the C function
+-- checks against inbox_consumer before it writes the inbox as the
+-- function's owner.
 CREATE FUNCTION @extschema@.inbox_claim(consumer text, event_id text)
 RETURNS boolean
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-AS $$
-DECLARE
-	owner name;
-BEGIN
-	PERFORM @extschema@.outbox_check_arg('inbox_claim: consumer', consumer);
-	PERFORM @extschema@.outbox_check_arg('inbox_claim: event_id', event_id);
-	SELECT c.role INTO owner FROM @extschema@.inbox_consumer c WHERE c.consumer = inbox_claim.consumer;
-	IF FOUND AND NOT (EXISTS (SELECT 1 FROM pg_catalog.pg_roles r WHERE r.rolname = owner)
-					  AND pg_catalog.pg_has_role(session_user, owner, 'MEMBER')) THEN
-		RAISE EXCEPTION 'inbox_claim: permission denied to claim for consumer "%"', consumer
-			USING ERRCODE = 'insufficient_privilege',
-			DETAIL = 'Only members of the role it is registered to in inbox_consumer may claim for it.';
-	END IF;
-	-- A concurrent uncommitted claim of the same pair makes this wait: false
-	-- if that transaction commits, true if it aborts.  Under REPEATABLE READ
-	-- or SERIALIZABLE a claim committed after this transaction's snapshot
-	-- is a serialization failure (40001): retry the transaction.
-	INSERT INTO @extschema@.inbox AS i (consumer, event_id)
-		VALUES (inbox_claim.consumer, inbox_claim.event_id)
-		ON CONFLICT DO NOTHING;
-	RETURN FOUND;
-END
-$$;
+AS 'MODULE_PATHNAME', 'inbox_claim'
+LANGUAGE C VOLATILE
+SET search_path = pg_catalog, pg_temp;
 
 COMMENT ON FUNCTION @extschema@.inbox_claim(text, text) IS
 'true if this transaction claimed the event for the consumer, false if it was already processed';
@@ -1132,7 +1113,7 @@ BEGIN
 	END IF;
 	UPDATE @extschema@.inbox_offset o
 	   SET attempts = 0, next_attempt_at = NULL, blocked_at = NULL, blocked_reason = NULL,
-		   accept_gap = r.blocked_reason LIKE 'gap:%', updated_at = clock_timestamp()
+		   accept_gap = coalesce(r.blocked_reason LIKE 'gap:%', false), updated_at = clock_timestamp()
 	 WHERE (o.consumer, o.topic, o."partition") = (r.consumer, r.topic, r."partition");
 	RAISE LOG 'outbox: % retried partition % of topic "%" for consumer "%" at offset %',
 		session_user, "partition", topic, consumer, r.next_offset;
