@@ -39,6 +39,7 @@ bad(void)
 				"AND v BETWEEN 1 AND 2 AND v IS DISTINCT FROM w", true, 0);
 	SPI_execute("SELECT NULLIF(a, b), CASE a WHEN 1 THEN 2 END FROM %s.t "
 				"JOIN %s.u USING (a) JOIN pg_class c ON true", true, 0);
+	SPI_execute("SELECT u.a FROM pg_catalog.unnest($1, $2) AS u(a, b)", true, 0);
 	ereport(ERROR, (errmsg("messages like SELECT a = b FROM c are not SQL")));
 }
 EOF
@@ -56,7 +57,8 @@ my %want = (
 	qr/bad\.c:10: NULLIF/ => 'NULLIF',
 	qr/bad\.c:10: CASE x WHEN/ => 'a simple CASE',
 	qr/bad\.c:11: JOIN \.\.\. USING/ => 'JOIN ... USING',
-	qr/bad\.c:11: unqualified relation pg_class/ => 'a bare relation');
+	qr/bad\.c:11: unqualified relation pg_class/ => 'a bare relation',
+	qr/bad\.c:12: a qualified unnest\(\) takes one array/ => 'pg_catalog.unnest of two arrays');
 for my $re (sort keys %want)
 {
 	ok((grep { $_ =~ $re } @$lines), "reported: $want{$re}") or diag explain $lines;

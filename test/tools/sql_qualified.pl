@@ -37,6 +37,8 @@
 #    names a WITH query of the same statement: under a pinned search_path of
 #    "pg_catalog, pg_temp" an unqualified name that is not a catalog's is
 #    looked up in pg_temp, which any caller can fill;
+#  - pg_catalog.unnest(a, b) is an error (only a bare unnest of several
+#    arrays is expanded): ROWS FROM (pg_catalog.unnest(a), ...) instead;
 #  - in C files, a cast type (::name, CAST(x AS name)) must be
 #    ::pg_catalog.name or ::%s.name.
 #
@@ -476,6 +478,22 @@ sub check_sql
 		}
 		if (is_p($prev, '.'))
 		{
+			# Only a bare unnest(a, b) is expanded to ROWS FROM (unnest(a),
+			# unnest(b)): pg_catalog.unnest takes one array.
+			if (lc $x->[1] eq 'unnest' && is_p($next, '('))
+			{
+				my ($d, $close) = (0, matching(\@t, $i + 1));
+				for my $k ($i + 2 .. $close - 1)
+				{
+					$d++ if is_p($t[$k], '(') || is_p($t[$k], '[');
+					$d-- if is_p($t[$k], ')') || is_p($t[$k], ']');
+					if ($d == 0 && is_p($t[$k], ','))
+					{
+						$rep->($x, "a qualified unnest() takes one array (write ROWS FROM (pg_catalog.unnest(a), pg_catalog.unnest(b)))");
+						last;
+					}
+				}
+			}
 			next;
 		}
 		# Constructs that look up an operator by its bare name.
