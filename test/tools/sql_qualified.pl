@@ -396,176 +396,241 @@ sub check_sql
 {
 	my ($file, $text, $lineof, $opt) = @_;
 	my @t = sql_tokens($text, $opt);
-	my $ctes = cte_names(\@t);
-	my @stack = ({ kind => '' });		# one entry per open parenthesis
-	my ($set, $from, $raise, $diag, $stmt_kw, $last_clause) = (undef, undef, 0, 0, '', '');
-	my $at = sub { return $lineof->($_[0][2]); };
-	my $rep = sub { report($file, $at->($_[0]), $_[1]); };
+	my $st = { t => \@t, ctes => cte_names(\@t), opt => $opt, file => $file, lineof => $lineof };
+	$st->{rep} = sub { report($file, $lineof->($_[0][2]), $_[1]); };
+	reset_statement($st);
 
-	for (my $i = 0; $i < @t; $i++)
+	for ($st->{i} = 0; $st->{i} < @t; $st->{i}++)
 	{
-		my ($x, $prev, $next) = ($t[$i], $i > 0 ? $t[ $i - 1 ] : undef, $t[ $i + 1 ]);
-		my $depth = $#stack;
-		my $ctx = $stack[-1];
-
+		my $x = $t[ $st->{i} ];
 		if ($x->[0] eq 'body')
 		{
 			my $base = $x->[2];
 			check_sql($file, $x->[1], sub { $lineof->($base + $_[0]) }, $opt);
-			next;
 		}
-		if (is_p($x, ';'))
+		elsif (is_p($x, '::') || (is_kw($x, 'AS') && $st->{stack}[-1]{kind} eq 'CAST'))
 		{
-			($set, $from, $raise, $diag, $stmt_kw, $last_clause) = (undef, undef, 0, 0, '', '');
-			@stack = ({ kind => '' });
-			next;
+			check_cast($st) if $opt->{c};
 		}
-		if (is_p($x, '('))
-		{
-			my $kind = $prev && $prev->[0] eq 'id' ? $prev->[3] : '';
-			push @stack, { kind => $kind, options => is_kw($prev, 'SET', 'WITH') && $i + 2 < @t
-					&& $t[ $i + 1 ][0] eq 'id' && $t[ $i + 2 ][0] eq 'op' && $t[ $i + 2 ][1] eq '=' };
-			next;
-		}
-		if (is_p($x, ')'))
-		{
-			pop @stack if @stack > 1;
-			$set = undef if $set && $set->{depth} > $#stack;
-			$from = undef if defined $from && $from > $#stack;
-			next;
-		}
-		if (is_p($x, ','))
-		{
-			$set->{want} = 1 if $set && $set->{depth} == $depth;
-			check_relation($file, \@t, $i + 1, $ctes, $rep) if defined $from && $from == $depth;
-			next;
-		}
-		if (is_p($x, '::') || (is_kw($x, 'AS') && $ctx->{kind} eq 'CAST'))
-		{
-			next unless $opt->{c};
-			my $n = $t[ $i + 1 ];
-			next if $n && $n->[0] eq 'schema' && is_p($t[ $i + 2 ], '.');
-			next if $n && $n->[0] eq 'id' && lc $n->[1] eq 'pg_catalog' && is_p($t[ $i + 2 ], '.');
-			$rep->($x, "cast to unqualified type " . ($n ? $n->[1] : '?')) if $n && $n->[0] eq 'id';
-			next;
-		}
-		if ($x->[0] eq 'op')
-		{
-			my $op = $x->[1];
-			next if $op eq '*' && !is_operand($prev);
-			next if $op eq '-' && !is_operand($prev) && $next && $next->[0] eq 'num';
-			if ($op eq '=')
-			{
-				next if $ctx->{options};
-				if ($set && $set->{depth} == $depth && $set->{want}) { $set->{want} = 0; next; }
-				next if $raise && $prev && $prev->[0] eq 'id' && $RAISE_OPTS{ $prev->[3] };
-				next if $diag;
-			}
-			$rep->($x, "unqualified operator $op (write OPERATOR(pg_catalog.$op))");
-			next;
-		}
-		next unless $x->[0] eq 'id';
-		my $kw = $x->[3];
-
-		if ($kw eq 'OPERATOR' && is_p($next, '('))
-		{
-			my ($s, $dot, $op, $close) = @t[ $i + 2 .. $i + 5 ];
-			my $ok = $s && (($s->[0] eq 'id' && lc $s->[1] eq 'pg_catalog') || $s->[0] eq 'schema')
-			  && is_p($dot, '.') && $op && $op->[0] eq 'op' && is_p($close, ')');
-			$rep->($x, "OPERATOR() without pg_catalog") unless $ok;
-			$i += $ok ? 5 : 1;
-			next;
-		}
-		if (is_p($prev, '.'))
-		{
-			# Only a bare unnest(a, b) is expanded to ROWS FROM (unnest(a),
-			# unnest(b)): pg_catalog.unnest takes one array.
-			if (lc $x->[1] eq 'unnest' && is_p($next, '('))
-			{
-				my ($d, $close) = (0, matching(\@t, $i + 1));
-				for my $k ($i + 2 .. $close - 1)
-				{
-					$d++ if is_p($t[$k], '(') || is_p($t[$k], '[');
-					$d-- if is_p($t[$k], ')') || is_p($t[$k], ']');
-					if ($d == 0 && is_p($t[$k], ','))
-					{
-						$rep->($x, "a qualified unnest() takes one array (write ROWS FROM (pg_catalog.unnest(a), pg_catalog.unnest(b)))");
-						last;
-					}
-				}
-			}
-			next;
-		}
-		# Constructs that look up an operator by its bare name.
-		if ($x->[3] ne '"')
-		{
-			$rep->($x, "$kw looks up an operator through the search_path (use OPERATOR(pg_catalog.~~))")
-			  if $kw =~ /^(?:LIKE|ILIKE)$/;
-			$rep->($x, "SIMILAR TO looks up an operator through the search_path") if $kw eq 'SIMILAR';
-			$rep->($x, "BETWEEN looks up >= and <= through the search_path") if $kw eq 'BETWEEN';
-			$rep->($x, "OVERLAPS looks up a function through the search_path") if $kw eq 'OVERLAPS';
-			$rep->($x, "IN (...) looks up = through the search_path (use OPERATOR(pg_catalog.=) ANY)")
-			  if $kw eq 'IN' && is_p($next, '(');
-			$rep->($x, "IS DISTINCT FROM looks up = through the search_path")
-			  if $kw eq 'DISTINCT' && (is_kw($prev, 'IS') || (is_kw($prev, 'NOT') && is_kw($t[ $i - 2 ], 'IS')));
-			$rep->($x, "NULLIF() looks up = through the search_path (write a CASE with OPERATOR(pg_catalog.=))")
-			  if $kw eq 'NULLIF' && is_p($next, '(');
-			$rep->($x, "CASE x WHEN looks up = through the search_path (write CASE WHEN x OPERATOR(pg_catalog.=) ...)")
-			  if $kw eq 'CASE' && $next && !is_kw($next, 'WHEN');
-			$rep->($x, "NATURAL JOIN looks up = through the search_path") if $kw eq 'NATURAL';
-			$rep->($x, "JOIN ... USING looks up = through the search_path (write ON ... OPERATOR(pg_catalog.=))")
-			  if $kw eq 'USING' && is_p($next, '(') && $last_clause eq 'JOIN';
-		}
-		# A call of a function by its bare name.
-		if (is_p($next, '(') && !($x->[3] ne '"' && $NOT_CALLS{$kw}))
-		{
-			my $alias = $prev
-			  && (($prev->[0] eq 'id' && !$EXPR_KW{ $prev->[3] })
-				|| is_p($prev, ')') || is_p($prev, ']') || $prev->[0] eq 'schema');
-			my $close = matching(\@t, $i + 1);
-			my $cte = (is_kw($prev, 'WITH', 'RECURSIVE') || is_p($prev, ','))
-			  && is_kw($t[ $close + 1 ], 'AS') && is_p($t[ $close + 2 ], '(');
-			$rep->($x, "unqualified function $x->[1]()") unless $alias || $cte;
-		}
-
-		# Clause bookkeeping.
-		$stmt_kw = $kw if $stmt_kw eq '' && $x->[3] ne '"';
-		$raise = 1 if $kw eq 'RAISE';
-		$diag = 1 if $kw eq 'DIAGNOSTICS';
-		if ($x->[3] ne '"' && $CLAUSE_END{$kw})
-		{
-			$set = undef if $set && $set->{depth} == $depth;
-			$from = undef if defined $from && $from == $depth;
-		}
-		$last_clause = $kw if $kw =~ /^(?:JOIN|FROM|WHERE|SELECT|DELETE|UPDATE|INSERT|SET|ON)$/;
-		if ($kw eq 'SET' && !is_kw($prev, 'IS'))
-		{
-			$set = { depth => $depth, want => 1 };
-			next;
-		}
-		next if $stmt_kw =~ /^(?:GRANT|REVOKE|COMMENT)$/;
-		my $rel;
-		if ($kw eq 'FROM' && $ctx->{kind} !~ /^(?:EXTRACT|SUBSTRING|TRIM|OVERLAY|POSITION)$/
-			&& !is_kw($prev, 'DISTINCT', 'ROWS'))
-		{
-			$rel = 1;
-			$from = $depth;
-		}
-		$rel = 1 if $kw eq 'JOIN';
-		$rel = 1 if $kw eq 'INTO' && is_kw($prev, 'INSERT', 'MERGE');
-		$rel = 1 if $kw eq 'UPDATE' && !is_kw($prev, 'FOR', 'DO', 'KEY', 'NO');
-		$rel = 1 if $kw =~ /^(?:LOCK|TRUNCATE)$/ && !is_kw($next, 'TABLE');
-		$rel = 1 if $kw eq 'TABLE' && is_kw($prev, 'LOCK', 'TRUNCATE');
-		$rel = 1 if $kw eq 'USING' && $stmt_kw eq 'DELETE' && !is_p($next, '(');
-		check_relation($file, \@t, $i + 1, $ctes, $rep) if $rel;
+		elsif ($x->[0] eq 'p') { track_punct($st, $x->[1]); }
+		elsif ($x->[0] eq 'op') { check_operator($st); }
+		elsif ($x->[0] eq 'id') { check_word($st); }
 	}
+	return;
+}
+
+# Forget the clauses of the previous statement.
+sub reset_statement
+{
+	my ($st) = @_;
+	@$st{qw(set from raise diag stmt_kw last_clause)} = (undef, undef, 0, 0, '', '');
+	$st->{stack} = [ { kind => '' } ];		# one entry per open parenthesis
+	return;
+}
+
+# Follow parentheses, commas and statement ends.
+sub track_punct
+{
+	my ($st, $p) = @_;
+	my ($t, $i, $stack) = ($st->{t}, $st->{i}, $st->{stack});
+	my $prev = $i > 0 ? $t->[ $i - 1 ] : undef;
+	my $depth = $#$stack;
+	if ($p eq ';') { reset_statement($st); }
+	elsif ($p eq '(')
+	{
+		# SET (opt = v) and WITH (opt = v) are options, not comparisons.
+		push @$stack, {
+			kind => $prev && $prev->[0] eq 'id' ? $prev->[3] : '',
+			options => is_kw($prev, 'SET', 'WITH') && $i + 2 < @$t && $t->[ $i + 1 ][0] eq 'id'
+			  && $t->[ $i + 2 ][0] eq 'op' && $t->[ $i + 2 ][1] eq '=' };
+	}
+	elsif ($p eq ')')
+	{
+		pop @$stack if @$stack > 1;
+		$st->{set} = undef if $st->{set} && $st->{set}{depth} > $#$stack;
+		$st->{from} = undef if defined $st->{from} && $st->{from} > $#$stack;
+	}
+	elsif ($p eq ',')
+	{
+		$st->{set}{want} = 1 if $st->{set} && $st->{set}{depth} == $depth;
+		check_relation($st, $i + 1) if defined $st->{from} && $st->{from} == $depth;
+	}
+	return;
+}
+
+# The type after :: or CAST(x AS must be qualified.
+sub check_cast
+{
+	my ($st) = @_;
+	my ($t, $i) = ($st->{t}, $st->{i});
+	my $n = $t->[ $i + 1 ];
+	return unless $n && $n->[0] ne 'p';
+	return if $n->[0] eq 'schema' && is_p($t->[ $i + 2 ], '.');
+	return if $n->[0] eq 'id' && lc $n->[1] eq 'pg_catalog' && is_p($t->[ $i + 2 ], '.');
+	$st->{rep}->($t->[$i], "cast to unqualified type $n->[1]") if $n->[0] eq 'id';
+	return;
+}
+
+# An operator token must be OPERATOR(pg_catalog.op), unless it is syntax.
+sub check_operator
+{
+	my ($st) = @_;
+	my ($t, $i) = ($st->{t}, $st->{i});
+	my ($x, $prev, $next) = ($t->[$i], $i > 0 ? $t->[ $i - 1 ] : undef, $t->[ $i + 1 ]);
+	my $op = $x->[1];
+	my $set = $st->{set};
+	return if $op eq '*' && !is_operand($prev);
+	return if $op eq '-' && !is_operand($prev) && $next && $next->[0] eq 'num';
+	if ($op eq '=')
+	{
+		return if $st->{stack}[-1]{options};
+		if ($set && $set->{depth} == $#{ $st->{stack} } && $set->{want}) { $set->{want} = 0; return; }
+		return if $st->{raise} && $prev && $prev->[0] eq 'id' && $RAISE_OPTS{ $prev->[3] };
+		return if $st->{diag};
+	}
+	$st->{rep}->($x, "unqualified operator $op (write OPERATOR(pg_catalog.$op))");
+	return;
+}
+
+# A word: OPERATOR(), a qualified name, a keyword hiding an operator, a
+# call, a clause.
+sub check_word
+{
+	my ($st) = @_;
+	my ($t, $i) = ($st->{t}, $st->{i});
+	my ($x, $prev, $next) = ($t->[$i], $i > 0 ? $t->[ $i - 1 ] : undef, $t->[ $i + 1 ]);
+	my $kw = $x->[3];
+
+	if ($kw eq 'OPERATOR' && is_p($next, '('))
+	{
+		my ($s, $dot, $op, $close) = @$t[ $i + 2 .. $i + 5 ];
+		my $ok = $s && (($s->[0] eq 'id' && lc $s->[1] eq 'pg_catalog') || $s->[0] eq 'schema')
+		  && is_p($dot, '.') && $op && $op->[0] eq 'op' && is_p($close, ')');
+		$st->{rep}->($x, "OPERATOR() without pg_catalog") unless $ok;
+		$st->{i} += $ok ? 5 : 1;
+		return;
+	}
+	if (is_p($prev, '.'))
+	{
+		check_unnest($st) if lc $x->[1] eq 'unnest' && is_p($next, '(');
+		return;
+	}
+	check_hidden_operator($st) if $kw ne '"';
+	check_call($st) if is_p($next, '(') && !($kw ne '"' && $NOT_CALLS{$kw});
+	track_clause($st) if $kw ne '"';
+	return;
+}
+
+# Only a bare unnest(a, b) is expanded to ROWS FROM (unnest(a), unnest(b)):
+# pg_catalog.unnest takes one array.
+sub check_unnest
+{
+	my ($st) = @_;
+	my ($t, $i) = ($st->{t}, $st->{i});
+	my ($d, $close) = (0, matching($t, $i + 1));
+	for my $k ($i + 2 .. $close - 1)
+	{
+		$d++ if is_p($t->[$k], '(') || is_p($t->[$k], '[');
+		$d-- if is_p($t->[$k], ')') || is_p($t->[$k], ']');
+		if ($d == 0 && is_p($t->[$k], ','))
+		{
+			$st->{rep}->($t->[$i], "a qualified unnest() takes one array "
+				  . "(write ROWS FROM (pg_catalog.unnest(a), pg_catalog.unnest(b)))");
+			last;
+		}
+	}
+	return;
+}
+
+# Constructs that look up an operator by its bare name.
+sub check_hidden_operator
+{
+	my ($st) = @_;
+	my ($t, $i, $rep) = ($st->{t}, $st->{i}, $st->{rep});
+	my ($x, $prev, $next) = ($t->[$i], $i > 0 ? $t->[ $i - 1 ] : undef, $t->[ $i + 1 ]);
+	my $kw = $x->[3];
+	my $why = ' looks up an operator through the search_path';
+	$rep->($x, "$kw$why (use OPERATOR(pg_catalog.~~))") if $kw =~ /^(?:LIKE|ILIKE)$/;
+	$rep->($x, "SIMILAR TO$why") if $kw eq 'SIMILAR';
+	$rep->($x, "BETWEEN looks up >= and <= through the search_path") if $kw eq 'BETWEEN';
+	$rep->($x, "OVERLAPS looks up a function through the search_path") if $kw eq 'OVERLAPS';
+	$rep->($x, "IN (...) looks up = through the search_path (use OPERATOR(pg_catalog.=) ANY)")
+	  if $kw eq 'IN' && is_p($next, '(');
+	$rep->($x, "IS DISTINCT FROM looks up = through the search_path")
+	  if $kw eq 'DISTINCT' && (is_kw($prev, 'IS') || (is_kw($prev, 'NOT') && is_kw($t->[ $i - 2 ], 'IS')));
+	$rep->($x, "NULLIF() looks up = through the search_path (write a CASE with OPERATOR(pg_catalog.=))")
+	  if $kw eq 'NULLIF' && is_p($next, '(');
+	$rep->($x, "CASE x WHEN looks up = through the search_path (write CASE WHEN x OPERATOR(pg_catalog.=) ...)")
+	  if $kw eq 'CASE' && $next && !is_kw($next, 'WHEN');
+	$rep->($x, "NATURAL JOIN looks up = through the search_path") if $kw eq 'NATURAL';
+	$rep->($x, "JOIN ... USING looks up = through the search_path (write ON ... OPERATOR(pg_catalog.=))")
+	  if $kw eq 'USING' && is_p($next, '(') && $st->{last_clause} eq 'JOIN';
+	return;
+}
+
+# A call of a function by its bare name (not an alias's column list, not a
+# WITH query's).
+sub check_call
+{
+	my ($st) = @_;
+	my ($t, $i) = ($st->{t}, $st->{i});
+	my ($x, $prev) = ($t->[$i], $i > 0 ? $t->[ $i - 1 ] : undef);
+	my $alias = $prev
+	  && (($prev->[0] eq 'id' && !$EXPR_KW{ $prev->[3] })
+		|| is_p($prev, ')') || is_p($prev, ']') || $prev->[0] eq 'schema');
+	my $close = matching($t, $i + 1);
+	my $cte = (is_kw($prev, 'WITH', 'RECURSIVE') || is_p($prev, ','))
+	  && is_kw($t->[ $close + 1 ], 'AS') && is_p($t->[ $close + 2 ], '(');
+	$st->{rep}->($x, "unqualified function $x->[1]()") unless $alias || $cte;
+	return;
+}
+
+# Follow clauses (SET lists, FROM lists, RAISE, ...) and check the
+# relations they name.
+sub track_clause
+{
+	my ($st) = @_;
+	my ($t, $i) = ($st->{t}, $st->{i});
+	my ($x, $prev, $next) = ($t->[$i], $i > 0 ? $t->[ $i - 1 ] : undef, $t->[ $i + 1 ]);
+	my $kw = $x->[3];
+	my $depth = $#{ $st->{stack} };
+	$st->{stmt_kw} = $kw if $st->{stmt_kw} eq '';
+	$st->{raise} = 1 if $kw eq 'RAISE';
+	$st->{diag} = 1 if $kw eq 'DIAGNOSTICS';
+	if ($CLAUSE_END{$kw})
+	{
+		$st->{set} = undef if $st->{set} && $st->{set}{depth} == $depth;
+		$st->{from} = undef if defined $st->{from} && $st->{from} == $depth;
+	}
+	$st->{last_clause} = $kw if $kw =~ /^(?:JOIN|FROM|WHERE|SELECT|DELETE|UPDATE|INSERT|SET|ON)$/;
+	if ($kw eq 'SET' && !is_kw($prev, 'IS'))
+	{
+		$st->{set} = { depth => $depth, want => 1 };
+		return;
+	}
+	return if $st->{stmt_kw} =~ /^(?:GRANT|REVOKE|COMMENT)$/;
+	my $rel;
+	if ($kw eq 'FROM' && $st->{stack}[-1]{kind} !~ /^(?:EXTRACT|SUBSTRING|TRIM|OVERLAY|POSITION)$/
+		&& !is_kw($prev, 'DISTINCT', 'ROWS'))
+	{
+		$rel = 1;
+		$st->{from} = $depth;
+	}
+	$rel = 1 if $kw eq 'JOIN';
+	$rel = 1 if $kw eq 'INTO' && is_kw($prev, 'INSERT', 'MERGE');
+	$rel = 1 if $kw eq 'UPDATE' && !is_kw($prev, 'FOR', 'DO', 'KEY', 'NO');
+	$rel = 1 if $kw =~ /^(?:LOCK|TRUNCATE)$/ && !is_kw($next, 'TABLE');
+	$rel = 1 if $kw eq 'TABLE' && is_kw($prev, 'LOCK', 'TRUNCATE');
+	$rel = 1 if $kw eq 'USING' && $st->{stmt_kw} eq 'DELETE' && !is_p($next, '(');
+	check_relation($st, $i + 1) if $rel;
 	return;
 }
 
 # Check the relation named at token $j (after FROM, JOIN, ...).
 sub check_relation
 {
-	my ($file, $t, $j, $ctes, $rep) = @_;
+	my ($st, $j) = @_;
+	my ($t, $ctes, $rep) = ($st->{t}, $st->{ctes}, $st->{rep});
 	$j++ while is_kw($t->[$j], 'ONLY', 'LATERAL');
 	my $x = $t->[$j];
 	return unless $x && $x->[0] eq 'id';
