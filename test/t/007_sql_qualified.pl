@@ -25,9 +25,18 @@ sub run_check
 
 my $dir = tempdir(CLEANUP => 1);
 
+# Write a file of the temporary directory; returns its path.
+sub write_file
+{
+	my ($name, $text) = @_;
+	open my $fh, '>', "$dir/$name" or die "$dir/$name: $!";
+	print $fh $text;
+	close $fh;
+	return "$dir/$name";
+}
+
 # The check fails, with file:line, on a C file with unqualified names.
-open my $fh, '>', "$dir/bad.c" or die $!;
-print $fh <<'EOF';
+my $bad_c = write_file('bad.c', <<'EOF');
 static void
 bad(void)
 {
@@ -43,8 +52,7 @@ bad(void)
 	ereport(ERROR, (errmsg("messages like SELECT a = b FROM c are not SQL")));
 }
 EOF
-close $fh;
-my ($rc, $lines) = run_check("$dir/bad.c");
+my ($rc, $lines) = run_check($bad_c);
 is($rc, 1, 'the check exits 1 when it finds something');
 my %want = (
 	qr/bad\.c:5: unqualified operator =/ => 'a bare = (on the second literal\'s line)',
@@ -67,8 +75,7 @@ is(scalar(@$lines), scalar(keys %want), 'nothing else reported (not the message)
   or diag explain $lines;
 
 # The same statements qualified pass.
-open $fh, '>', "$dir/good.c" or die $!;
-print $fh <<'EOF';
+my $good_c = write_file('good.c', <<'EOF');
 static void
 good(void)
 {
@@ -78,20 +85,17 @@ good(void)
 	SPI_execute("UPDATE %s.t SET a = -1, b = COALESCE(b, 0) WHERE c OPERATOR(pg_catalog.=) ANY ($1)", true, 0);
 }
 EOF
-close $fh;
-($rc, $lines) = run_check("$dir/good.c");
+($rc, $lines) = run_check($good_c);
 is($rc, 0, 'qualified statements pass') or diag explain $lines;
 
 # An install script: bodies are checked, and must pin their search_path.
-open $fh, '>', "$dir/bad.sql" or die $!;
-print $fh <<'EOF';
+my $bad_sql = write_file('bad.sql', <<'EOF');
 CREATE FUNCTION @extschema@.f(a text)
 RETURNS boolean
 LANGUAGE sql
 AS $$ SELECT a = 'x' $$;
 EOF
-close $fh;
-($rc, $lines) = run_check("$dir/bad.sql");
+($rc, $lines) = run_check($bad_sql);
 ok((grep { /bad\.sql:4: unqualified operator =/ } @$lines), 'an operator in a function body is reported')
   or diag explain $lines;
 ok((grep { /bad\.sql:1: function .*f .*does not pin search_path/ } @$lines),
