@@ -4,7 +4,8 @@
 # operator or function: test/tools/sql_qualified.pl finds none in src/*.c
 # and the install script.  And the check can fail: fed a statement with a
 # bare operator, function, cast and the constructs that hide an operator,
-# it reports each at its line.
+# it reports each at its line, and an OPERATOR() chain whose grouping
+# differs from the bare operators'.
 use strict;
 use warnings;
 
@@ -49,6 +50,7 @@ bad(void)
 	SPI_execute("SELECT NULLIF(a, b), CASE a WHEN 1 THEN 2 END FROM %s.t "
 				"JOIN %s.u USING (a) JOIN pg_class c ON true", true, 0);
 	SPI_execute("SELECT u.a FROM pg_catalog.unnest($1, $2) AS u(a, b)", true, 0);
+	SPI_execute("SELECT 1 FROM %s.t WHERE a OPERATOR(pg_catalog.<) pg_catalog.now() OPERATOR(pg_catalog.-) b", true, 0);
 	ereport(ERROR, (errmsg("messages like SELECT a = b FROM c are not SQL")));
 }
 EOF
@@ -66,7 +68,8 @@ my %want = (
 	qr/bad\.c:10: CASE x WHEN/ => 'a simple CASE',
 	qr/bad\.c:11: JOIN \.\.\. USING/ => 'JOIN ... USING',
 	qr/bad\.c:11: unqualified relation pg_class/ => 'a bare relation',
-	qr/bad\.c:12: a qualified unnest\(\) takes one array/ => 'pg_catalog.unnest of two arrays');
+	qr/bad\.c:12: a qualified unnest\(\) takes one array/ => 'pg_catalog.unnest of two arrays',
+	qr/bad\.c:13: OPERATOR\(pg_catalog.-\) after OPERATOR\(pg_catalog.<\)/ => 'a precedence OPERATOR() changes');
 for my $re (sort keys %want)
 {
 	ok((grep { $_ =~ $re } @$lines), "reported: $want{$re}") or diag explain $lines;
@@ -83,6 +86,8 @@ good(void)
 									 "WHERE a OPERATOR(pg_catalog.=) $1", s), 1, types);
 	SPI_execute("SELECT pg_catalog.now(), pg_catalog.count(*), $1::pg_catalog.text, $2::%s.e", true, 0);
 	SPI_execute("UPDATE %s.t SET a = -1, b = COALESCE(b, 0) WHERE c OPERATOR(pg_catalog.=) ANY ($1)", true, 0);
+	SPI_execute("SELECT 1 FROM %s.t WHERE a OPERATOR(pg_catalog.<) (pg_catalog.now() OPERATOR(pg_catalog.-) b) "
+				"AND 'a' OPERATOR(pg_catalog.||) b OPERATOR(pg_catalog.||) c OPERATOR(pg_catalog.=) d", true, 0);
 }
 EOF
 ($rc, $lines) = run_check($good_c);

@@ -37,6 +37,10 @@
 #    names a WITH query of the same statement: under a pinned search_path of
 #    "pg_catalog, pg_temp" an unqualified name that is not a catalog's is
 #    looked up in pg_temp, which any caller can fill;
+#  - OPERATOR() has a single precedence, left to right: an OPERATOR() whose
+#    bare operator would bind tighter than the previous one of the same
+#    expression (a OPERATOR(pg_catalog.<) b OPERATOR(pg_catalog.-) c) is
+#    reported: it needs parentheses to keep its meaning;
 #  - pg_catalog.unnest(a, b) is an error (only a bare unnest of several
 #    arrays is expanded): ROWS FROM (pg_catalog.unnest(a), ...) instead;
 #  - in C files, a cast type (::name, CAST(x AS name)) must be
@@ -90,6 +94,9 @@ my %EXPR_KW = map { $_ => 1 } qw(
 my %CLAUSE_END = map { $_ => 1 } qw(
   WHERE GROUP HAVING ORDER LIMIT OFFSET UNION INTERSECT EXCEPT RETURNING FOR
   WINDOW INTO ON SET FROM AS LANGUAGE);
+
+# Words that end an operand chain (for check_precedence).
+my %BOUNDARY = map { $_ => 1 } qw(AND OR NOT THEN ELSE END WHEN CASE IS AS);
 
 my %RAISE_OPTS = map { $_ => 1 }
   qw(ERRCODE MESSAGE DETAIL HINT COLUMN CONSTRAINT DATATYPE TABLE SCHEMA);
@@ -423,7 +430,7 @@ sub check_sql
 sub reset_statement
 {
 	my ($st) = @_;
-	@$st{qw(set from raise diag stmt_kw last_clause)} = (undef, undef, 0, 0, '', '');
+	@$st{qw(set from raise diag stmt_kw last_clause chain)} = (undef, undef, 0, 0, '', '', {});
 	$st->{stack} = [ { kind => '' } ];		# one entry per open parenthesis
 	return;
 }
@@ -435,6 +442,8 @@ sub track_punct
 	my ($t, $i, $stack) = ($st->{t}, $st->{i}, $st->{stack});
 	my $prev = $i > 0 ? $t->[ $i - 1 ] : undef;
 	my $depth = $#$stack;
+	delete $st->{chain}{$depth} if $p eq ',';
+	delete $st->{chain}{ $depth + 1 } if $p eq '(';
 	if ($p eq ';') { reset_statement($st); }
 	elsif ($p eq '(')
 	{
@@ -507,6 +516,7 @@ sub check_word
 		my $ok = $s && (($s->[0] eq 'id' && lc $s->[1] eq 'pg_catalog') || $s->[0] eq 'schema')
 		  && is_p($dot, '.') && $op && $op->[0] eq 'op' && is_p($close, ')');
 		$st->{rep}->($x, "OPERATOR() without pg_catalog") unless $ok;
+		check_precedence($st, $x, $op->[1]) if $ok;
 		$st->{i} += $ok ? 5 : 1;
 		return;
 	}
@@ -515,9 +525,37 @@ sub check_word
 		check_unnest($st) if lc $x->[1] eq 'unnest' && is_p($next, '(');
 		return;
 	}
+	delete $st->{chain}{ $#{ $st->{stack} } } if $kw ne '"' && ($EXPR_KW{$kw} || $CLAUSE_END{$kw} || $BOUNDARY{$kw});
 	check_hidden_operator($st) if $kw ne '"';
 	check_call($st) if is_p($next, '(') && !($kw ne '"' && $NOT_CALLS{$kw});
 	track_clause($st) if $kw ne '"';
+	return;
+}
+
+# The precedence the grammar gives each operator name; OPERATOR() has one.
+sub op_precedence
+{
+	my ($op) = @_;
+	return 7 if $op eq '^';
+	return 6 if $op =~ m{^[*/%]$};
+	return 5 if $op =~ /^[-+]$/;
+	return 3 if $op =~ /^(?:[<>=]|<=|>=|<>|!=)$/;
+	return 4;
+}
+
+# Every OPERATOR() has the precedence of "any other operator", left to
+# right: "a OPERATOR(pg_catalog.<) b OPERATOR(pg_catalog.-) c" groups as
+# "(a < b) - c".  Report an OPERATOR() that binds tighter by its bare name
+# than the previous one of the same expression at the same depth.
+sub check_precedence
+{
+	my ($st, $x, $op) = @_;
+	my $depth = $#{ $st->{stack} };
+	my $before = $st->{chain}{$depth};
+	$st->{rep}->($x, "OPERATOR(pg_catalog.$op) after OPERATOR(pg_catalog.$before->[0]) groups as "
+		  . "(a $before->[0] b) $op c: OPERATOR() has one precedence, parenthesize")
+	  if $before && op_precedence($op) > op_precedence($before->[0]);
+	$st->{chain}{$depth} = [$op];
 	return;
 }
 
