@@ -85,7 +85,8 @@ good(void)
 	plan = outbox_keep_plan(psprintf("SELECT x FROM %s.t "
 									 "WHERE a OPERATOR(pg_catalog.=) $1", s), 1, types);
 	SPI_execute("SELECT pg_catalog.now(), pg_catalog.count(*), $1::pg_catalog.text, $2::%s.e", true, 0);
-	SPI_execute("UPDATE %s.t SET a = -1, b = COALESCE(b, 0) WHERE c OPERATOR(pg_catalog.=) ANY ($1)", true, 0);
+	SPI_execute("UPDATE %s.t SET a = -1, b = COALESCE(b, 0) WHERE c OPERATOR(pg_catalog.=) ANY ($1) "
+				"AND d OPERATOR(pg_catalog.>) -1", true, 0);
 	SPI_execute("SELECT 1 FROM %s.t WHERE a OPERATOR(pg_catalog.<) (pg_catalog.now() OPERATOR(pg_catalog.-) b) "
 				"AND 'a' OPERATOR(pg_catalog.||) b OPERATOR(pg_catalog.||) c OPERATOR(pg_catalog.=) d", true, 0);
 }

@@ -488,8 +488,10 @@ sub check_operator
 	my ($x, $prev, $next) = ($t->[$i], $i > 0 ? $t->[ $i - 1 ] : undef, $t->[ $i + 1 ]);
 	my $op = $x->[1];
 	my $set = $st->{set};
-	return if $op eq '*' && !is_operand($prev);
-	return if $op eq '-' && !is_operand($prev) && $next && $next->[0] eq 'num';
+	# After OPERATOR(schema.op) comes an operand, as after a bare operator.
+	my $operand = is_operand($prev) && !($i >= 6 && is_kw($t->[ $i - 6 ], 'OPERATOR'));
+	return if $op eq '*' && !$operand;
+	return if $op eq '-' && !$operand && $next && $next->[0] eq 'num';
 	if ($op eq '=')
 	{
 		return if $st->{stack}[-1]{options};
