@@ -980,7 +980,7 @@ CREATE TABLE @extschema@.inbox_subscription (
 	handler regprocedure NOT NULL,
 	-- The role that subscribed: the handler runs as this role.
 	owner regrole NOT NULL,
-	created_at timestamptz NOT NULL DEFAULT now()
+	created_at timestamptz NOT NULL DEFAULT pg_catalog.now()
 );
 
 -- Per consumer and partition: where to resume, and what happened there.
@@ -1011,7 +1011,7 @@ CREATE TABLE @extschema@.inbox_offset (
 	accept_gap boolean NOT NULL DEFAULT false,
 	-- Set by inbox_skip(): the worker drops the message at next_offset.
 	skip_requested boolean NOT NULL DEFAULT false,
-	updated_at timestamptz NOT NULL DEFAULT clock_timestamp(),
+	updated_at timestamptz NOT NULL DEFAULT pg_catalog.clock_timestamp(),
 	PRIMARY KEY (consumer, topic, "partition")
 );
 
@@ -1027,7 +1027,7 @@ CREATE TABLE @extschema@.inbox_aggregate (
 	consumer text NOT NULL,
 	aggregate_id text NOT NULL,
 	last_version bigint NOT NULL,
-	updated_at timestamptz NOT NULL DEFAULT clock_timestamp(),
+	updated_at timestamptz NOT NULL DEFAULT pg_catalog.clock_timestamp(),
 	PRIMARY KEY (consumer, aggregate_id)
 );
 
@@ -1043,7 +1043,7 @@ CREATE TABLE @extschema@.inbox_dead_letter (
 	message @extschema@.inbox_message NOT NULL,
 	error text,
 	attempts integer NOT NULL,
-	dead_lettered_at timestamptz NOT NULL DEFAULT clock_timestamp()
+	dead_lettered_at timestamptz NOT NULL DEFAULT pg_catalog.clock_timestamp()
 );
 
 REVOKE ALL ON @extschema@.inbox_subscription, @extschema@.inbox_offset,
@@ -1089,8 +1089,9 @@ BEGIN
 	PERFORM @extschema@.outbox_check_arg('consumer', consumer);
 	PERFORM @extschema@.outbox_check_arg('topic', topic);
 	SELECT * INTO r FROM @extschema@.inbox_offset o
-	 WHERE o.consumer = inbox_partition.consumer AND o.topic = inbox_partition.topic
-	   AND o."partition" = inbox_partition."partition"
+	 WHERE o.consumer OPERATOR(pg_catalog.=) inbox_partition.consumer
+	   AND o.topic OPERATOR(pg_catalog.=) inbox_partition.topic
+	   AND o."partition" OPERATOR(pg_catalog.=) inbox_partition."partition"
 	   FOR UPDATE;
 	IF NOT FOUND THEN
 		RAISE EXCEPTION 'consumer "%" has no partition % of topic "%"', consumer, "partition", topic
@@ -1115,8 +1116,9 @@ BEGIN
 	END IF;
 	UPDATE @extschema@.inbox_offset o
 	   SET attempts = 0, next_attempt_at = NULL, blocked_at = NULL, blocked_reason = NULL,
-		   accept_gap = coalesce(r.blocked_reason LIKE 'gap:%', false), updated_at = clock_timestamp()
-	 WHERE (o.consumer, o.topic, o."partition") = (r.consumer, r.topic, r."partition");
+		   accept_gap = coalesce(r.blocked_reason OPERATOR(pg_catalog.~~) 'gap:%', false),
+		   updated_at = pg_catalog.clock_timestamp()
+	 WHERE (o.consumer, o.topic, o."partition") OPERATOR(pg_catalog.=) (r.consumer, r.topic, r."partition");
 	RAISE LOG 'outbox: % retried partition % of topic "%" for consumer "%" at offset %',
 		session_user, "partition", topic, consumer, r.next_offset;
 	RETURN true;
@@ -1141,8 +1143,8 @@ BEGIN
 	END IF;
 	UPDATE @extschema@.inbox_offset o
 	   SET attempts = 0, next_attempt_at = NULL, blocked_at = NULL, blocked_reason = NULL,
-		   skip_requested = true, updated_at = clock_timestamp()
-	 WHERE (o.consumer, o.topic, o."partition") = (r.consumer, r.topic, r."partition");
+		   skip_requested = true, updated_at = pg_catalog.clock_timestamp()
+	 WHERE (o.consumer, o.topic, o."partition") OPERATOR(pg_catalog.=) (r.consumer, r.topic, r."partition");
 	RAISE LOG 'outbox: % skipped offset % of partition % of topic "%" for consumer "%"',
 		session_user, r.next_offset, "partition", topic, consumer;
 	RETURN true;
@@ -1154,7 +1156,7 @@ COMMENT ON FUNCTION @extschema@.inbox_skip(text, text, integer) IS
 
 CREATE VIEW @extschema@.inbox_status AS
 SELECT o.consumer, o.topic, o."partition",
-	   o.high_watermark - o.next_offset AS lag,
+	   o.high_watermark OPERATOR(pg_catalog.-) o.next_offset AS lag,
 	   o.next_offset, o.high_watermark,
 	   o.last_applied_offset, o.last_applied_at,
 	   o.applied, o.duplicates, o.gaps, o.errors, o.dead_lettered, o.skipped,
@@ -1165,7 +1167,7 @@ SELECT o.consumer, o.topic, o."partition",
 	   o.attempts, o.last_error, o.blocked_at, o.blocked_reason, o.next_attempt_at,
 	   o.updated_at
   FROM @extschema@.inbox_offset o
-  LEFT JOIN @extschema@.inbox_subscription s USING (consumer);
+  LEFT JOIN @extschema@.inbox_subscription s ON s.consumer OPERATOR(pg_catalog.=) o.consumer;
 
 COMMENT ON VIEW @extschema@.inbox_status IS
 'per consumer and partition: lag to the high watermark, last applied, duplicates, gaps, errors, state';

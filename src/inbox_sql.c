@@ -511,8 +511,7 @@ check_claimant(Datum consumer, Oid role)
 				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
 				 errmsg("inbox_claim: permission denied to claim for consumer \"%s\"",
 						TextDatumGetCString(consumer)),
-				 errdetail("Only members of the role it is registered to in inbox_consumer may claim for it; "
-						   "the claim was made as role \"%s\".", GetUserNameFromId(role, false))));
+				 errdetail("Only members of the role it is registered to in inbox_consumer may claim for it.")));
 }
 
 /*

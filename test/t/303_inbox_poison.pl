@@ -145,7 +145,7 @@ $node->safe_psql('consumer', q{CREATE ROLE other LOGIN; GRANT EXECUTE ON FUNCTIO
 my $apply_oid = $node->safe_psql('consumer', q{SELECT 'app.apply(inbox_message)'::regprocedure::oid});
 ($rc, $out, $err) = $node->psql('consumer',
 	qq{SET ROLE other; SELECT inbox_subscribe('o', ARRAY['x'], ${apply_oid}::regprocedure)});
-like($err, qr/permission denied for function app.apply/, 'a role must be able to execute its handler');
+like($err, qr/must be owner of function app.apply/, 'a role must own its handler (it runs as that role)');
 ($rc, $out, $err) = $node->psql('consumer',
 	q{SET ROLE other; SELECT inbox_subscribe('o', ARRAY['x'], 'public.wrong(inbox_message)'::regprocedure)});
 like($err, qr/cannot be an inbox handler/, 'a handler must return void');
