@@ -41,7 +41,10 @@
 #include "access/htup_details.h"
 #include "access/tableam.h"
 #include "access/xact.h"
+#include "catalog/pg_authid.h"
 #include "catalog/pg_database.h"
+#include "catalog/pg_tablespace.h"
+#include "commands/tablespace.h"
 #include "commands/dbcommands.h"
 #include "commands/defrem.h"
 #include "miscadmin.h"
@@ -55,7 +58,9 @@
 #include "utils/acl.h"
 #include "utils/builtins.h"
 #include "utils/guc.h"
+#include "utils/lsyscache.h"
 #include "utils/memutils.h"
+#include "utils/syscache.h"
 #include "utils/timestamp.h"
 #include "utils/varlena.h"
 
@@ -389,9 +394,7 @@ wait_workers_gone(OutboxDatabase *db, long ms)
 
 /*
  * Hold a database and stop its workers, for a command that needs it to
- * itself.  Only its owner (or a superuser) may: anyone else's command fails
- * on permissions anyway, and must not pause the publishers on the way.
- * The hold is in held_database as soon as it is taken, so that an error
+ * itself and is going to run (database_needed_alone() says).  The hold is in held_database as soon as it is taken, so that an error
  * while waiting still ends it.
  */
 static void
@@ -401,12 +404,6 @@ hold_database(const char *name)
 	OutboxDatabase *db = outbox_database_entry(dboid);
 
 	if (db == NULL)
-		return;
-#if PG_VERSION_NUM >= 160000
-	if (!object_ownercheck(DatabaseRelationId, dboid, GetUserId()))
-#else
-	if (!pg_database_ownercheck(dboid, GetUserId()))
-#endif
 		return;
 	db->held_until = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), HOLD_MAX_MS);
 	held_database = db;
@@ -448,9 +445,9 @@ option_string(List *options, const char *option)
 	return NULL;
 }
 
-/* The database a utility command needs to itself, or NULL. */
+/* The database a utility command would need to itself, or NULL. */
 static const char *
-database_needed_alone(Node *stmt)
+database_named(Node *stmt)
 {
 	switch (nodeTag(stmt))
 	{
@@ -469,6 +466,92 @@ database_needed_alone(Node *stmt)
 		default:
 			return NULL;
 	}
+}
+
+/* Whether the current role may create databases (dbcommands.c's rule). */
+static bool
+may_create_databases(void)
+{
+	HeapTuple	tup;
+	bool		createdb;
+
+	if (superuser())
+		return true;
+	tup = SearchSysCache1(AUTHOID, ObjectIdGetDatum(GetUserId()));
+	if (!HeapTupleIsValid(tup))
+		return false;
+	createdb = ((Form_pg_authid) GETSTRUCT(tup))->rolcreatedb;
+	ReleaseSysCache(tup);
+	return createdb;
+}
+
+/* The tablespace database dboid is in. */
+static Oid
+database_tablespace(Oid dboid)
+{
+	HeapTuple	tup = SearchSysCache1(DATABASEOID, ObjectIdGetDatum(dboid));
+	Oid			tablespace;
+
+	if (!HeapTupleIsValid(tup))
+		return InvalidOid;
+	tablespace = ((Form_pg_database) GETSTRUCT(tup))->dattablespace;
+	ReleaseSysCache(tup);
+	return tablespace;
+}
+
+/*
+ * Whether PostgreSQL is going to carry out a command on database dboid,
+ * as far as the checks it makes before it needs the database to itself
+ * tell: the role's privileges, the names, the current database.  A command
+ * that is going to fail must not stop the database's workers on its way.
+ */
+static bool
+command_will_run(Node *stmt, Oid dboid)
+{
+	Oid			tablespace;
+
+	if (!outbox_ownercheck(DatabaseRelationId, dboid, GetUserId()))
+		return false;
+	switch (nodeTag(stmt))
+	{
+		case T_DropdbStmt:
+			return dboid != MyDatabaseId;
+		case T_RenameStmt:
+			return dboid != MyDatabaseId && may_create_databases() &&
+				!OidIsValid(get_database_oid(((RenameStmt *) stmt)->newname, true));
+		case T_AlterDatabaseStmt:
+			tablespace = get_tablespace_oid(option_string(((AlterDatabaseStmt *) stmt)->options,
+														  "tablespace"), true);
+			/* Moving to the tablespace it is in already needs nobody out. */
+			return dboid != MyDatabaseId && OidIsValid(tablespace) &&
+				tablespace != database_tablespace(dboid) &&
+				outbox_aclcheck(TableSpaceRelationId, tablespace, GetUserId(),
+								ACL_CREATE) == ACLCHECK_OK;
+		case T_CreatedbStmt:
+			return may_create_databases() &&
+				!OidIsValid(get_database_oid(((CreatedbStmt *) stmt)->dbname, true));
+		default:
+			return false;
+	}
+}
+
+/*
+ * The database a utility command needs to itself, if the command is going
+ * to run and the database's workers are to be stopped for it; else NULL.
+ */
+static const char *
+database_needed_alone(Node *stmt)
+{
+	const char *name = database_named(stmt);
+	Oid			dboid;
+
+	if (name == NULL)
+		return NULL;
+	dboid = get_database_oid(name, true);
+	if (!OidIsValid(dboid) || outbox_database_entry(dboid) == NULL ||
+		!command_will_run(stmt, dboid))
+		return NULL;
+	return name;
 }
 
 /*

@@ -190,7 +190,6 @@ like($err, qr/invalid value for parameter "outbox.inbox_kafka_properties"/, 'unk
 
 # A handler that became unusable is not run: its role lost EXECUTE.
 $node->safe_psql('consumer', 'REVOKE ALL ON SCHEMA app FROM app');
-$node->safe_psql('consumer', 'ALTER FUNCTION app.apply(inbox_message) OWNER TO postgres');
 $node->safe_psql('consumer', 'REVOKE EXECUTE ON FUNCTION app.apply(inbox_message) FROM app, PUBLIC');
 emit('late', '{}');
 ok(wait_for(q{SELECT count(*) > 0 FROM pg_stat_activity WHERE backend_type = 'outbox inbox worker'}, 't'),
