@@ -44,6 +44,7 @@
 #include "catalog/namespace.h"
 #include "catalog/pg_database.h"
 #include "commands/dbcommands.h"
+#include "commands/extension.h"
 #include "commands/defrem.h"
 #include "miscadmin.h"
 #include "nodes/parsenodes.h"
@@ -486,7 +487,8 @@ check_extension_schema(Node *stmt)
 	if (!IsA(stmt, CreateExtensionStmt))
 		return;
 	ces = (CreateExtensionStmt *) stmt;
-	if (strcmp(ces->extname, "outbox") != 0)
+	if (strcmp(ces->extname, "outbox") != 0 ||
+		(ces->if_not_exists && OidIsValid(get_extension_oid("outbox", true))))
 		return;
 	schema = option_string(ces->options, "schema");
 	if (schema != NULL && !OidIsValid(get_namespace_oid(schema, true)))

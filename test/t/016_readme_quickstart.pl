@@ -76,6 +76,8 @@ my ($rc, $out, $err) = $node->psql('postgres', 'CREATE EXTENSION outbox SCHEMA o
 isnt($rc, 0, 'CREATE EXTENSION into a missing schema fails');
 like($err, qr/ERROR:  schema "outbox" does not exist/, 'naming the schema');
 like($err, qr/HINT:  Create it first: CREATE SCHEMA outbox;/, 'and saying what to do');
+is($node->safe_psql('postgres', q{SELECT count(*) FROM pg_extension WHERE extname = 'outbox'}), '0',
+	'nothing was created');
 
 # Every block but the last, in one psql session, stopping at the first error.
 my @run = @$blocks;
@@ -99,6 +101,10 @@ is($got, $want, "the last block shows the README's output (published and applied
 
 my $r = $mk->check(topics => ['outbox.event.order'], expect => { 'order-42' => 1 });
 is($r->{exit}, 0, 'the event reached Kafka, once') or diag $r->{output};
+# IF NOT EXISTS of an installed extension stays a no-op whatever it names.
+($rc, $out, $err) = $node->psql('postgres', 'CREATE EXTENSION IF NOT EXISTS outbox SCHEMA nowhere');
+is($rc, 0, 'CREATE EXTENSION IF NOT EXISTS of the installed extension is not refused for its schema')
+  or diag $err;
 is($node->safe_psql('postgres',
 	q{SELECT consumer, applied, state FROM outbox.inbox_status}),
 	'billing|1|running', 'the inbox applied it once, through the subscription');
