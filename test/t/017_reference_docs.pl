@@ -4,10 +4,11 @@
 # has a heading for every object of the extension (pg_depend on
 # pg_extension, as pg_describe_object() names it) and none for an object
 # that does not exist.  So neither page can go missing or stale unseen.
+# Also every relative link of README.md and docs/ resolves.
 use strict;
 use warnings;
 
-use File::Basename qw(dirname);
+use File::Basename qw(basename dirname);
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
@@ -90,6 +91,40 @@ is_deeply([ grep { !$documented{$_} } @members ], [],
 my %member = map { $_ => 1 } @members;
 is_deeply([ sort grep { !$member{$_} } keys %documented ], [],
 	'sql.md documents no object the extension lacks');
+
+# Every relative link of README.md and docs/ reaches a file and, with a
+# #fragment, one of its headings (GitHub's anchors).  security.md and
+# versions.md are written apart from these pages and may come later.
+my %pending = map { $_ => 1 } qw(docs/security.md docs/versions.md);
+my $top = dirname(__FILE__) . '/../..';
+my %anchors;
+sub anchors_of
+{
+	my ($file) = @_;
+	return $anchors{$file} //= { map {
+		my $a = lc($_);
+		$a =~ s/[^\w\- ]//g;
+		$a =~ tr/ /-/;
+		($a => 1)
+	} slurp_file("$top/$file") =~ /^#+ (.*?)\s*$/mg };
+}
+my @broken;
+for my $page ('README.md', map { "docs/" . basename($_) } glob("$top/docs/*.md"))
+{
+	my $dir = $page =~ m{/} ? 'docs/' : '';
+	for my $link (slurp_file("$top/$page") =~ /\]\(([^)\s]+)\)/g)
+	{
+		next if $link =~ m{^[a-z]+://};
+		my ($path, $fragment) = split /#/, $link, 2;
+		my $target = $path eq '' ? $page : $dir . $path;
+		1 while $target =~ s{[^/]+/\.\./}{};
+		next if $pending{$target};
+		if (!-e "$top/$target") { push @broken, "$page: $link"; next; }
+		push @broken, "$page: $link"
+		  if defined $fragment && $target =~ /\.md$/ && !anchors_of($target)->{$fragment};
+	}
+}
+is_deeply(\@broken, [], 'every link of README.md and docs/ reaches its file and heading');
 
 $node->stop;
 done_testing();
