@@ -49,7 +49,7 @@ CREATE TABLE @extschema@.outbox (
 	created_at timestamptz NOT NULL DEFAULT pg_catalog.clock_timestamp(),
 	-- The emitting top-level transaction: the publisher reads the events
 	-- committed since its last read as PgQ does, by the transactions a
-	-- snapshot sees that the previous one did not (docs/settling.md).
+	-- snapshot sees that the previous one did not (docs/architecture.md).
 	txid xid8 NOT NULL DEFAULT pg_catalog.pg_current_xact_id(),
 	-- Whether an event is published is not written per event: its
 	-- aggregate's last_published_version says it (see outbox_pending).

@@ -41,11 +41,13 @@
 #include "access/htup_details.h"
 #include "access/tableam.h"
 #include "access/xact.h"
+#include "catalog/namespace.h"
 #include "catalog/pg_authid.h"
 #include "catalog/pg_database.h"
 #include "catalog/pg_tablespace.h"
 #include "commands/tablespace.h"
 #include "commands/dbcommands.h"
+#include "commands/extension.h"
 #include "commands/defrem.h"
 #include "miscadmin.h"
 #include "nodes/parsenodes.h"
@@ -555,6 +557,32 @@ database_needed_alone(Node *stmt)
 }
 
 /*
+ * CREATE EXTENSION outbox SCHEMA s where s does not exist: PostgreSQL's
+ * own error does not say that the schema must be created first (outbox is
+ * not relocatable into a schema it would create), so say it here.
+ */
+static void
+check_extension_schema(Node *stmt)
+{
+	CreateExtensionStmt *ces;
+	const char *schema;
+
+	if (!IsA(stmt, CreateExtensionStmt))
+		return;
+	ces = (CreateExtensionStmt *) stmt;
+	if (strcmp(ces->extname, "outbox") != 0 ||
+		(ces->if_not_exists && OidIsValid(get_extension_oid("outbox", true))))
+		return;
+	schema = option_string(ces->options, "schema");
+	if (schema != NULL && !OidIsValid(get_namespace_oid(schema, true)))
+		ereport(ERROR,
+				(errcode(ERRCODE_UNDEFINED_SCHEMA),
+				 errmsg("schema \"%s\" does not exist", schema),
+				 errhint("Create it first: CREATE SCHEMA %s; then CREATE EXTENSION outbox SCHEMA %s;",
+						 quote_identifier(schema), quote_identifier(schema))));
+}
+
+/*
  * Before DROP DATABASE and the like, stop the database's publishers; let
  * the launcher start them again when the command is over (if the database
  * is still there).
@@ -564,6 +592,7 @@ outbox_process_utility(UTILITY_ARGS)
 {
 	const char *name = outbox_shared ? database_needed_alone(pstmt->utilityStmt) : NULL;
 
+	check_extension_schema(pstmt->utilityStmt);
 	PG_TRY();
 	{
 		if (name != NULL)
@@ -817,7 +846,10 @@ start_workers(int e, int want, int cap, int *total, TimestampTz now)
 				ereport(LOG,
 						(errmsg("outbox launcher: no background worker slot for publisher %d of database \"%s\"",
 								i, NameStr(outbox_shared->databases[e].name)),
-						 errhint("Raise max_worker_processes, or lower outbox.max_workers or outbox.workers.")));
+						 errhint("Raise max_worker_processes (now %d) and restart the server, or lower outbox.max_workers or outbox.workers: "
+								 "each database with the extension takes outbox.workers slots, plus outbox.inbox_workers where something is subscribed, "
+								 "and the cluster two more for the launchers.",
+								 max_worker_processes)));
 			logged_no_slot = true;
 			break;
 		}
