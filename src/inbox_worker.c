@@ -1488,10 +1488,19 @@ handler_failed(InboxSub *sub, PartState *ps, const rd_kafka_message_t *m,
 	ps->last_error = pstrdup(error);
 	if (ps->attempts < inbox_max_attempts)
 	{
-		int64		wait = (int64) inbox_retry_backoff_ms << Min(ps->attempts - 1, 20);
+		int64		wait = Min((int64) inbox_retry_backoff_ms << Min(ps->attempts - 1, 20),
+							   INBOX_MAX_BACKOFF_MS);
 
-		ps->next_attempt_at = TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
-														  Min(wait, INBOX_MAX_BACKOFF_MS));
+		/* The first failure at a message is logged; the block, if any, too. */
+		if (ps->attempts == 1)
+			ereport(LOG,
+					(errmsg("outbox inbox: consumer \"%s\": handler failed at offset %lld of partition %d of topic \"%s\"; retrying in %lld ms",
+							sub->consumer, (long long) m->offset, m->partition, ps->topic,
+							(long long) wait),
+					 errdetail_internal("%s", error),
+					 errhint("After %d attempts outbox.inbox_poison_policy (%s) applies.",
+							 inbox_max_attempts, GetConfigOption("outbox.inbox_poison_policy", false, false))));
+		ps->next_attempt_at = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), wait);
 		stop_partition(ps, m->offset);
 		return;
 	}

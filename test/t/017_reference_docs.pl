@@ -93,9 +93,9 @@ is_deeply([ sort grep { !$member{$_} } keys %documented ], [],
 	'sql.md documents no object the extension lacks');
 
 # Every relative link of README.md and docs/ reaches a file and, with a
-# #fragment, one of its headings (GitHub's anchors).  security.md and
-# versions.md are written apart from these pages and may come later.
-my %pending = map { $_ => 1 } qw(docs/security.md docs/versions.md);
+# #fragment, one of its headings (GitHub's anchors).  versions.md is
+# written apart from these pages and may come later.
+my %pending = map { $_ => 1 } qw(docs/versions.md);
 my $top = dirname(__FILE__) . '/../..';
 my %anchors;
 sub anchors_of

@@ -69,6 +69,8 @@ is($node->safe_psql('consumer', $status), 'blocked 3 3', 'block: after 3 attempt
 like($node->safe_psql('consumer', 'SELECT last_error FROM inbox_status'), qr/handler refuses/,
 	'block: the handler\'s error is shown');
 is(applied('blk'), '1', 'block: only the version before the poison message is applied');
+ok($node->log_contains(qr/consumer "billing": handler failed at offset 1 of partition 0 of topic "\Q$topic\E"; retrying in \d+ ms\n.*DETAIL:  handler refuses/),
+	'block: the first failure is logged with the error, before the partition blocks');
 sleep 1;
 is(applied('blk'), '1', 'block: the partition stays stopped');
 $node->safe_psql('consumer', 'UPDATE app.knobs SET fail = false');
