@@ -67,4 +67,50 @@ TimestampDifferenceMilliseconds(TimestampTz start_time, TimestampTz stop_time)
 #define outbox_create_wait_set(nevents) CreateWaitEventSet(TopMemoryContext, (nevents))
 #endif
 
+/* A privilege check of any object, and an ownership check: by class since 16. */
+#if PG_VERSION_NUM >= 160000
+#define outbox_aclcheck(classid, objid, roleid, mode) \
+	object_aclcheck((classid), (objid), (roleid), (mode))
+#define outbox_ownercheck(classid, objid, roleid) \
+	object_ownercheck((classid), (objid), (roleid))
+#else
+#include "catalog/pg_database.h"
+#include "catalog/pg_namespace.h"
+#include "catalog/pg_proc.h"
+#include "catalog/pg_tablespace.h"
+#include "utils/acl.h"
+
+static inline AclResult
+outbox_aclcheck(Oid classid, Oid objid, Oid roleid, AclMode mode)
+{
+	switch (classid)
+	{
+		case ProcedureRelationId:
+			return pg_proc_aclcheck(objid, roleid, mode);
+		case NamespaceRelationId:
+			return pg_namespace_aclcheck(objid, roleid, mode);
+		case TableSpaceRelationId:
+			return pg_tablespace_aclcheck(objid, roleid, mode);
+		case DatabaseRelationId:
+			return pg_database_aclcheck(objid, roleid, mode);
+	}
+	elog(ERROR, "outbox_aclcheck: unexpected class %u", classid);
+	return ACLCHECK_NO_PRIV;
+}
+
+static inline bool
+outbox_ownercheck(Oid classid, Oid objid, Oid roleid)
+{
+	switch (classid)
+	{
+		case ProcedureRelationId:
+			return pg_proc_ownercheck(objid, roleid);
+		case DatabaseRelationId:
+			return pg_database_ownercheck(objid, roleid);
+	}
+	elog(ERROR, "outbox_ownercheck: unexpected class %u", classid);
+	return false;
+}
+#endif
+
 #endif							/* OUTBOX_COMPAT_H */

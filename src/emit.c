@@ -220,21 +220,20 @@ check_identifier(const char *value, const char *name)
 }
 
 /*
- * outbox_check_arg(name, value): the argument checks of inbox_claim() and
- * the operator functions.  In C so that an overlong value's error can leave
- * the statement, which repeats the value, out of the server log.
+ * The argument checks of inbox_claim() and the operator functions: not
+ * NULL, not empty, not overlong.  An overlong value's error leaves the
+ * statement, which repeats the value, out of the server log.
  */
-Datum
-outbox_check_arg(PG_FUNCTION_ARGS)
+void
+outbox_check_text_arg(const char *name, Datum value, bool isnull)
 {
-	char	   *name = text_to_cstring(PG_GETARG_TEXT_PP(0));
 	int64		len;
 
-	if (PG_ARGISNULL(1))
+	if (isnull)
 		ereport(ERROR,
 				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
 				 errmsg("%s must not be NULL", name)));
-	len = toast_raw_datum_size(PG_GETARG_DATUM(1)) - VARHDRSZ;
+	len = toast_raw_datum_size(value) - VARHDRSZ;
 	if (len == 0)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
@@ -245,6 +244,14 @@ outbox_check_arg(PG_FUNCTION_ARGS)
 				 errmsg("%s is too long (" INT64_FORMAT " bytes)", name, len),
 				 errdetail("It may have at most %d bytes.", OUTBOX_MAX_IDENTIFIER_BYTES),
 				 errhidestmt(true)));
+}
+
+/* outbox_check_arg(name, value): outbox_check_text_arg() for SQL callers. */
+Datum
+outbox_check_arg(PG_FUNCTION_ARGS)
+{
+	outbox_check_text_arg(text_to_cstring(PG_GETARG_TEXT_PP(0)),
+						  PG_GETARG_DATUM(1), PG_ARGISNULL(1));
 	PG_RETURN_VOID();
 }
 
@@ -397,7 +404,7 @@ validate_topic(const char *topic, const char *origin)
 				 errdetail("Only the publisher writes to outbox.dead_letter_topic (Kafka treats '.' and '_' in topic names alike)."),
 				 errhint("The topic came from %s.", origin),
 				 errhidestmt(hide_statement)));
-	if (!any_list_item(outbox_allowed_topics, pattern_matches, (void *) topic))
+	if (!outbox_topic_matches_list(topic, outbox_allowed_topics))
 		ereport(ERROR,
 				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
 				 errmsg("outbox_emit: topic \"%s\" is not allowed", topic),
@@ -434,13 +441,23 @@ bad_pattern(const char *item, const char *end, void *arg)
 	return false;
 }
 
-static bool
-check_allowed_topics(char **newval, void **extra, GucSource source)
+/*
+ * GUC check of a list of topic patterns (outbox.allowed_topics,
+ * outbox.inbox_allowed_topics).  An empty list allows no topic.
+ */
+bool
+outbox_check_topic_patterns(char **newval, void **extra, GucSource source)
 {
-	/* An empty list allows no topic. */
 	if (*newval == NULL || (*newval)[strspn(*newval, " ")] == '\0')
 		return true;
 	return !any_list_item(*newval, bad_pattern, NULL);
+}
+
+/* Whether a pattern of the comma-separated list matches the topic. */
+bool
+outbox_topic_matches_list(const char *topic, const char *patterns)
+{
+	return any_list_item(patterns, pattern_matches, (void *) topic);
 }
 
 /* Whether [p, p + len) is lowercase hex digits (not all zero if nonzero). */
@@ -607,7 +624,7 @@ outbox_define_emit_settings(void)
 							   "*",
 							   PGC_SUSET,
 							   GUC_LIST_INPUT,
-							   check_allowed_topics, NULL, NULL);
+							   outbox_check_topic_patterns, NULL, NULL);
 	DefineCustomStringVariable("outbox.traceparent",
 							   "W3C traceparent that outbox_emit() adds to the headers of the events it writes.",
 							   "Set by the application or its tracing instrumentation, e.g. with SET LOCAL; "

@@ -1,12 +1,21 @@
 /*-------------------------------------------------------------------------
  *
  * inbox_sql.c
- *	  inbox_subscribe() and inbox_unsubscribe().
+ *	  inbox_subscribe(), inbox_unsubscribe() and inbox_claim().
  *
- * They are not SECURITY DEFINER: the subscriber is the calling role, whose
- * identity a SECURITY DEFINER function could not see (current_user would be
- * the definer).  After checking the caller, they write the subscription
- * table as the extension's owner.
+ * They are not SECURITY DEFINER: the subscriber or claimant is the calling
+ * role (current_user, which for a handler is the role the inbox worker
+ * runs it as), whose identity a SECURITY DEFINER function could not see
+ * (current_user would be the definer).  After checking the caller, they
+ * write the extension's tables as the role that owns them.  Every
+ * statement names its objects and operators schema-qualified, whatever the
+ * caller's search_path.
+ *
+ * A handler must be the subscriber's own function (or its role's), in a
+ * schema the subscriber may use: the inbox worker runs it as the
+ * subscriber, so subscribing another role's SECURITY DEFINER function
+ * would run that role's code on the subscriber's say-so.  The topics must
+ * be allowed by outbox.inbox_allowed_topics and not be Kafka's own.
  *
  *-------------------------------------------------------------------------
  */
@@ -18,13 +27,16 @@
 #include "executor/spi.h"
 #include "fmgr.h"
 #include "miscadmin.h"
+#include "catalog/pg_namespace.h"
 #include "utils/acl.h"
 #include "utils/array.h"
 #include "utils/builtins.h"
+#include "utils/guc.h"
 #include "utils/lsyscache.h"
 #include "utils/regproc.h"
 #include "utils/syscache.h"
 
+#include "compat.h"
 #include "emit.h"
 #include "launcher.h"
 #include "outbox.h"
@@ -32,9 +44,25 @@
 
 PG_FUNCTION_INFO_V1(inbox_subscribe);
 PG_FUNCTION_INFO_V1(inbox_unsubscribe);
+PG_FUNCTION_INFO_V1(inbox_claim);
 
 /* Consumer names end up in group ids and logs: keep them reasonable. */
 #define INBOX_CONSUMER_MAXLEN 200
+
+/* outbox.inbox_allowed_topics: patterns of the topics one may subscribe to. */
+char	   *inbox_allowed_topics = NULL;
+
+/* Define the settings of subscribing. */
+void
+inbox_sql_init(void)
+{
+	DefineCustomStringVariable("outbox.inbox_allowed_topics",
+							   "Topics inbox subscriptions may read: comma-separated patterns, '*' matching any run of characters.",
+							   "Checked by inbox_subscribe() and again by the inbox workers; topics beginning with \"__\" are Kafka's and never allowed.",
+							   &inbox_allowed_topics, "*",
+							   PGC_SUSET, GUC_LIST_INPUT,
+							   outbox_check_topic_patterns, NULL, NULL);
+}
 
 /* The extension's schema and owner (connected to SPI). */
 static void
@@ -43,7 +71,7 @@ extension_info(Oid *nspid, Oid *owner)
 	bool		isnull;
 
 	if (SPI_execute("SELECT e.extnamespace, e.extowner FROM pg_catalog.pg_extension e "
-					"WHERE e.extname = 'outbox'", true, 1) != SPI_OK_SELECT ||
+					"WHERE e.extname OPERATOR(pg_catalog.=) 'outbox'", true, 1) != SPI_OK_SELECT ||
 		SPI_processed != 1)
 		elog(ERROR, "could not look up the outbox extension");
 	*nspid = DatumGetObjectId(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
@@ -109,8 +137,75 @@ topics_arg(FunctionCallInfo fcinfo)
 					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 					 errmsg("invalid topic \"%s\"", TextDatumGetCString(elems[i])),
 					 errdetail("%s", err)));
+		err = inbox_topic_problem(TextDatumGetCString(elems[i]));
+		if (err != NULL)
+			ereport(ERROR,
+					(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
+					 errmsg("topic \"%s\" may not be subscribed to", TextDatumGetCString(elems[i])),
+					 errdetail("%s", err),
+					 errhint("A superuser can allow topics in outbox.inbox_allowed_topics.")));
 	}
 	return topics;
+}
+
+/*
+ * Why a subscription may not read a topic (NULL if it may): Kafka's own
+ * topics never, others as outbox.inbox_allowed_topics says.
+ */
+const char *
+inbox_topic_problem(const char *topic)
+{
+	if (strncmp(topic, "__", 2) == 0)
+		return "Topics whose names begin with \"__\", such as __consumer_offsets, belong to Kafka itself.";
+	if (!outbox_topic_matches_list(topic, inbox_allowed_topics))
+		return psprintf("outbox.inbox_allowed_topics is \"%s\".", inbox_allowed_topics);
+	return NULL;
+}
+
+/* Why a role may not have the inbox workers run a handler, for the log. */
+const char *
+inbox_handler_problem_text(InboxHandlerProblem problem)
+{
+	switch (problem)
+	{
+		case HANDLER_OK:
+			break;
+		case HANDLER_MISSING:
+			return "its handler no longer exists";
+		case HANDLER_NOT_OWNER:
+			return "its role does not own its handler";
+		case HANDLER_NO_EXECUTE:
+			return "its role may not execute its handler";
+		case HANDLER_NO_SCHEMA:
+			return "its role may not use the schema of its handler";
+	}
+	return NULL;
+}
+
+/*
+ * Whether role may have the inbox workers run handler: the handler must
+ * exist, be the role's own (or a function of a role it has the privileges
+ * of), be executable by it and lie in a schema it may use.
+ */
+InboxHandlerProblem
+inbox_handler_problem(Oid handler, Oid role)
+{
+	HeapTuple	tup = SearchSysCache1(PROCOID, ObjectIdGetDatum(handler));
+	Oid			owner,
+				nspid;
+
+	if (!HeapTupleIsValid(tup))
+		return HANDLER_MISSING;
+	owner = ((Form_pg_proc) GETSTRUCT(tup))->proowner;
+	nspid = ((Form_pg_proc) GETSTRUCT(tup))->pronamespace;
+	ReleaseSysCache(tup);
+	if (!has_privs_of_role(role, owner))
+		return HANDLER_NOT_OWNER;
+	if (outbox_aclcheck(ProcedureRelationId, handler, role, ACL_EXECUTE) != ACLCHECK_OK)
+		return HANDLER_NO_EXECUTE;
+	if (outbox_aclcheck(NamespaceRelationId, nspid, role, ACL_USAGE) != ACLCHECK_OK)
+		return HANDLER_NO_SCHEMA;
+	return HANDLER_OK;
 }
 
 /* The handler: takes one inbox_message, returns void (or is a procedure). */
@@ -146,17 +241,36 @@ handler_arg(FunctionCallInfo fcinfo, Oid nspid, Oid role)
 				(errcode(ERRCODE_WRONG_OBJECT_TYPE),
 				 errmsg("%s cannot be an inbox handler", format_procedure(handler)),
 				 errhint("A handler takes one argument of type inbox_message and returns void, or is a procedure.")));
-#if PG_VERSION_NUM >= 160000
-	if (object_aclcheck(ProcedureRelationId, handler, role, ACL_EXECUTE) != ACLCHECK_OK)
-#else
-	if (pg_proc_aclcheck(handler, role, ACL_EXECUTE) != ACLCHECK_OK)
-#endif
-		ereport(ERROR,
-				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
-				 errmsg("permission denied for function %s", format_procedure(handler)),
-				 errdetail("The handler runs as the subscribing role, \"%s\".",
-						   GetUserNameFromId(role, false))));
-	return handler;
+	switch (inbox_handler_problem(handler, role))
+	{
+		case HANDLER_OK:
+		case HANDLER_MISSING:	/* looked up above */
+			return handler;
+		case HANDLER_NOT_OWNER:
+			ereport(ERROR,
+					(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
+					 errmsg("must be owner of function %s", format_procedure(handler)),
+					 errdetail("The handler runs as the subscribing role, \"%s\", which must own it or be a member of its owner.",
+							   GetUserNameFromId(role, false)),
+					 errhint("Subscribe a function of your own: another role's code runs only when that role subscribes it.")));
+			break;
+		case HANDLER_NO_EXECUTE:
+			ereport(ERROR,
+					(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
+					 errmsg("permission denied for function %s", format_procedure(handler)),
+					 errdetail("The handler runs as the subscribing role, \"%s\".",
+							   GetUserNameFromId(role, false))));
+			break;
+		case HANDLER_NO_SCHEMA:
+			ereport(ERROR,
+					(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
+					 errmsg("permission denied for schema %s",
+							get_namespace_name(get_func_namespace(handler))),
+					 errdetail("The handler runs as the subscribing role, \"%s\", which must be able to use its schema.",
+							   GetUserNameFromId(role, false))));
+			break;
+	}
+	return InvalidOid;			/* not reached */
 }
 
 /*
@@ -172,8 +286,8 @@ lock_subscription(const char *schema, const char *consumer, Oid role)
 	Oid			owner;
 
 	args[0] = CStringGetTextDatum(consumer);
-	if (SPI_execute_with_args(psprintf("SELECT s.owner::oid FROM %s.inbox_subscription s "
-									   "WHERE s.consumer = $1 FOR UPDATE", schema),
+	if (SPI_execute_with_args(psprintf("SELECT s.owner::pg_catalog.oid FROM %s.inbox_subscription s "
+									   "WHERE s.consumer OPERATOR(pg_catalog.=) $1 FOR UPDATE", schema),
 							  1, argtypes, args, NULL, false, 1) != SPI_OK_SELECT)
 		elog(ERROR, "could not read inbox subscriptions");
 	if (SPI_processed == 0)
@@ -202,7 +316,7 @@ register_consumer(const char *schema, const char *consumer, Oid role)
 
 	args[0] = CStringGetTextDatum(consumer);
 	if (SPI_execute_with_args(psprintf("SELECT c.role FROM %s.inbox_consumer c "
-									   "WHERE c.consumer = $1 FOR UPDATE", schema),
+									   "WHERE c.consumer OPERATOR(pg_catalog.=) $1 FOR UPDATE", schema),
 							  1, argtypes, args, NULL, false, 1) != SPI_OK_SELECT)
 		elog(ERROR, "could not read inbox consumers");
 	if (SPI_processed == 1)
@@ -299,7 +413,8 @@ inbox_unsubscribe(PG_FUNCTION_ARGS)
 	if (found)
 	{
 		args[0] = CStringGetTextDatum(consumer);
-		if (SPI_execute_with_args(psprintf("DELETE FROM %s.inbox_subscription s WHERE s.consumer = $1", schema),
+		if (SPI_execute_with_args(psprintf("DELETE FROM %s.inbox_subscription s "
+										   "WHERE s.consumer OPERATOR(pg_catalog.=) $1", schema),
 								  1, argtypes, args, NULL, false, 0) != SPI_OK_DELETE)
 			elog(ERROR, "could not delete the inbox subscription");
 	}
@@ -314,4 +429,129 @@ inbox_unsubscribe(PG_FUNCTION_ARGS)
 		ereport(NOTICE,
 				(errmsg("consumer \"%s\" is not subscribed", consumer)));
 	PG_RETURN_BOOL(found);
+}
+
+/* What inbox_claim() keeps per call site: where the extension's tables are. */
+typedef struct ClaimState
+{
+	Oid			nspid;			/* the function's schema: the extension's */
+	Oid			owner;			/* its owner, who writes the tables */
+} ClaimState;
+
+/* inbox_claim()'s kept statements, for the schema they were prepared in. */
+static Oid	claim_nspid = InvalidOid;
+static SPIPlanPtr claim_role_plan = NULL;
+static SPIPlanPtr claim_insert_plan = NULL;
+
+/* Prepare and keep inbox_claim()'s statements for schema nspid. */
+static void
+prepare_claim_plans(Oid nspid)
+{
+	const char *schema = quote_identifier(get_namespace_name(nspid));
+	Oid			one[1] = {TEXTOID};
+	Oid			two[2] = {TEXTOID, TEXTOID};
+
+	if (claim_role_plan != NULL)
+		SPI_freeplan(claim_role_plan);
+	if (claim_insert_plan != NULL)
+		SPI_freeplan(claim_insert_plan);
+	claim_role_plan = claim_insert_plan = NULL;
+	claim_nspid = InvalidOid;
+	claim_role_plan = outbox_keep_plan(psprintf("SELECT c.role FROM %s.inbox_consumer c "
+												"WHERE c.consumer OPERATOR(pg_catalog.=) $1",
+												schema), 1, one);
+	claim_insert_plan = outbox_keep_plan(psprintf("INSERT INTO %s.inbox AS i (consumer, event_id) "
+												  "VALUES ($1, $2) ON CONFLICT DO NOTHING",
+												  schema), 2, two);
+	claim_nspid = nspid;
+}
+
+/* The schema and owner of the called function (the extension's), cached. */
+static ClaimState *
+claim_state(FunctionCallInfo fcinfo)
+{
+	ClaimState *state = (ClaimState *) fcinfo->flinfo->fn_extra;
+
+	if (state == NULL)
+	{
+		HeapTuple	tup = SearchSysCache1(PROCOID, ObjectIdGetDatum(fcinfo->flinfo->fn_oid));
+
+		if (!HeapTupleIsValid(tup))
+			elog(ERROR, "cache lookup failed for function %u", fcinfo->flinfo->fn_oid);
+		state = MemoryContextAlloc(fcinfo->flinfo->fn_mcxt, sizeof(ClaimState));
+		state->nspid = ((Form_pg_proc) GETSTRUCT(tup))->pronamespace;
+		state->owner = ((Form_pg_proc) GETSTRUCT(tup))->proowner;
+		ReleaseSysCache(tup);
+		fcinfo->flinfo->fn_extra = state;
+	}
+	return state;
+}
+
+/*
+ * Refuse a claim for a consumer registered (in inbox_consumer) to a role
+ * the claimant is not a member of: the inbox worker would then drop that
+ * consumer's event as a duplicate.  An unregistered consumer is anyone's.
+ */
+static void
+check_claimant(Datum consumer, Oid role)
+{
+	Datum		args[1] = {consumer};
+	bool		isnull;
+	Oid			registered;
+
+	if (SPI_execute_plan(claim_role_plan, args, NULL, true, 1) != SPI_OK_SELECT)
+		elog(ERROR, "could not read inbox consumers");
+	if (SPI_processed == 0)
+		return;
+	registered = get_role_oid(NameStr(*DatumGetName(SPI_getbinval(SPI_tuptable->vals[0],
+																   SPI_tuptable->tupdesc, 1,
+																   &isnull))), true);
+	if (!OidIsValid(registered) || !is_member_of_role(role, registered))
+		ereport(ERROR,
+				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
+				 errmsg("inbox_claim: permission denied to claim for consumer \"%s\"",
+						TextDatumGetCString(consumer)),
+				 errdetail("Only members of the role it is registered to in inbox_consumer may claim for it.")));
+}
+
+/*
+ * inbox_claim(consumer, event_id): true if this transaction claimed the
+ * event for the consumer, false if it was already processed.  Authorised as
+ * the current role: in a handler, the role the inbox worker runs it as.
+ *
+ * A concurrent uncommitted claim of the same pair makes this wait: false if
+ * that transaction commits, true if it aborts.  Under REPEATABLE READ or
+ * SERIALIZABLE a claim committed after this transaction's snapshot is a
+ * serialization failure (40001): retry the transaction.
+ */
+Datum
+inbox_claim(PG_FUNCTION_ARGS)
+{
+	Oid			role = GetUserId();
+	ClaimState *state;
+	Oid			save_userid;
+	int			save_sec;
+	Datum		args[2];
+	bool		claimed;
+
+	outbox_check_text_arg("inbox_claim: consumer", PG_GETARG_DATUM(0), PG_ARGISNULL(0));
+	outbox_check_text_arg("inbox_claim: event_id", PG_GETARG_DATUM(1), PG_ARGISNULL(1));
+	state = claim_state(fcinfo);
+	args[0] = PG_GETARG_DATUM(0);
+	args[1] = PG_GETARG_DATUM(1);
+
+	if (SPI_connect() != SPI_OK_CONNECT)
+		elog(ERROR, "SPI_connect failed");
+	/* On error the (sub)transaction's abort restores the user. */
+	GetUserIdAndSecContext(&save_userid, &save_sec);
+	SetUserIdAndSecContext(state->owner, save_sec | SECURITY_LOCAL_USERID_CHANGE);
+	if (claim_nspid != state->nspid)
+		prepare_claim_plans(state->nspid);
+	check_claimant(args[0], role);
+	if (SPI_execute_plan(claim_insert_plan, args, NULL, false, 0) != SPI_OK_INSERT)
+		elog(ERROR, "inbox claim failed");
+	claimed = SPI_processed == 1;
+	SetUserIdAndSecContext(save_userid, save_sec);
+	SPI_finish();
+	PG_RETURN_BOOL(claimed);
 }

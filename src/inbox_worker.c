@@ -61,6 +61,7 @@
 #include "catalog/pg_database.h"
 #include "utils/fmgroids.h"
 #include "storage/ipc.h"
+#include "storage/lock.h"
 #include "storage/latch.h"
 #include "tcop/tcopprot.h"
 #include "utils/acl.h"
@@ -762,8 +763,8 @@ prepare_plans(void)
 	bool		isnull;
 
 	if (SPI_execute("SELECT e.extnamespace, n.nspname FROM pg_catalog.pg_extension e "
-					"JOIN pg_catalog.pg_namespace n ON n.oid = e.extnamespace "
-					"WHERE e.extname = 'outbox'", true, 1) != SPI_OK_SELECT)
+					"JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) e.extnamespace "
+					"WHERE e.extname OPERATOR(pg_catalog.=) 'outbox'", true, 1) != SPI_OK_SELECT)
 		elog(ERROR, "could not look up the outbox extension");
 	if (SPI_processed == 0)
 		return false;
@@ -786,35 +787,42 @@ prepare_plans(void)
 	}
 
 	subs_plan = outbox_keep_plan(psprintf(
-								   "SELECT s.consumer, s.topics, s.topics::text, s.handler::oid, s.owner::oid "
+								   "SELECT s.consumer, s.topics, s.topics::pg_catalog.text, s.handler::pg_catalog.oid, s.owner::pg_catalog.oid "
 								   "FROM %s.inbox_subscription s ORDER BY s.consumer", s), 0, NULL);
 	offset_lock_plan = outbox_keep_plan(psprintf(
 										  "SELECT o.next_offset, o.attempts, o.last_error, o.next_attempt_at, "
 										  "o.blocked_at, o.blocked_reason, o.accept_gap, o.skip_requested "
-										  "FROM %s.inbox_offset o WHERE o.consumer = $1 AND o.topic = $2 "
-										  "AND o.\"partition\" = $3 FOR UPDATE", s), 3, t3);
+										  "FROM %s.inbox_offset o WHERE o.consumer OPERATOR(pg_catalog.=) $1 "
+										  "AND o.topic OPERATOR(pg_catalog.=) $2 "
+										  "AND o.\"partition\" OPERATOR(pg_catalog.=) $3 FOR UPDATE", s), 3, t3);
 	offset_insert_plan = outbox_keep_plan(psprintf(
 											"INSERT INTO %s.inbox_offset (consumer, topic, \"partition\") "
 											"VALUES ($1, $2, $3) ON CONFLICT DO NOTHING", s), 3, t3);
 	offset_read_plan = outbox_keep_plan(psprintf(
 										  "SELECT o.next_offset, o.blocked_at IS NULL AND "
-										  "(o.next_attempt_at IS NULL OR o.next_attempt_at <= pg_catalog.now()) "
-										  "FROM %s.inbox_offset o WHERE o.consumer = $1 AND o.topic = $2 "
-										  "AND o.\"partition\" = $3", s), 3, t3);
+										  "(o.next_attempt_at IS NULL OR o.next_attempt_at OPERATOR(pg_catalog.<=) pg_catalog.now()) "
+										  "FROM %s.inbox_offset o WHERE o.consumer OPERATOR(pg_catalog.=) $1 "
+										  "AND o.topic OPERATOR(pg_catalog.=) $2 "
+										  "AND o.\"partition\" OPERATOR(pg_catalog.=) $3", s), 3, t3);
 	offset_update_plan = outbox_keep_plan(psprintf(
 											"UPDATE %s.inbox_offset o SET next_offset = $4, high_watermark = $5, "
 											"last_applied_offset = coalesce($6, o.last_applied_offset), "
 											"last_applied_at = CASE WHEN $6 IS NULL THEN o.last_applied_at ELSE pg_catalog.clock_timestamp() END, "
-											"applied = o.applied + $7, duplicates = o.duplicates + $8, gaps = o.gaps + $9, "
-											"errors = o.errors + $10, dead_lettered = o.dead_lettered + $11, "
-											"skipped = o.skipped + $12, attempts = $13, last_error = $14, "
+											"applied = o.applied OPERATOR(pg_catalog.+) $7, "
+											"duplicates = o.duplicates OPERATOR(pg_catalog.+) $8, "
+											"gaps = o.gaps OPERATOR(pg_catalog.+) $9, "
+											"errors = o.errors OPERATOR(pg_catalog.+) $10, "
+											"dead_lettered = o.dead_lettered OPERATOR(pg_catalog.+) $11, "
+											"skipped = o.skipped OPERATOR(pg_catalog.+) $12, attempts = $13, last_error = $14, "
 											"next_attempt_at = $15, blocked_at = $16, blocked_reason = $17, "
 											"accept_gap = $18, skip_requested = $19, updated_at = pg_catalog.clock_timestamp() "
-											"WHERE o.consumer = $1 AND o.topic = $2 AND o.\"partition\" = $3",
+											"WHERE o.consumer OPERATOR(pg_catalog.=) $1 AND o.topic OPERATOR(pg_catalog.=) $2 "
+											"AND o.\"partition\" OPERATOR(pg_catalog.=) $3",
 											s), lengthof(tupd), tupd);
 	agg_read_plan = outbox_keep_plan(psprintf(
 									   "SELECT a.aggregate_id, a.last_version, a.ctid FROM %s.inbox_aggregate a "
-									   "WHERE a.consumer = $1 AND a.aggregate_id = ANY ($2)", s), 2, tarr);
+									   "WHERE a.consumer OPERATOR(pg_catalog.=) $1 "
+									   "AND a.aggregate_id OPERATOR(pg_catalog.=) ANY ($2)", s), 2, tarr);
 
 	/*
 	 * The rows just read, updated where they are: a nested loop of TID
@@ -826,7 +834,8 @@ prepare_plans(void)
 												  "UPDATE %s.inbox_aggregate a SET last_version = GREATEST(a.last_version, u.v), "
 												  "updated_at = pg_catalog.clock_timestamp() "
 												  "FROM ROWS FROM (pg_catalog.unnest($2), pg_catalog.unnest($3), pg_catalog.unnest($4)) AS u(t, id, v) "
-												  "WHERE a.ctid = u.t AND a.consumer = $1 AND a.aggregate_id = u.id "
+												  "WHERE a.ctid OPERATOR(pg_catalog.=) u.t AND a.consumer OPERATOR(pg_catalog.=) $1 "
+												  "AND a.aggregate_id OPERATOR(pg_catalog.=) u.id "
 												  "RETURNING a.aggregate_id", s),
 										 lengthof(tupdagg), tupdagg, CURSOR_OPT_GENERIC_PLAN);
 	if (agg_update_plan == NULL)
@@ -877,9 +886,11 @@ inbox_retention_prepare(const char *s)
 
 	return outbox_keep_plan(psprintf("DELETE FROM %s.inbox i USING ("
 									 "SELECT consumer, event_id FROM %s.inbox "
-									 "WHERE processed_at < pg_catalog.now() - pg_catalog.make_interval(secs => $1) "
+									 "WHERE processed_at OPERATOR(pg_catalog.<) "
+									 "(pg_catalog.now() OPERATOR(pg_catalog.-) pg_catalog.make_interval(secs => $1)) "
 									 "ORDER BY processed_at LIMIT $2 FOR UPDATE SKIP LOCKED) x "
-									 "WHERE i.consumer = x.consumer AND i.event_id = x.event_id", s, s),
+									 "WHERE i.consumer OPERATOR(pg_catalog.=) x.consumer "
+									 "AND i.event_id OPERATOR(pg_catalog.=) x.event_id", s, s),
 							2, types);
 }
 
@@ -902,22 +913,35 @@ inbox_retention_delete(SPIPlanPtr plan)
 
 /* ---------- subscriptions ---------- */
 
-/* Why a subscription cannot run (NULL if it can); checked at each refresh. */
+/*
+ * Why a subscription cannot run (NULL if it can); checked at each refresh,
+ * so that a role or handler changed since inbox_subscribe() (its owner, a
+ * revoked privilege) or a topic outbox.inbox_allowed_topics no longer
+ * allows stops it.
+ */
 static const char *
-subscription_problem(Oid owner, Oid handler)
+subscription_problem(Oid owner, Oid handler, ArrayType *topics)
 {
+	Datum	   *elems;
+	int			n;
+	InboxHandlerProblem problem;
+
 	if (!SearchSysCacheExists1(AUTHOID, ObjectIdGetDatum(owner)))
 		return "its role no longer exists";
 	if (superuser_arg(owner))
 		return "its role is a superuser: handlers never run as one";
-	if (!SearchSysCacheExists1(PROCOID, ObjectIdGetDatum(handler)))
-		return "its handler no longer exists";
-#if PG_VERSION_NUM >= 160000
-	if (object_aclcheck(ProcedureRelationId, handler, owner, ACL_EXECUTE) != ACLCHECK_OK)
-#else
-	if (pg_proc_aclcheck(handler, owner, ACL_EXECUTE) != ACLCHECK_OK)
-#endif
-		return "its role may not execute its handler";
+	problem = inbox_handler_problem(handler, owner);
+	if (problem != HANDLER_OK)
+		return inbox_handler_problem_text(problem);
+	deconstruct_array(topics, TEXTOID, -1, false, TYPALIGN_INT, &elems, NULL, &n);
+	for (int i = 0; i < n; i++)
+	{
+		const char *topic = TextDatumGetCString(elems[i]);
+		const char *why = inbox_topic_problem(topic);
+
+		if (why != NULL)
+			return psprintf("topic \"%s\" may not be subscribed to: %s", topic, why);
+	}
 	return NULL;
 }
 
@@ -965,7 +989,8 @@ refresh_subscriptions(void)
 		Oid			handler = DatumGetObjectId(SPI_getbinval(tup, desc, 4, &isnull));
 		Oid			owner = DatumGetObjectId(SPI_getbinval(tup, desc, 5, &isnull));
 		InboxSub   *sub = find_sub(consumer);
-		const char *problem = subscription_problem(owner, handler);
+		ArrayType  *topic_array = DatumGetArrayTypeP(SPI_getbinval(tup, desc, 2, &isnull));
+		const char *problem = subscription_problem(owner, handler, topic_array);
 
 		if (sub != NULL && (strcmp(sub->topics, topics) != 0 ||
 							sub->handler != handler || sub->owner != owner))
@@ -995,13 +1020,13 @@ refresh_subscriptions(void)
 						(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
 						 errmsg("outbox inbox: subscription \"%s\" is not applied: %s",
 								consumer, problem),
-						 errhint("Subscribe again as a role that may execute the handler.")));
+						 errhint("Subscribe again as a role that owns and may execute the handler, to allowed topics.")));
 			sub->usable = (problem == NULL);
 		}
 		if (!sub->usable)
 			consumer_destroy(sub);
 		else if (sub->rk == NULL)
-			consumer_create(sub, DatumGetArrayTypeP(SPI_getbinval(tup, desc, 2, &isnull)));
+			consumer_create(sub, topic_array);
 	}
 	foreach(lc, subs)
 	{
@@ -1395,23 +1420,46 @@ claim(InboxSub *sub, const char *identity, bool *claimed)
 		*claimed = SPI_processed == 1;
 }
 
-/* Call the handler as the subscription's role, in a restricted operation. */
+/*
+ * Release the session-level advisory locks a handler took: they would
+ * outlive its call (even a failed one: a subtransaction's abort keeps them)
+ * and hold other sessions out in the handler's name.  The worker takes none.
+ */
+static void
+forget_session_locks(void)
+{
+	LockReleaseSession(USER_LOCKMETHOD);
+}
+
+/*
+ * Call the handler the way PostgreSQL runs untrusted code as another role
+ * (the apply worker's switch to a table owner): as the subscription's role,
+ * in a security-restricted operation (no SET ROLE, temporary objects,
+ * PREPARE, LISTEN or held cursors), at a GUC nest level of its own that is
+ * rolled back afterwards, so no setting it changes, even at session level
+ * (search_path above all), reaches the worker's statements or the next
+ * handler; session advisory locks it took are released.  On error the
+ * (sub)transaction's abort restores the user and the settings.
+ */
 static void
 call_handler(InboxSub *sub, FmgrInfo *flinfo, Datum message)
 {
 	Oid			save_userid;
 	int			save_sec;
+	int			save_nestlevel;
 	LOCAL_FCINFO(fcinfo, 1);
 
 	GetUserIdAndSecContext(&save_userid, &save_sec);
 	SetUserIdAndSecContext(sub->owner, save_sec | SECURITY_LOCAL_USERID_CHANGE |
 						   SECURITY_RESTRICTED_OPERATION);
+	save_nestlevel = NewGUCNestLevel();
 	InitFunctionCallInfoData(*fcinfo, flinfo, 1, InvalidOid, NULL, NULL);
 	fcinfo->args[0].value = message;
 	fcinfo->args[0].isnull = false;
 	(void) FunctionCallInvoke(fcinfo);
-	/* On error the subtransaction's abort restores the user. */
+	AtEOXact_GUC(false, save_nestlevel);
 	SetUserIdAndSecContext(save_userid, save_sec);
+	forget_session_locks();
 }
 
 /* Stop a partition at a message for the rest of the batch. */
@@ -1440,10 +1488,19 @@ handler_failed(InboxSub *sub, PartState *ps, const rd_kafka_message_t *m,
 	ps->last_error = pstrdup(error);
 	if (ps->attempts < inbox_max_attempts)
 	{
-		int64		wait = (int64) inbox_retry_backoff_ms << Min(ps->attempts - 1, 20);
+		int64		wait = Min((int64) inbox_retry_backoff_ms << Min(ps->attempts - 1, 20),
+							   INBOX_MAX_BACKOFF_MS);
 
-		ps->next_attempt_at = TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
-														  Min(wait, INBOX_MAX_BACKOFF_MS));
+		/* The first failure at a message is logged; the block, if any, too. */
+		if (ps->attempts == 1)
+			ereport(LOG,
+					(errmsg("outbox inbox: consumer \"%s\": handler failed at offset %lld of partition %d of topic \"%s\"; retrying in %lld ms",
+							sub->consumer, (long long) m->offset, m->partition, ps->topic,
+							(long long) wait),
+					 errdetail_internal("%s", error),
+					 errhint("After %d attempts outbox.inbox_poison_policy (%s) applies.",
+							 inbox_max_attempts, GetConfigOption("outbox.inbox_poison_policy", false, false))));
+		ps->next_attempt_at = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), wait);
 		stop_partition(ps, m->offset);
 		return;
 	}
@@ -1552,6 +1609,7 @@ claim_and_handle(InboxSub *sub, FmgrInfo *flinfo, const char *identity,
 		edata = CopyErrorData();
 		FlushErrorState();
 		RollbackAndReleaseCurrentSubTransaction();
+		forget_session_locks();
 		error = edata->message;
 	}
 	PG_END_TRY();
@@ -2261,6 +2319,8 @@ apply_batch(InboxSub *sub)
 		TimestampTz deadline = TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
 														   batch_time(sub));
 
+		/* What a handler that failed in an earlier attempt left. */
+		forget_session_locks();
 		PG_TRY();
 		{
 			begin_step();

@@ -19,6 +19,16 @@ typedef enum InboxGapPolicy
 	INBOX_GAP_BLOCK
 } InboxGapPolicy;
 
+/* Whether a role may have the workers run a handler (inbox_handler_problem). */
+typedef enum InboxHandlerProblem
+{
+	HANDLER_OK,
+	HANDLER_MISSING,
+	HANDLER_NOT_OWNER,
+	HANDLER_NO_EXECUTE,
+	HANDLER_NO_SCHEMA
+} InboxHandlerProblem;
+
 /* Settings (outbox.inbox_*) */
 extern int	inbox_workers;
 extern char *inbox_database;
@@ -30,6 +40,7 @@ extern int	inbox_max_attempts;
 extern int	inbox_retry_backoff_ms;
 extern int	inbox_poison_policy;
 extern int	inbox_gap_policy;
+extern char *inbox_allowed_topics;
 
 /* inbox_worker.c */
 extern void inbox_worker_init(void);
@@ -38,5 +49,11 @@ extern PGDLLEXPORT void inbox_worker_main(Datum main_arg);
 extern char *inbox_consumer_properties_check(const char *properties);
 extern struct _SPI_plan *inbox_retention_prepare(const char *schema);
 extern uint64 inbox_retention_delete(struct _SPI_plan *plan);
+
+/* inbox_sql.c */
+extern void inbox_sql_init(void);
+extern const char *inbox_topic_problem(const char *topic);
+extern InboxHandlerProblem inbox_handler_problem(Oid handler, Oid role);
+extern const char *inbox_handler_problem_text(InboxHandlerProblem problem);
 
 #endif							/* OUTBOX_INBOX_WORKER_H */

@@ -332,7 +332,8 @@ open_credentials(const char *path, char **err)
 
 /*
  * Apply the credentials file: one key=value per line, blank lines and
- * lines starting with # ignored.  Errors name the line and key only.
+ * lines starting with # ignored.  Errors name the file, the line and the
+ * key, never the value.
  */
 static char *
 apply_credentials(const char *path, ApplyState *st)
@@ -340,6 +341,7 @@ apply_credentials(const char *path, ApplyState *st)
 	FILE	   *f;
 	char	   *err = NULL;
 	char		line[8192];
+	char	   *where;
 	int			lineno = 0;
 
 	if (path == NULL || path[0] == '\0')
@@ -362,8 +364,11 @@ apply_credentials(const char *path, ApplyState *st)
 			s++;
 		if (*s == '#')
 			continue;
-		err = apply_item(s, psprintf("Line %d of \"%s\"", lineno, path),
-						 apply_property, st);
+		where = psprintf("Line %d of \"%s\"", lineno, path);
+		err = apply_item(s, where, apply_property, st);
+		/* A property's own error names the key: add the file and line. */
+		if (err != NULL && strncmp(err, where, strlen(where)) != 0)
+			err = psprintf("%s: %s", where, err);
 	}
 	if (err == NULL && ferror(f))
 		err = psprintf("Could not read \"%s\": %s.", path, strerror(errno));
@@ -926,7 +931,13 @@ check_kafka_credentials_file(char **newval, void **extra, GucSource source)
 {
 	char	   *err = outbox_kafka_config_check(outbox_kafka_properties, *newval);
 
-	return err == NULL || kafka_check_failed("outbox.kafka_credentials_file", err);
+	if (err == NULL)
+		return true;
+	GUC_check_errhint("The file holds one librdkafka property per line as key=value, "
+					  "is owned by the database user (mode 0600) or by root (mode 0640), "
+					  "and is named relative to the data directory or by an absolute path; "
+					  "fix it and reload.");
+	return kafka_check_failed("outbox.kafka_credentials_file", err);
 }
 
 /* Brokers must be a list of host:port. */

@@ -41,8 +41,13 @@
 #include "access/htup_details.h"
 #include "access/tableam.h"
 #include "access/xact.h"
+#include "catalog/namespace.h"
+#include "catalog/pg_authid.h"
 #include "catalog/pg_database.h"
+#include "catalog/pg_tablespace.h"
+#include "commands/tablespace.h"
 #include "commands/dbcommands.h"
+#include "commands/extension.h"
 #include "commands/defrem.h"
 #include "miscadmin.h"
 #include "nodes/parsenodes.h"
@@ -55,7 +60,9 @@
 #include "utils/acl.h"
 #include "utils/builtins.h"
 #include "utils/guc.h"
+#include "utils/lsyscache.h"
 #include "utils/memutils.h"
+#include "utils/syscache.h"
 #include "utils/timestamp.h"
 #include "utils/varlena.h"
 
@@ -389,9 +396,7 @@ wait_workers_gone(OutboxDatabase *db, long ms)
 
 /*
  * Hold a database and stop its workers, for a command that needs it to
- * itself.  Only its owner (or a superuser) may: anyone else's command fails
- * on permissions anyway, and must not pause the publishers on the way.
- * The hold is in held_database as soon as it is taken, so that an error
+ * itself and is going to run (database_needed_alone() says).  The hold is in held_database as soon as it is taken, so that an error
  * while waiting still ends it.
  */
 static void
@@ -401,12 +406,6 @@ hold_database(const char *name)
 	OutboxDatabase *db = outbox_database_entry(dboid);
 
 	if (db == NULL)
-		return;
-#if PG_VERSION_NUM >= 160000
-	if (!object_ownercheck(DatabaseRelationId, dboid, GetUserId()))
-#else
-	if (!pg_database_ownercheck(dboid, GetUserId()))
-#endif
 		return;
 	db->held_until = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), HOLD_MAX_MS);
 	held_database = db;
@@ -448,9 +447,9 @@ option_string(List *options, const char *option)
 	return NULL;
 }
 
-/* The database a utility command needs to itself, or NULL. */
+/* The database a utility command would need to itself, or NULL. */
 static const char *
-database_needed_alone(Node *stmt)
+database_named(Node *stmt)
 {
 	switch (nodeTag(stmt))
 	{
@@ -471,6 +470,118 @@ database_needed_alone(Node *stmt)
 	}
 }
 
+/* Whether the current role may create databases (dbcommands.c's rule). */
+static bool
+may_create_databases(void)
+{
+	HeapTuple	tup;
+	bool		createdb;
+
+	if (superuser())
+		return true;
+	tup = SearchSysCache1(AUTHOID, ObjectIdGetDatum(GetUserId()));
+	if (!HeapTupleIsValid(tup))
+		return false;
+	createdb = ((Form_pg_authid) GETSTRUCT(tup))->rolcreatedb;
+	ReleaseSysCache(tup);
+	return createdb;
+}
+
+/* The tablespace database dboid is in. */
+static Oid
+database_tablespace(Oid dboid)
+{
+	HeapTuple	tup = SearchSysCache1(DATABASEOID, ObjectIdGetDatum(dboid));
+	Oid			tablespace;
+
+	if (!HeapTupleIsValid(tup))
+		return InvalidOid;
+	tablespace = ((Form_pg_database) GETSTRUCT(tup))->dattablespace;
+	ReleaseSysCache(tup);
+	return tablespace;
+}
+
+/*
+ * Whether PostgreSQL is going to carry out a command on database dboid,
+ * as far as the checks it makes before it needs the database to itself
+ * tell: the role's privileges, the names, the current database.  A command
+ * that is going to fail must not stop the database's workers on its way.
+ */
+static bool
+command_will_run(Node *stmt, Oid dboid)
+{
+	Oid			tablespace;
+
+	if (!outbox_ownercheck(DatabaseRelationId, dboid, GetUserId()))
+		return false;
+	switch (nodeTag(stmt))
+	{
+		case T_DropdbStmt:
+			return dboid != MyDatabaseId;
+		case T_RenameStmt:
+			return dboid != MyDatabaseId && may_create_databases() &&
+				!OidIsValid(get_database_oid(((RenameStmt *) stmt)->newname, true));
+		case T_AlterDatabaseStmt:
+			tablespace = get_tablespace_oid(option_string(((AlterDatabaseStmt *) stmt)->options,
+														  "tablespace"), true);
+			/* Moving to the tablespace it is in already needs nobody out. */
+			return dboid != MyDatabaseId && OidIsValid(tablespace) &&
+				tablespace != database_tablespace(dboid) &&
+				outbox_aclcheck(TableSpaceRelationId, tablespace, GetUserId(),
+								ACL_CREATE) == ACLCHECK_OK;
+		case T_CreatedbStmt:
+			return may_create_databases() &&
+				!OidIsValid(get_database_oid(((CreatedbStmt *) stmt)->dbname, true));
+		default:
+			return false;
+	}
+}
+
+/*
+ * The database a utility command needs to itself, if the command is going
+ * to run and the database's workers are to be stopped for it; else NULL.
+ */
+static const char *
+database_needed_alone(Node *stmt)
+{
+	const char *name = database_named(stmt);
+	Oid			dboid;
+
+	if (name == NULL)
+		return NULL;
+	dboid = get_database_oid(name, true);
+	if (!OidIsValid(dboid) || outbox_database_entry(dboid) == NULL ||
+		!command_will_run(stmt, dboid))
+		return NULL;
+	return name;
+}
+
+/*
+ * CREATE EXTENSION outbox SCHEMA s where s does not exist: PostgreSQL's
+ * own error does not say that the schema must be created first (outbox is
+ * not relocatable into a schema it would create), so say it here.
+ */
+static void
+check_extension_schema(Node *stmt)
+{
+	CreateExtensionStmt *ces;
+	const char *schema;
+
+	if (!IsA(stmt, CreateExtensionStmt))
+		return;
+	ces = (CreateExtensionStmt *) stmt;
+	if (strcmp(ces->extname, "outbox") != 0 ||
+		(ces->if_not_exists && OidIsValid(get_extension_oid("outbox", true))))
+		return;
+	schema = option_string(ces->options, "schema");
+	if (schema != NULL && !OidIsValid(get_namespace_oid(schema, true)))
+		ereport(ERROR,
+				(errcode(ERRCODE_UNDEFINED_SCHEMA),
+				 errmsg("schema \"%s\" does not exist", schema),
+				 errhint("Create it first: CREATE SCHEMA %s; then CREATE EXTENSION outbox SCHEMA %s;",
+						 quote_identifier(schema), quote_identifier(schema))));
+}
+
 /*
  * Before DROP DATABASE and the like, stop the database's publishers; let
  * the launcher start them again when the command is over (if the database
@@ -481,6 +592,7 @@ outbox_process_utility(UTILITY_ARGS)
 {
 	const char *name = outbox_shared ? database_needed_alone(pstmt->utilityStmt) : NULL;
 
+	check_extension_schema(pstmt->utilityStmt);
 	PG_TRY();
 	{
 		if (name != NULL)
@@ -734,7 +846,10 @@ start_workers(int e, int want, int cap, int *total, TimestampTz now)
 				ereport(LOG,
 						(errmsg("outbox launcher: no background worker slot for publisher %d of database \"%s\"",
 								i, NameStr(outbox_shared->databases[e].name)),
-						 errhint("Raise max_worker_processes, or lower outbox.max_workers or outbox.workers.")));
+						 errhint("Raise max_worker_processes (now %d) and restart the server, or lower outbox.max_workers or outbox.workers: "
+								 "each database with the extension takes outbox.workers slots, plus outbox.inbox_workers where something is subscribed, "
+								 "and the cluster two more for the launchers.",
+								 max_worker_processes)));
 			logged_no_slot = true;
 			break;
 		}

@@ -315,7 +315,8 @@ outbox_test_fatal_error(PG_FUNCTION_ARGS)
 	if (outbox_shared == NULL)
 		ereport(ERROR,
 				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
-				 errmsg("outbox must be loaded via shared_preload_libraries")));
+				 errmsg("outbox must be loaded via shared_preload_libraries"),
+				 errhint("Add outbox to shared_preload_libraries in postgresql.conf and restart the server.")));
 	if (!outbox_enable_test_hooks)
 		ereport(ERROR,
 				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),

@@ -441,6 +441,7 @@ void
 _PG_init(void)
 {
 	inbox_worker_init();
+	inbox_sql_init();
 
 	/*
 	 * Loaded otherwise (CREATE EXTENSION, LOAD, a function call,

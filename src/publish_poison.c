@@ -74,8 +74,8 @@ publish_poison_prepare(const char *s)
 		SPI_freeplan(policy_plan);
 	}
 	fail_event_plan = outbox_keep_plan(psprintf(
-											"UPDATE %s.outbox SET attempts = attempts + $3, last_error = $2 "
-											"WHERE id = $1 RETURNING attempts", s),
+											"UPDATE %s.outbox SET attempts = attempts OPERATOR(pg_catalog.+) $3, last_error = $2 "
+											"WHERE id OPERATOR(pg_catalog.=) $1 RETURNING attempts", s),
 								   3, fail_event_types);
 
 	/*
@@ -90,10 +90,11 @@ publish_poison_prepare(const char *s)
 												"INSERT INTO %s.aggregate_publication AS a "
 												"(aggregate_id, attempts, last_error, next_attempt_at, "
 												"blocked_version, blocked_at, catch_up, updated_at) "
-												"VALUES ($1, $2, $3, CASE WHEN $2 <> $4 THEN pg_catalog.clock_timestamp() + "
-												"pg_catalog.make_interval(secs => LEAST(60, 2 ^ ($2 - 1))) END, "
-												"CASE WHEN $2 >= $4 AND $6 THEN $5 END, "
-												"CASE WHEN $2 >= $4 AND $6 THEN pg_catalog.clock_timestamp() END, "
+												"VALUES ($1, $2, $3, CASE WHEN $2 OPERATOR(pg_catalog.<>) $4 THEN pg_catalog.clock_timestamp() "
+												"OPERATOR(pg_catalog.+) pg_catalog.make_interval(secs => "
+												"LEAST(60, 2 OPERATOR(pg_catalog.^) ($2 OPERATOR(pg_catalog.-) 1))) END, "
+												"CASE WHEN $2 OPERATOR(pg_catalog.>=) $4 AND $6 THEN $5 END, "
+												"CASE WHEN $2 OPERATOR(pg_catalog.>=) $4 AND $6 THEN pg_catalog.clock_timestamp() END, "
 												"true, pg_catalog.clock_timestamp()) "
 												"ON CONFLICT (aggregate_id) DO UPDATE SET "
 												"attempts = excluded.attempts, last_error = excluded.last_error, "
@@ -104,7 +105,7 @@ publish_poison_prepare(const char *s)
 
 	policy_plan = outbox_keep_plan(psprintf(
 										"SELECT policy FROM %s.poison_policy "
-										"WHERE topic = $1 OR aggregate_type = $2 "
+										"WHERE topic OPERATOR(pg_catalog.=) $1 OR aggregate_type OPERATOR(pg_catalog.=) $2 "
 										"ORDER BY topic IS NULL LIMIT 1", s),
 							   2, policy_types);
 }

@@ -137,8 +137,8 @@ extension_schema(void)
 	int			rc;
 
 	rc = SPI_execute("SELECT n.nspname FROM pg_catalog.pg_extension e "
-					 "JOIN pg_catalog.pg_namespace n ON n.oid = e.extnamespace "
-					 "WHERE e.extname = 'outbox'", true, 1);
+					 "JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) e.extnamespace "
+					 "WHERE e.extname OPERATOR(pg_catalog.=) 'outbox'", true, 1);
 	if (rc != SPI_OK_SELECT)
 		elog(ERROR, "could not look up the outbox extension");
 	if (SPI_processed == 0)
@@ -149,7 +149,7 @@ extension_schema(void)
 /* The columns of an event as copy_row() reads them. */
 #define EVENT_COLUMNS \
 	"o.id, o.event_id, o.aggregate_type, o.aggregate_id, o.aggregate_version, " \
-	"o.event_type, o.topic, o.headers, o.payload::text, o.created_at, o.attempts, " \
+	"o.event_type, o.topic, o.headers, o.payload::pg_catalog.text, o.created_at, o.attempts, " \
 	"o.last_error, o.dead_letter_requested, o.payload_bytes "
 
 /* Where the columns are in a row of EVENT_COLUMNS: in EventColumn order. */
@@ -167,7 +167,8 @@ static const int sql_columns[EC_NCOLUMNS] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 1
 
 /* This worker's share of the buckets ($n: the number of shares, $n+1: ours). */
 #define SHARE(col, n, n1) \
-	"(" n " = 1 OR ((pg_catalog.hashtext(" col ") & 2147483647) %% %d) %% " n " = " n1 ")"
+	"(" n " OPERATOR(pg_catalog.=) 1 OR (((pg_catalog.hashtext(" col ") OPERATOR(pg_catalog.&) 2147483647) " \
+	"OPERATOR(pg_catalog.%%) %d) OPERATOR(pg_catalog.%%) " n ") OPERATOR(pg_catalog.=) " n1 ")"
 
 /* Prepare the stream's plans for the extension in schema s (quoted). */
 static void
@@ -185,8 +186,8 @@ prepare_read_plans(const char *s)
 	/* Without a horizon (first start, after a restore): every unsettled event. */
 	unsettled_plan = publish_keep_plan(psprintf(
 											   "SELECT o.id, o.ctid, pg_catalog.hashtext(o.aggregate_id) FROM %s.outbox o "
-											   "LEFT JOIN %s.aggregate_publication p ON p.aggregate_id = o.aggregate_id "
-											   "WHERE o.aggregate_version > coalesce(p.last_published_version, 0) "
+											   "LEFT JOIN %s.aggregate_publication p ON p.aggregate_id OPERATOR(pg_catalog.=) o.aggregate_id "
+											   "WHERE o.aggregate_version OPERATOR(pg_catalog.>) coalesce(p.last_published_version, 0) "
 											   "AND o.disposition IS NULL "
 											   "AND " SHARE("o.aggregate_id", "$1", "$2") DELTA_ORDER,
 											   s, s, OUTBOX_PUBLISH_BUCKETS),
@@ -200,7 +201,7 @@ prepare_read_plans(const char *s)
 	 */
 	fetch_id_plan = publish_keep_plan(psprintf(
 											  "SELECT o.id, o.ctid FROM %s.outbox o "
-											  "WHERE o.id = ANY ($1) AND o.disposition IS NULL", s),
+											  "WHERE o.id OPERATOR(pg_catalog.=) ANY ($1) AND o.disposition IS NULL", s),
 									 1, fetch_id_types);
 
 	/* Listed aggregates that may be published now (catch_up, backoff over). */
@@ -208,7 +209,7 @@ prepare_read_plans(const char *s)
 											"SELECT p.aggregate_id, p.xmin FROM %s.aggregate_publication p "
 											"WHERE (p.catch_up OR p.next_attempt_at IS NOT NULL) "
 											"AND NOT p.paused AND p.blocked_version IS NULL "
-											"AND (p.next_attempt_at IS NULL OR p.next_attempt_at <= pg_catalog.now()) "
+											"AND (p.next_attempt_at IS NULL OR p.next_attempt_at OPERATOR(pg_catalog.<=) pg_catalog.now()) "
 											"AND " SHARE("p.aggregate_id", "$1", "$2") " LIMIT $3",
 											s, OUTBOX_PUBLISH_BUCKETS),
 								   3, listed_types);
@@ -216,19 +217,19 @@ prepare_read_plans(const char *s)
 	/* Of these aggregates, the ones listed and held (paused, blocked, backing off). */
 	held_plan = publish_keep_plan(psprintf(
 										  "SELECT p.aggregate_id FROM %s.aggregate_publication p "
-										  "WHERE p.aggregate_id = ANY ($1) AND (p.paused OR p.blocked_version IS NOT NULL "
-										  "OR p.next_attempt_at > pg_catalog.now())", s),
+										  "WHERE p.aggregate_id OPERATOR(pg_catalog.=) ANY ($1) AND (p.paused OR p.blocked_version IS NOT NULL "
+										  "OR p.next_attempt_at OPERATOR(pg_catalog.>) pg_catalog.now())", s),
 								 1, held_types);
 
 	/* Aggregates' unsettled events by index, each aggregate's in version order. */
 	catch_up_plan = outbox_keep_plan_options(psprintf(
 											  "SELECT " EVENT_COLUMNS ", p.xmin FROM %s.outbox o "
-											  "LEFT JOIN %s.aggregate_publication p ON p.aggregate_id = o.aggregate_id "
-											  "WHERE o.aggregate_id = ANY ($1) "
-											  "AND o.aggregate_version > coalesce(p.last_published_version, 0) "
+											  "LEFT JOIN %s.aggregate_publication p ON p.aggregate_id OPERATOR(pg_catalog.=) o.aggregate_id "
+											  "WHERE o.aggregate_id OPERATOR(pg_catalog.=) ANY ($1) "
+											  "AND o.aggregate_version OPERATOR(pg_catalog.>) coalesce(p.last_published_version, 0) "
 											  "AND o.disposition IS NULL "
 											  "AND NOT coalesce(p.paused OR p.blocked_version IS NOT NULL "
-											  "OR p.next_attempt_at > pg_catalog.now(), false) "
+											  "OR p.next_attempt_at OPERATOR(pg_catalog.>) pg_catalog.now(), false) "
 											  "ORDER BY o.aggregate_id, o.aggregate_version LIMIT $2", s, s),
 									 2, catch_up_types, CURSOR_OPT_CUSTOM_PLAN);
 
@@ -239,8 +240,8 @@ prepare_read_plans(const char *s)
 	clear_plan = outbox_keep_plan_options(psprintf(
 										   "UPDATE %s.aggregate_publication p SET catch_up = false, "
 										   "next_attempt_at = NULL, updated_at = pg_catalog.clock_timestamp() "
-										   "FROM unnest($1, $2) AS u(id, x) "
-										   "WHERE p.aggregate_id = u.id AND p.xmin = u.x", s),
+										   "FROM ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2)) AS u(id, x) "
+										   "WHERE p.aggregate_id OPERATOR(pg_catalog.=) u.id AND p.xmin OPERATOR(pg_catalog.=) u.x", s),
 								  2, clear_types, CURSOR_OPT_CUSTOM_PLAN);
 }
 

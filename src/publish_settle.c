@@ -96,27 +96,30 @@ publish_settle_prepare(const char *s)
 	 * when Kafka acknowledged the version ($9), not when it was settled.
 	 */
 	sql = psprintf(
-				   "WITH u AS (SELECT * FROM unnest($2, $3, $4, $5, $9) AS u(id, v, x, r, t)), "
+				   "WITH u AS (SELECT * FROM ROWS FROM (pg_catalog.unnest($2), pg_catalog.unnest($3), "
+				   "pg_catalog.unnest($4), pg_catalog.unnest($5), pg_catalog.unnest($9)) AS u(id, v, x, r, t)), "
 				   "ins AS (INSERT INTO %s.aggregate_publication "
 				   "(aggregate_id, last_published_version, last_published_at, updated_at) "
 				   "SELECT u.id, u.v, u.t, $1 FROM u WHERE NOT u.r "
 				   "ON CONFLICT (aggregate_id) DO NOTHING RETURNING aggregate_id), "
 				   "upd AS (UPDATE %s.aggregate_publication a SET "
 				   "last_published_version = GREATEST(a.last_published_version, u.v), "
-				   "last_published_at = CASE WHEN u.v > coalesce(a.last_published_version, 0) "
+				   "last_published_at = CASE WHEN u.v OPERATOR(pg_catalog.>) coalesce(a.last_published_version, 0) "
 				   "THEN u.t ELSE a.last_published_at END, attempts = 0, last_error = NULL, "
 				   "catch_up = a.catch_up OR a.next_attempt_at IS NOT NULL, "
 				   "next_attempt_at = NULL, updated_at = $1 "
-				   "FROM u WHERE u.r AND a.aggregate_id = u.id AND a.xmin = u.x "
-				   "AND a.aggregate_id = ANY ($2) "
+				   "FROM u WHERE u.r AND a.aggregate_id OPERATOR(pg_catalog.=) u.id AND a.xmin OPERATOR(pg_catalog.=) u.x "
+				   "AND a.aggregate_id OPERATOR(pg_catalog.=) ANY ($2) "
 				   "RETURNING a.aggregate_id), "
 				   "done AS (SELECT aggregate_id FROM ins UNION ALL SELECT aggregate_id FROM upd), "
 				   "disposed AS (UPDATE %s.outbox o SET disposition = d.action::%s.outbox_disposition, "
 				   "disposed_at = $1, "
-				   "attempts = o.attempts + CASE WHEN d.action = 'skipped' THEN 0 ELSE 1 END "
-				   "FROM unnest($6, $7, $8) AS d(id, action, agg) "
-				   "WHERE o.id = d.id AND o.id = ANY ($6) "
-				   "AND d.agg IN (SELECT aggregate_id FROM done)) "
+				   "attempts = o.attempts OPERATOR(pg_catalog.+) "
+				   "CASE WHEN d.action OPERATOR(pg_catalog.=) 'skipped' THEN 0 ELSE 1 END "
+				   "FROM ROWS FROM (pg_catalog.unnest($6), pg_catalog.unnest($7), pg_catalog.unnest($8)) "
+				   "AS d(id, action, agg) "
+				   "WHERE o.id OPERATOR(pg_catalog.=) d.id AND o.id OPERATOR(pg_catalog.=) ANY ($6) "
+				   "AND d.agg OPERATOR(pg_catalog.=) ANY (SELECT aggregate_id FROM done)) "
 				   "SELECT aggregate_id FROM done", s, s, s, s);
 	settle_plan = outbox_keep_plan_options(sql, 9, types, CURSOR_OPT_CUSTOM_PLAN);
 	settle_small_plan = outbox_keep_plan_options(sql, 9, types, CURSOR_OPT_GENERIC_PLAN);

@@ -158,7 +158,7 @@ publish_stream_prepare(const char *s)
 
 	/* The oldest horizon of all workers (NULL: from the start). */
 	load_plan = publish_keep_plan(psprintf(
-										  "SELECT h.snapshot::text FROM %s.publisher_horizon h "
+										  "SELECT h.snapshot::pg_catalog.text FROM %s.publisher_horizon h "
 										  "ORDER BY " OLDEST_FIRST("h") " LIMIT 1", s),
 								 0, NULL);
 	/* Our row, lowered to the oldest (NULL if there is none). */
@@ -178,7 +178,7 @@ publish_stream_prepare(const char *s)
 								  2, store_types);
 	/* Horizons of workers that no longer exist (outbox.workers was lowered). */
 	forget_plan = publish_keep_plan(psprintf(
-											"DELETE FROM %s.publisher_horizon WHERE worker >= $1", s),
+											"DELETE FROM %s.publisher_horizon WHERE worker OPERATOR(pg_catalog.>=) $1", s),
 								   1, load_types);
 }
 

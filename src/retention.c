@@ -91,11 +91,12 @@ publish_retention_prepare(const char *s)
 	 */
 	retention_plan = publish_keep_plan(psprintf(
 										   "WITH w AS (SELECT id, aggregate_id, aggregate_version, "
-										   "created_at < pg_catalog.now() - pg_catalog.make_interval(secs => $1) AS old "
-										   "FROM %s.outbox WHERE id > $3 ORDER BY id LIMIT $2 FOR UPDATE SKIP LOCKED), "
+										   "created_at OPERATOR(pg_catalog.<) (pg_catalog.now() OPERATOR(pg_catalog.-) "
+										   "pg_catalog.make_interval(secs => $1)) AS old "
+										   "FROM %s.outbox WHERE id OPERATOR(pg_catalog.>) $3 ORDER BY id LIMIT $2 FOR UPDATE SKIP LOCKED), "
 										   "d AS (DELETE FROM %s.outbox o USING w, %s.aggregate_publication p "
-										   "WHERE o.id = w.id AND w.old AND p.aggregate_id = w.aggregate_id "
-										   "AND w.aggregate_version <= p.last_published_version RETURNING o.id) "
+										   "WHERE o.id OPERATOR(pg_catalog.=) w.id AND w.old AND p.aggregate_id OPERATOR(pg_catalog.=) w.aggregate_id "
+										   "AND w.aggregate_version OPERATOR(pg_catalog.<=) p.last_published_version RETURNING o.id) "
 										   "SELECT (SELECT pg_catalog.count(*) FROM d), "
 										   "(SELECT pg_catalog.min(id) FROM w WHERE NOT old), "
 										   "(SELECT pg_catalog.max(id) FROM w)", s, s, s),

@@ -128,7 +128,8 @@ require_shared_memory(void)
 	if (!shared_stats)
 		ereport(ERROR,
 				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
-				 errmsg("outbox must be loaded via shared_preload_libraries")));
+				 errmsg("outbox must be loaded via shared_preload_libraries"),
+				 errhint("Add outbox to shared_preload_libraries in postgresql.conf and restart the server.")));
 }
 
 /* An atomic counter's value, zero if there is no counter. */

@@ -31,9 +31,10 @@
 #      (Nagle's algorithm on its sockets; see nodelay.c)
 #
 # As root: builds test/tools and test/bench, re-runs itself as postgres and
-# writes docs/benchmarks.md and docs/*.png (quick mode: into
-# /tmp/outbox-bench-quick/ unless BENCH_OUT is set, so the committed figures
-# always come from a full run).  The extension must be installed
+# writes benchmarks.md (the run's full report) and the plots into
+# /tmp/outbox-bench/ (quick mode: /tmp/outbox-bench-quick/) unless BENCH_OUT
+# is set; docs/benchmarks.md is the results page, updated by hand from such
+# runs, and docs/*.png are copied from a full run.  The extension must be installed
 # (make && make install).  Full mode takes about 30 minutes, quick about 6.
 # Every step is bounded in time; the clusters and processes it started stop
 # when it exits.  The work directory (logs) is kept when a run fails.
@@ -45,8 +46,8 @@
 # enable.idempotence), topics of 16 partitions as on the mock.  (c) does not
 # apply: a real broker's round trip cannot be set, and delaying 127.0.0.1
 # with tc netem would delay every other user of the shared loopback too.
-# It replaces the "On real Kafka" section at the end of docs/benchmarks.md
-# (quick: writes /tmp/outbox-bench-real-quick/benchmarks_real.md); full
+# It replaces the "On real Kafka" section at the end of BENCH_OUT's
+# benchmarks.md, default /tmp/outbox-bench-real/ (quick: writes /tmp/outbox-bench-real-quick/benchmarks_real.md); full
 # mode keeps that section.  About 5 minutes (more under load), quick about 3.
 #
 # Environment: BENCH_OUT (output directory), BENCH_MOCK_NAGLE=1 (run a-e
@@ -126,7 +127,7 @@ if [ "$(id -u)" = 0 ]; then
 	if [ "$mode" = quick ]; then
 		out=${BENCH_OUT:-/tmp/outbox-bench$([ "$real" = 1 ] && echo -real || true)-quick}
 	else
-		out=${BENCH_OUT:-$src/docs}
+		out=${BENCH_OUT:-/tmp/outbox-bench$([ "$real" = 1 ] && echo -real || true)}
 	fi
 	mkdir -p "$out"
 	if [ "$rc" = 0 ] && [ "${BENCH_PEERS_ONLY:-0}" = 1 ] && [ -s "$work/out/peers.md" ]; then
@@ -1300,7 +1301,7 @@ EOF
 	echo "$(met "${R[a.ours.w1.tps]} >= 0.85 * ${R[a.plain.relay.tps]}") ($(ratio "${R[a.ours.w1.tps]}" "${R[a.plain.relay.tps]}")×)."
 	echo "Target: emit transactions ≥ 0.97× a plain INSERT into the same table (outbox_copy), no publisher:"
 	echo "$(met "${R[a.ours.w0.tps]} >= 0.97 * ${R[a.copy.w0.tps]}") ($(ratio "${R[a.ours.w0.tps]}" "${R[a.copy.w0.tps]}")×; more rounds, backend CPU per"
-	echo "transaction and the profile in [emit_cost.md](emit_cost.md), from \`test/bench/emit_cost.sh\`)."
+	echo "transaction, from \`test/bench/emit_cost.sh\`, in docs/benchmarks.md, section Emit cost)."
 	echo "Backlog = events still unpublished when pgbench ended (workers = 0: all of them)."
 	echo
 	if [ -n "${R[a.perf]}" ]; then

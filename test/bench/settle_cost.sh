@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Prints what settling costs per event in PostgreSQL alone (no Kafka, no extension), for the
-# storage designs compared in docs/settling.md, on a throwaway cluster:
+# storage designs compared in docs/architecture.md, on a throwaway cluster:
 #   (a) today's: read pending rows by the partial index, UPDATE each row published, UPDATE
 #       each aggregate's last_published_version (10 batches of 10,000);
 #   (b) snapshot delta (PgQ's batches) by a txid column, settled per aggregate;

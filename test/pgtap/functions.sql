@@ -6,7 +6,7 @@ BEGIN;
 CREATE SCHEMA ob;
 CREATE EXTENSION outbox SCHEMA ob;
 
-SELECT plan(60);
+SELECT plan(66);
 
 -- The returned composite is the inserted row.
 
@@ -208,6 +208,28 @@ SELECT throws_ok($$SELECT ob.inbox_claim(NULL, 'x')$$, '22004',
                  'inbox_claim: consumer must not be NULL', 'inbox_claim with a NULL consumer: 22004');
 SELECT throws_ok($$SELECT ob.inbox_claim('c', '')$$, '22023',
                  'inbox_claim: event_id must not be empty', 'inbox_claim with an empty event_id: 22023');
+
+-- inbox_retry() of a partition backing off (no blocked_reason): unblocked,
+-- no gap accepted.
+INSERT INTO ob.inbox_offset (consumer, topic, "partition", next_offset, attempts, last_error, next_attempt_at)
+	VALUES ('retry-me', 't', 0, 5, 2, 'boom', now() + interval '1 hour');
+SELECT is(ob.inbox_retry('retry-me', 't', 0), true, 'inbox_retry of a backing-off partition is true');
+SELECT is((SELECT (attempts, next_attempt_at, accept_gap)::text FROM ob.inbox_offset WHERE consumer = 'retry-me'),
+          '(0,,f)', '... and retries it at once, accepting no gap');
+
+-- Topics a subscription may not read (checked before anything else).
+SELECT throws_ok($$SELECT ob.inbox_subscribe('c', ARRAY['__consumer_offsets'], 'pg_catalog.now()'::regprocedure)$$,
+                 '42501', 'topic "__consumer_offsets" may not be subscribed to',
+                 'Kafka''s own topics cannot be subscribed to: 42501');
+SELECT throws_ok($$SELECT ob.inbox_subscribe('c', ARRAY['orders', '__transaction_state'], 'pg_catalog.now()'::regprocedure)$$,
+                 '42501', 'topic "__transaction_state" may not be subscribed to',
+                 '... in any place of the list');
+SET LOCAL outbox.inbox_allowed_topics = 'orders.*, billing';
+SELECT throws_ok($$SELECT ob.inbox_subscribe('c', ARRAY['orders.created', 'payments'], 'pg_catalog.now()'::regprocedure)$$,
+                 '42501', 'topic "payments" may not be subscribed to',
+                 'a topic outbox.inbox_allowed_topics does not allow: 42501');
+SELECT throws_ok($$SET LOCAL outbox.inbox_allowed_topics = 'a b'$$, '22023', NULL,
+                 'outbox.inbox_allowed_topics is checked when set');
 
 SELECT * FROM finish();
 ROLLBACK;

@@ -354,8 +354,8 @@ SELECT is(pg_get_function_arguments('ob.inbox_claim(text, text)'::regprocedure),
           'consumer text, event_id text', 'inbox_claim has named arguments');
 SELECT function_returns('ob', 'inbox_claim', ARRAY['text', 'text'], 'boolean',
                         'inbox_claim returns boolean');
-SELECT function_lang_is('ob', 'inbox_claim', ARRAY['text', 'text'], 'plpgsql',
-                        'inbox_claim is written in PL/pgSQL');
+SELECT function_lang_is('ob', 'inbox_claim', ARRAY['text', 'text'], 'c',
+                        'inbox_claim is written in C (it sees the calling role)');
 SELECT volatility_is('ob', 'inbox_claim', ARRAY['text', 'text'], 'volatile',
                      'inbox_claim is volatile');
 
@@ -385,15 +385,16 @@ SELECT is((SELECT count(*)::int FROM pg_proc
             WHERE pronamespace = 'ob'::regnamespace AND proname LIKE 'outbox\_emit%'),
           6, 'the emit functions checked above are all six');
 -- SECURITY DEFINER with a pinned search_path.
-SELECT is_definer('ob', 'inbox_claim', ARRAY['text', 'text'], 'inbox_claim is SECURITY DEFINER');
+SELECT isnt_definer('ob', 'inbox_claim', ARRAY['text', 'text'],
+                    'inbox_claim is not SECURITY DEFINER: it authorises the calling role');
 SELECT is((SELECT proconfig FROM pg_proc WHERE oid = 'ob.inbox_claim(text, text)'::regprocedure),
           ARRAY['search_path=pg_catalog, pg_temp'],
           'inbox_claim pins search_path to pg_catalog, pg_temp');
 SELECT is((SELECT string_agg(proname, ' ' ORDER BY proname) FROM pg_proc
             WHERE pronamespace = 'ob'::regnamespace AND prosecdef),
-          'inbox_claim inbox_retry inbox_skip outbox_dead_letter outbox_pause '
+          'inbox_retry inbox_skip outbox_dead_letter outbox_pause '
           'outbox_replay outbox_resume outbox_retry outbox_skip',
-          'the SECURITY DEFINER functions are claim and the operator functions');
+          'the SECURITY DEFINER functions are the operator functions');
 -- outbox_catch_up is internal: called by the SECURITY DEFINER operator
 -- functions, not one itself, with a pinned search_path.
 SELECT function_returns('ob', 'outbox_catch_up', ARRAY['text'], 'void', 'outbox_catch_up returns void');

@@ -58,6 +58,8 @@ like($node->safe_psql('postgres', 'SELECT publisher_detail FROM outbox_status'),
 ($rc, $out, $err) = $node->psql('postgres', q{SELECT count(*) FROM outbox_counters()});
 like($err, qr/ERROR:  outbox must be loaded via shared_preload_libraries/,
 	'the counters (kept in shared memory) say why they are missing');
+like($err, qr/HINT:  Add outbox to shared_preload_libraries in postgresql.conf and restart the server/,
+	'and what to do');
 
 # session_preload_libraries: every new connection loads it, superuser or not.
 $node->safe_psql('postgres', q{ALTER SYSTEM SET session_preload_libraries = 'outbox'; SELECT pg_reload_conf()});

@@ -142,6 +142,17 @@ $node->reload;
 like(wait_log(qr/Property "message.max.bytes" belongs in outbox.kafka_properties/),
 	qr/Property "message.max.bytes" belongs in outbox.kafka_properties/,
 	'message.max.bytes is refused in the credentials file');
+
+# A refused property names the file, its line and its key (never the
+# value), and the hint says what the file must look like.
+write_creds("# comment\nclient.id=outbox-creds-test\nno.such.property=Marker9Value\n", 0600);
+$node->reload;
+$log = wait_log(qr/Line 3 of "[^"]*": Property "no\.such\.property"/);
+like($log, qr/DETAIL:  Line 3 of "\Q$creds\E": Property "no\.such\.property": librdkafka refuses its value/,
+	'a refused line names the file, the line and the key');
+like($log, qr/Line 3 of .*\n(?:.*\n)?.*HINT:  The file holds one librdkafka property per line as key=value/,
+	'with a hint saying what the file must hold');
+unlike($log, qr/Marker9Value/, 'never the value');
 write_creds("client.id=outbox-creds-test\n", 0600);
 $node->reload;
 

@@ -147,6 +147,31 @@ is($node->safe_psql('postgres', q{SELECT count(*) FROM pg_database WHERE datname
 	'billing is gone');
 ok(defined wait_until(sub { workers_in('billing') == 0 }, 10), 'and no publisher is left for it');
 
+# --- commands PostgreSQL refuses stop no publisher ---
+# The database's owner without CREATEDB renaming it, a tablespace that does
+# not exist, a name that is taken, the open database: each fails, and must
+# not have stopped late's publishers on its way.
+sub publisher_pids
+{
+	my ($db) = @_;
+	return $node->safe_psql('postgres', "SELECT string_agg(pid::text, ' ' ORDER BY pid)
+		FROM pg_stat_activity WHERE backend_type = 'outbox publisher' AND datname = '$db'");
+}
+$node->safe_psql('postgres', 'CREATE ROLE late_owner LOGIN; ALTER DATABASE late OWNER TO late_owner');
+my $late_pids = publisher_pids('late');
+($rc, $out, $err) = $node->psql('postgres', 'ALTER DATABASE late RENAME TO never',
+	extra_params => ['-U', 'late_owner']);
+like($err, qr/permission denied to rename database/, 'an owner without CREATEDB cannot rename');
+($rc, $out, $err) = $node->psql('postgres', 'ALTER DATABASE late SET TABLESPACE nosuch');
+like($err, qr/tablespace "nosuch" does not exist/, 'no such tablespace');
+($rc, $out, $err) = $node->psql('postgres', 'ALTER DATABASE late RENAME TO shop');
+like($err, qr/database "shop" already exists/, 'a taken name');
+($rc, $out, $err) = $node->psql('late', 'DROP DATABASE late');
+like($err, qr/cannot drop the currently open database/, 'the open database');
+sleep 1;
+is(publisher_pids('late'), $late_pids, 'none of them stopped late\'s publishers');
+$node->safe_psql('postgres', 'ALTER DATABASE late OWNER TO CURRENT_USER; DROP ROLE late_owner');
+
 # --- ALTER DATABASE RENAME of a served database ---
 ($rc, $out, $err) = $node->psql('postgres', 'ALTER DATABASE late RENAME TO renamed');
 is($rc, 0, 'ALTER DATABASE RENAME of a served database succeeds') or diag $err;

@@ -33,6 +33,10 @@ is(scalar @pids, 6, 'no more than six publishers run');
 is($node->safe_psql('postgres',
 	q{SELECT count(*) FROM outbox_workers() WHERE pid IS NULL}), '10',
 	'outbox_workers() shows the ten that could not start');
+ok($node->log_contains('outbox launcher: no background worker slot for publisher \\d+ of database "postgres"'),
+	'the launcher logs that a publisher found no slot');
+ok($node->log_contains('HINT:  Raise max_worker_processes \\(now 8\\) and restart the server'),
+	'and says what to raise, with its value');
 
 # 500 aggregates cover every bucket's residue modulo 16 many times over.
 $node->safe_psql('postgres',

@@ -69,6 +69,8 @@ is($node->safe_psql('consumer', $status), 'blocked 3 3', 'block: after 3 attempt
 like($node->safe_psql('consumer', 'SELECT last_error FROM inbox_status'), qr/handler refuses/,
 	'block: the handler\'s error is shown');
 is(applied('blk'), '1', 'block: only the version before the poison message is applied');
+ok($node->log_contains(qr/consumer "billing": handler failed at offset 1 of partition 0 of topic "\Q$topic\E"; retrying in \d+ ms\n.*DETAIL:  handler refuses/),
+	'block: the first failure is logged with the error, before the partition blocks');
 sleep 1;
 is(applied('blk'), '1', 'block: the partition stays stopped');
 $node->safe_psql('consumer', 'UPDATE app.knobs SET fail = false');
@@ -145,7 +147,7 @@ $node->safe_psql('consumer', q{CREATE ROLE other LOGIN; GRANT EXECUTE ON FUNCTIO
 my $apply_oid = $node->safe_psql('consumer', q{SELECT 'app.apply(inbox_message)'::regprocedure::oid});
 ($rc, $out, $err) = $node->psql('consumer',
 	qq{SET ROLE other; SELECT inbox_subscribe('o', ARRAY['x'], ${apply_oid}::regprocedure)});
-like($err, qr/permission denied for function app.apply/, 'a role must be able to execute its handler');
+like($err, qr/must be owner of function app.apply/, 'a role must own its handler (it runs as that role)');
 ($rc, $out, $err) = $node->psql('consumer',
 	q{SET ROLE other; SELECT inbox_subscribe('o', ARRAY['x'], 'public.wrong(inbox_message)'::regprocedure)});
 like($err, qr/cannot be an inbox handler/, 'a handler must return void');
@@ -190,7 +192,6 @@ like($err, qr/invalid value for parameter "outbox.inbox_kafka_properties"/, 'unk
 
 # A handler that became unusable is not run: its role lost EXECUTE.
 $node->safe_psql('consumer', 'REVOKE ALL ON SCHEMA app FROM app');
-$node->safe_psql('consumer', 'ALTER FUNCTION app.apply(inbox_message) OWNER TO postgres');
 $node->safe_psql('consumer', 'REVOKE EXECUTE ON FUNCTION app.apply(inbox_message) FROM app, PUBLIC');
 emit('late', '{}');
 ok(wait_for(q{SELECT count(*) > 0 FROM pg_stat_activity WHERE backend_type = 'outbox inbox worker'}, 't'),
