@@ -1,8 +1,8 @@
 # Every SQL statement the extension runs names its functions, operators,
 # cast types and relations with their schema, so that no search_path (a
 # handler's SET, a database's settings, a role's) can substitute a planted
-# operator or function: test/tools/sql_qualified.pl finds none in src/*.c
-# and the install script.  And the check can fail: fed a statement with a
+# operator or function: test/tools/sql_qualified.pl finds none in src/*.c,
+# the current install script and the update scripts.  And the check can fail: fed a statement with a
 # bare operator, function, cast and the constructs that hide an operator,
 # it reports each at its line, and an OPERATOR() chain whose grouping
 # differs from the bare operators'.
@@ -111,7 +111,7 @@ ok((grep { /bad\.sql:1: function .*f .*does not pin search_path/ } @$lines),
 # The extension itself: nothing found.
 chdir $root or die "$root: $!";
 ($rc, $lines) = run_check();
-is($rc, 0, 'every statement of src/*.c and the install script is qualified');
+is($rc, 0, 'every statement of src/*.c, the install script and the update scripts is qualified');
 is_deeply($lines, [], 'no findings') or diag join("\n", @$lines);
 
 done_testing();

@@ -3,8 +3,10 @@
 # sql_qualified.pl: report every name in the extension's SQL that a
 # search_path could capture.
 #
-# Usage: sql_qualified.pl [FILE...]   (default: src/*.c and
-# sql/outbox--0.1.0.sql, from the current directory).  Prints one
+# Usage: sql_qualified.pl [FILE...]   (default: src/*.c, the install
+# script of outbox.control's default_version and the update scripts
+# sql/outbox--A--B.sql, from the current directory; a released install
+# script is kept as released and not checked).  Prints one
 # "file:line: finding" per name and exits 1 if there is any, else 0.
 #
 # What is checked.  From a C file: every run of adjacent string literals
@@ -727,7 +729,18 @@ sub check_sql_file
 
 # ---------------------------------------------------------------- main
 
-my @files = @ARGV ? @ARGV : (sort(glob 'src/*.c'), 'sql/outbox--0.1.0.sql');
+# The files checked by default: the C files, the current install script
+# and the update scripts.
+sub default_files
+{
+	open my $fh, '<', 'outbox.control' or die "outbox.control: $!\n";
+	my ($version) = map { /^\s*default_version\s*=\s*'([^']+)'/ ? $1 : () } <$fh>;
+	close $fh;
+	die "outbox.control: no default_version\n" unless defined $version;
+	return (sort(glob 'src/*.c'), "sql/outbox--$version.sql", sort(glob 'sql/outbox--*--*.sql'));
+}
+
+my @files = @ARGV ? @ARGV : default_files();
 for my $file (@files)
 {
 	open my $fh, '<', $file or die "$file: $!\n";
