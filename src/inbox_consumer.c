@@ -57,9 +57,16 @@ static const char *const inbox_reserved_properties[] = {
 	"enable.partition.eof", "rebalance_cb", "offset_commit_cb", "log.queue",
 };
 
-/* Defaults a user may override. */
+/*
+ * Defaults a user may override.  A session of 10 s (librdkafka's default
+ * is 45 s): where the brokers do not honour static membership (the
+ * librdkafka 2.0.2 mock cluster), a group waits that long for a killed
+ * member before a restarted worker gets its partitions.
+ */
 static const char *const inbox_default_properties[][2] = {
 	{"auto.offset.reset", "earliest"},
+	{"session.timeout.ms", "10000"},
+	{"heartbeat.interval.ms", "1000"},
 	{"client.id", "postgresql-outbox-inbox"},
 	{"reconnect.backoff.max.ms", "1000"},
 	{"isolation.level", "read_committed"},
