@@ -973,7 +973,8 @@ CREATE TYPE @extschema@.inbox_message AS (
 	kafka_timestamp timestamptz
 );
 
--- One row per consumer: a Kafka consumer group ('outbox.inbox.' || consumer).
+-- One row per consumer: a Kafka consumer group, 'outbox.inbox.<system
+-- identifier>.<database oid>.<consumer>' (unique to this cluster and database).
 CREATE TABLE @extschema@.inbox_subscription (
 	consumer text PRIMARY KEY,
 	topics text[] NOT NULL,
@@ -1048,6 +1049,20 @@ CREATE TABLE @extschema@.inbox_dead_letter (
 
 REVOKE ALL ON @extschema@.inbox_subscription, @extschema@.inbox_offset,
 	@extschema@.inbox_aggregate, @extschema@.inbox_dead_letter FROM PUBLIC;
+
+-- Per consumer and inbox worker: its Kafka connection (running,
+-- disconnected or error), written by the worker when it changes
+-- (src/inbox_consumer.c).  Unlogged: a crash restart forgets it.
+CREATE UNLOGGED TABLE @extschema@.inbox_consumer_state (
+	consumer text NOT NULL,
+	worker integer NOT NULL,
+	state text NOT NULL,
+	last_error text,
+	since timestamptz NOT NULL,
+	PRIMARY KEY (consumer, worker)
+);
+
+REVOKE ALL ON @extschema@.inbox_consumer_state FROM PUBLIC;
 
 SELECT pg_catalog.pg_extension_config_dump('@extschema@.inbox_subscription', '');
 SELECT pg_catalog.pg_extension_config_dump('@extschema@.inbox_offset', '');
@@ -1162,15 +1177,24 @@ SELECT o.consumer, o.topic, o."partition",
 	   o.applied, o.duplicates, o.gaps, o.errors, o.dead_lettered, o.skipped,
 	   CASE WHEN s.consumer IS NULL THEN 'unsubscribed'
 			WHEN o.blocked_at IS NOT NULL THEN 'blocked'
+			WHEN k.state IS NOT NULL THEN k.state
 			WHEN o.next_attempt_at IS NOT NULL THEN 'backing_off'
 			ELSE 'running' END AS state,
 	   o.attempts, o.last_error, o.blocked_at, o.blocked_reason, o.next_attempt_at,
-	   o.updated_at
+	   o.updated_at,
+	   k.last_error AS kafka_error, k.since AS kafka_error_since
   FROM @extschema@.inbox_offset o
-  LEFT JOIN @extschema@.inbox_subscription s ON s.consumer OPERATOR(pg_catalog.=) o.consumer;
+  LEFT JOIN @extschema@.inbox_subscription s ON s.consumer OPERATOR(pg_catalog.=) o.consumer
+  -- The consumer's worst Kafka condition, if any worker has one.
+  LEFT JOIN LATERAL (
+	SELECT c.state, c.last_error, c.since FROM @extschema@.inbox_consumer_state c
+	 WHERE c.consumer OPERATOR(pg_catalog.=) o.consumer
+	   AND c.state OPERATOR(pg_catalog.<>) 'running'
+	 ORDER BY c.state OPERATOR(pg_catalog.=) 'error' DESC, c.since
+	 LIMIT 1) k ON s.consumer IS NOT NULL;
 
 COMMENT ON VIEW @extschema@.inbox_status IS
-'per consumer and partition: lag to the high watermark, last applied, duplicates, gaps, errors, state';
+'per consumer and partition: lag to the high watermark, last applied, duplicates, gaps, errors, state (including the consumer''s Kafka connection: disconnected, error)';
 
 REVOKE ALL ON FUNCTION
 	@extschema@.inbox_subscribe(text, text[], regprocedure),

@@ -81,6 +81,7 @@
 #include "launcher.h"
 #include "outbox.h"
 #include "inbox_worker.h"
+#include "inbox.h"
 
 int			inbox_workers = 1;
 char	   *inbox_database = NULL;
@@ -117,51 +118,6 @@ static const struct config_enum_entry gap_options[] = {
 	{"block", INBOX_GAP_BLOCK, false},
 	{NULL, 0, false}
 };
-
-/* Consumer properties the worker sets itself: exactly-once depends on them. */
-static const char *const inbox_reserved_properties[] = {
-	"group.id", "enable.auto.commit", "enable.auto.offset.store",
-	"bootstrap.servers", "metadata.broker.list", "partition.assignment.strategy",
-	"enable.partition.eof", "rebalance_cb", "offset_commit_cb",
-};
-
-/* Defaults a user may override. */
-static const char *const inbox_default_properties[][2] = {
-	{"auto.offset.reset", "earliest"},
-	{"client.id", "postgresql-outbox-inbox"},
-	{"reconnect.backoff.max.ms", "1000"},
-	{"isolation.level", "read_committed"},
-};
-
-/* A partition stopped at a message: paused in Kafka until resume_at. */
-typedef struct PausedPartition
-{
-	char	   *topic;
-	int32		partition;
-	TimestampTz resume_at;
-} PausedPartition;
-
-/* One subscription as served by this worker, in subs_context. */
-typedef struct InboxSub
-{
-	char	   *consumer;
-	char	   *topics;			/* text form of the array, to spot changes */
-	Oid			handler;
-	Oid			owner;
-	bool		seen;			/* still subscribed at the last refresh */
-	bool		usable;			/* owner and handler pass the checks */
-	rd_kafka_t *rk;
-	/* Set by the rebalance callback; assigned at stored offsets later. */
-	rd_kafka_topic_partition_list_t *pending_assign;
-	bool		rebalanced;		/* since the last poll: drop what is held */
-	List	   *paused;			/* of PausedPartition */
-	int			max_poll_ms;	/* its max.poll.interval.ms */
-	double		msg_cost_us;	/* a message's claim and handler, measured; 0: not yet */
-	/* Fetched and not yet applied, in fetch order (in subs_context). */
-	rd_kafka_message_t **msgs;
-	int			nmsgs;
-	int			msgs_size;
-} InboxSub;
 
 /* A partition's row of inbox_offset, locked for the batch. */
 typedef struct PartState
@@ -230,8 +186,8 @@ static int	worker_index;
 static MemoryContext subs_context = NULL;
 static MemoryContext loop_context = NULL;
 static List *subs = NIL;
-static char *consumer_brokers = NULL;
-static char *consumer_properties = NULL;
+static uint32 consumer_fingerprint = 0;
+static bool consumer_configured = false;
 static TimestampTz last_refresh = 0;
 static char last_logged_error[256];
 
@@ -257,55 +213,6 @@ static TimestampTz last_retention = 0;
 
 /* ---------- settings ---------- */
 
-/* Apply one user property to a consumer configuration, refusing ours. */
-static char *
-set_consumer_property(const char *key, const char *value, void *arg)
-{
-	rd_kafka_conf_t *conf = (rd_kafka_conf_t *) arg;
-	char		errstr[512];
-
-	for (int i = 0; i < lengthof(inbox_reserved_properties); i++)
-		if (strcmp(key, inbox_reserved_properties[i]) == 0)
-			return psprintf("Property \"%s\" is set by the inbox worker and cannot be changed%s.",
-							key,
-							strstr(key, "servers") || strstr(key, "broker")
-							? " (use outbox.inbox_brokers)" : "");
-	if (rd_kafka_conf_set(conf, key, value, errstr, sizeof(errstr)) != RD_KAFKA_CONF_OK)
-	{
-		/* librdkafka quotes bad values: never repeat one (a secret?). */
-		if (value[0] != '\0' && strstr(errstr, value) != NULL)
-			return psprintf("Property \"%s\" has an invalid value.", key);
-		return psprintf("Property \"%s\": %s", key, errstr);
-	}
-	return NULL;
-}
-
-/* Validate consumer properties on a scratch configuration; NULL if fine. */
-char *
-inbox_consumer_properties_check(const char *properties)
-{
-	rd_kafka_conf_t *conf = rd_kafka_conf_new();
-	char	   *err = outbox_for_each_property(properties, set_consumer_property, conf);
-
-	rd_kafka_conf_destroy(conf);
-	return err;
-}
-
-/* GUC check hook of outbox.inbox_kafka_properties. */
-static bool
-check_inbox_properties(char **newval, void **extra, GucSource source)
-{
-	char	   *err = inbox_consumer_properties_check(*newval);
-
-	if (err != NULL)
-	{
-		GUC_check_errdetail("%s", err);
-		pfree(err);
-		return false;
-	}
-	return true;
-}
-
 /* Define the outbox.inbox_* settings and, when preloading, the workers. */
 void
 inbox_worker_init(void)
@@ -316,12 +223,7 @@ inbox_worker_init(void)
 							   "Kafka bootstrap servers of the inbox workers (empty: outbox.brokers).",
 							   NULL, &inbox_brokers, "",
 							   PGC_SIGHUP, 0, NULL, NULL, NULL);
-	DefineCustomStringVariable("outbox.inbox_kafka_properties",
-							   "librdkafka consumer properties, as key=value pairs separated by semicolons.",
-							   "Visible only to superusers and members of pg_read_all_settings.",
-							   &inbox_kafka_properties, "",
-							   PGC_SIGHUP, GUC_SUPERUSER_ONLY,
-							   check_inbox_properties, NULL, NULL);
+	inbox_consumer_settings_init();
 	DefineCustomIntVariable("outbox.inbox_batch_size",
 							"Most messages one inbox transaction applies.",
 							NULL, &inbox_batch_size, 1000, 1, 100000,
@@ -569,168 +471,9 @@ inbox_launcher_main(Datum main_arg)
 	}
 }
 
-/* ---------- Kafka consumers ---------- */
+/* ---------- Kafka consumers (inbox_consumer.c) ---------- */
 
-/*
- * Runs inside rd_kafka_consumer_poll(), outside any transaction; it must not
- * ereport(ERROR).  An assignment is only recorded: the worker reads the
- * stored offsets and assigns in its loop.
- */
-static void
-rebalance_cb(rd_kafka_t *rk, rd_kafka_resp_err_t err,
-			 rd_kafka_topic_partition_list_t *parts, void *opaque)
-{
-	InboxSub   *sub = (InboxSub *) opaque;
-
-	if (sub->pending_assign)
-		rd_kafka_topic_partition_list_destroy(sub->pending_assign);
-	sub->pending_assign = NULL;
-	/* Eager rebalancing: every partition is revoked or assigned anew. */
-	sub->rebalanced = true;
-	if (err == RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS)
-	{
-		sub->pending_assign = rd_kafka_topic_partition_list_copy(parts);
-		outbox_count(OC_INBOX_REBALANCES, 1);
-	}
-	else
-	{
-		rd_kafka_assign(rk, NULL);
-		list_free_deep(sub->paused);
-		sub->paused = NIL;
-	}
-}
-
-/* Must not ereport(ERROR) either: transport errors are retried by librdkafka. */
-static void
-consumer_error_cb(rd_kafka_t *rk, int err, const char *reason, void *opaque)
-{
-	elog(DEBUG1, "outbox inbox: kafka: %s: %s",
-		 rd_kafka_err2name((rd_kafka_resp_err_t) err), reason);
-}
-
-/* An integer property of a configuration (as librdkafka has it). */
-static int
-conf_int(rd_kafka_conf_t *conf, const char *name)
-{
-	char		buf[64];
-	size_t		size = sizeof(buf);
-
-	if (rd_kafka_conf_get(conf, name, buf, &size) != RD_KAFKA_CONF_OK)
-		elog(ERROR, "librdkafka has no property \"%s\"", name);
-	return atoi(buf);
-}
-
-/* The consumer of a subscription, in its group, subscribed to its topics. */
-static void
-consumer_create(InboxSub *sub, ArrayType *topics)
-{
-	rd_kafka_conf_t *conf = rd_kafka_conf_new();
-	rd_kafka_topic_partition_list_t *tl;
-	char		errstr[512];
-	char	   *err;
-	char	   *group = psprintf("outbox.inbox.%s", sub->consumer);
-	const char *brokers = inbox_brokers[0] ? inbox_brokers : outbox_brokers;
-	Datum	   *elems;
-	int			nelems;
-	rd_kafka_resp_err_t kerr;
-
-	for (int i = 0; i < lengthof(inbox_default_properties); i++)
-		(void) rd_kafka_conf_set(conf, inbox_default_properties[i][0],
-								 inbox_default_properties[i][1], errstr, sizeof(errstr));
-	err = outbox_for_each_property(inbox_kafka_properties, set_consumer_property, conf);
-	if (err == NULL &&
-		(rd_kafka_conf_set(conf, "bootstrap.servers", brokers, errstr, sizeof(errstr)) != RD_KAFKA_CONF_OK ||
-		 rd_kafka_conf_set(conf, "group.id", group, errstr, sizeof(errstr)) != RD_KAFKA_CONF_OK ||
-		 rd_kafka_conf_set(conf, "enable.auto.commit", "false", errstr, sizeof(errstr)) != RD_KAFKA_CONF_OK ||
-		 rd_kafka_conf_set(conf, "enable.auto.offset.store", "false", errstr, sizeof(errstr)) != RD_KAFKA_CONF_OK ||
-		 rd_kafka_conf_set(conf, "enable.partition.eof", "false", errstr, sizeof(errstr)) != RD_KAFKA_CONF_OK ||
-		 rd_kafka_conf_set(conf, "partition.assignment.strategy", "range,roundrobin", errstr, sizeof(errstr)) != RD_KAFKA_CONF_OK))
-		err = pstrdup(errstr);
-	if (err != NULL)
-	{
-		rd_kafka_conf_destroy(conf);
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("outbox inbox: invalid Kafka consumer settings"),
-				 errdetail_internal("%s", err)));
-	}
-	sub->max_poll_ms = conf_int(conf, "max.poll.interval.ms");
-	if (inbox_batch_time_ms > sub->max_poll_ms / 3)
-		ereport(LOG,
-				(errmsg("outbox inbox worker %d: consumer \"%s\": outbox.inbox_batch_time cut to %d ms",
-						worker_index, sub->consumer, Max(sub->max_poll_ms / 3, 1)),
-				 errdetail("A transaction takes at most a third of max.poll.interval.ms (%d ms).",
-						   sub->max_poll_ms)));
-	rd_kafka_conf_set_rebalance_cb(conf, rebalance_cb);
-	rd_kafka_conf_set_error_cb(conf, consumer_error_cb);
-	rd_kafka_conf_set_opaque(conf, sub);
-
-	sub->rk = rd_kafka_new(RD_KAFKA_CONSUMER, conf, errstr, sizeof(errstr));
-	if (sub->rk == NULL)
-	{
-		rd_kafka_conf_destroy(conf);
-		ereport(ERROR,
-				(errcode(ERRCODE_CONNECTION_FAILURE),
-				 errmsg("outbox inbox: could not create a Kafka consumer: %s", errstr)));
-	}
-	rd_kafka_poll_set_consumer(sub->rk);
-
-	deconstruct_array(topics, TEXTOID, -1, false, TYPALIGN_INT, &elems, NULL, &nelems);
-	tl = rd_kafka_topic_partition_list_new(nelems);
-	for (int i = 0; i < nelems; i++)
-		rd_kafka_topic_partition_list_add(tl, TextDatumGetCString(elems[i]),
-										  RD_KAFKA_PARTITION_UA);
-	kerr = rd_kafka_subscribe(sub->rk, tl);
-	rd_kafka_topic_partition_list_destroy(tl);
-	if (kerr != RD_KAFKA_RESP_ERR_NO_ERROR)
-	{
-		/* Without a subscription the next refresh must create it again. */
-		rd_kafka_destroy(sub->rk);
-		sub->rk = NULL;
-		ereport(ERROR,
-				(errcode(ERRCODE_CONNECTION_FAILURE),
-				 errmsg("outbox inbox: could not subscribe consumer \"%s\": %s",
-						sub->consumer, rd_kafka_err2str(kerr))));
-	}
-	ereport(LOG,
-			(errmsg("outbox inbox worker %d: consumer \"%s\" joined group \"%s\"",
-					worker_index, sub->consumer, group)));
-}
-
-/* Give the consumer's held messages back to librdkafka. */
-static void
-drop_messages(InboxSub *sub)
-{
-	for (int i = 0; i < sub->nmsgs; i++)
-		rd_kafka_message_destroy(sub->msgs[i]);
-	sub->nmsgs = 0;
-}
-
-/*
- * Leave the group and free the consumer (its partitions go to the others).
- * Its messages go first: a consumer is not destroyed while its messages live.
- */
-static void
-consumer_destroy(InboxSub *sub)
-{
-	if (sub->rk == NULL)
-		return;
-	drop_messages(sub);
-	if (sub->msgs != NULL)
-		pfree(sub->msgs);
-	sub->msgs = NULL;
-	sub->msgs_size = 0;
-	rd_kafka_consumer_close(sub->rk);
-	rd_kafka_destroy(sub->rk);
-	sub->rk = NULL;
-	if (sub->pending_assign)
-		rd_kafka_topic_partition_list_destroy(sub->pending_assign);
-	sub->pending_assign = NULL;
-	list_free_deep(sub->paused);
-	sub->paused = NIL;
-}
-
-/* on_shmem_exit: leave the groups cleanly when stopped. */
+/* on_shmem_exit: close the consumers when stopped (static members stay in their groups). */
 static void
 inbox_worker_exit(int code, Datum arg)
 {
@@ -868,6 +611,7 @@ prepare_plans(void)
 										  "INSERT INTO %s.inbox_dead_letter (consumer, message, error, attempts) "
 										  "VALUES ($1, $2, $3, $4)", s), 4, tdl);
 	retention_plan = inbox_retention_prepare(s);
+	inbox_state_prepare(s, worker_index);
 	plans_nspid = nspid;
 	return true;
 }
@@ -992,13 +736,13 @@ refresh_subscriptions(void)
 		ArrayType  *topic_array = DatumGetArrayTypeP(SPI_getbinval(tup, desc, 2, &isnull));
 		const char *problem = subscription_problem(owner, handler, topic_array);
 
-		if (sub != NULL && (strcmp(sub->topics, topics) != 0 ||
-							sub->handler != handler || sub->owner != owner))
+		if (sub != NULL)
 		{
-			/* Changed: leave the group and join again with the new topics. */
-			consumer_destroy(sub);
-			subs = list_delete_ptr(subs, sub);
-			sub = NULL;
+			/* A new handler or role needs no new consumer: nothing to rejoin. */
+			sub->handler = handler;
+			sub->owner = owner;
+			if (strcmp(sub->topics, topics) != 0)
+				consumer_resubscribe(sub, topic_array, topics);
 		}
 		if (sub == NULL)
 		{
@@ -1026,7 +770,7 @@ refresh_subscriptions(void)
 		if (!sub->usable)
 			consumer_destroy(sub);
 		else if (sub->rk == NULL)
-			consumer_create(sub, topic_array);
+			consumer_create(sub, topic_array, worker_index);
 	}
 	foreach(lc, subs)
 	{
@@ -1063,8 +807,11 @@ apply_assignment(InboxSub *sub)
 			elog(ERROR, "could not read stored inbox offsets");
 		if (SPI_processed == 1)
 			d = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
-		/* Nothing stored: Kafka's committed offset, else auto.offset.reset. */
-		parts->elems[i].offset = isnull ? RD_KAFKA_OFFSET_INVALID : DatumGetInt64(d);
+		/*
+		 * Nothing stored: the beginning of the topic, never the offset a
+		 * group member committed (the subscription's start is ours alone).
+		 */
+		parts->elems[i].offset = isnull ? RD_KAFKA_OFFSET_BEGINNING : DatumGetInt64(d);
 	}
 	sub->pending_assign = NULL;
 	err = rd_kafka_assign(sub->rk, parts);
@@ -2426,6 +2173,12 @@ inbox_step(void)
 		if (sub->rk == NULL)
 			continue;
 		poll_consumer(sub);
+		if (inbox_state_due(sub, now))
+		{
+			begin_step();
+			inbox_state_save(sub);
+			end_step();
+		}
 		if (sub->pending_assign != NULL)
 		{
 			/* What was fetched before is fetched again from the offsets. */
@@ -2470,17 +2223,19 @@ log_inbox_error(void)
 	}
 }
 
-/* Leave every group when the Kafka settings change: join again with them. */
+/*
+ * Recreate the consumers when the Kafka settings change (brokers,
+ * properties, the credentials file's content): they join again with them.
+ */
 static void
 check_consumer_settings(void)
 {
 	ListCell   *lc;
+	uint32		fingerprint = inbox_consumer_fingerprint();
 
-	if (consumer_brokers != NULL &&
-		strcmp(consumer_brokers, inbox_brokers[0] ? inbox_brokers : outbox_brokers) == 0 &&
-		strcmp(consumer_properties, inbox_kafka_properties) == 0)
+	if (consumer_configured && fingerprint == consumer_fingerprint)
 		return;
-	if (consumer_brokers != NULL)
+	if (consumer_configured)
 	{
 		ereport(LOG, (errmsg("outbox inbox worker %d: Kafka settings changed, recreating the consumers",
 							 worker_index)));
@@ -2491,9 +2246,8 @@ check_consumer_settings(void)
 		MemoryContextReset(subs_context);
 		last_refresh = 0;
 	}
-	consumer_brokers = MemoryContextStrdup(TopMemoryContext,
-										   inbox_brokers[0] ? inbox_brokers : outbox_brokers);
-	consumer_properties = MemoryContextStrdup(TopMemoryContext, inbox_kafka_properties);
+	consumer_fingerprint = fingerprint;
+	consumer_configured = true;
 }
 
 /* The publisher database entry this worker runs in, if started per database. */

@@ -100,7 +100,7 @@ static const char *const default_properties[][2] = {
 static bool fatal_pending = false;
 static DeliveryTracker *active_tracker = NULL;
 
-/* The thread that created the producer: the only one that may elog. */
+/* The worker's thread (producer or inbox consumers): the only one that may elog. */
 static pthread_t producer_thread;
 
 /*
@@ -252,7 +252,6 @@ property_policy_error(const char *key, const char *value, PropertySource source)
 {
 	/* librdkafka applies "topic.x" as the topic property "x". */
 	const char *bare = pg_strncasecmp(key, "topic.", 6) == 0 ? key + 6 : key;
-	struct stat st;
 
 	if (name_in(bare, reserved_properties, lengthof(reserved_properties)))
 		return psprintf("Property \"%s\" is set by the publisher and cannot be changed%s.",
@@ -262,15 +261,30 @@ property_policy_error(const char *key, const char *value, PropertySource source)
 	/* outbox_emit() reads it from the setting: the file is not read there. */
 	if (source == PROP_FILE && pg_strcasecmp(bare, "message.max.bytes") == 0)
 		return psprintf("Property \"%s\" belongs in outbox.kafka_properties.", key);
-	if (source == PROP_SETTING &&
-		name_in(bare, secret_properties, lengthof(secret_properties)))
-		return psprintf("Property \"%s\" is a secret: put it in the file named by outbox.kafka_credentials_file.",
-						key);
 	if (pg_strcasecmp(bare, "partitioner") == 0 &&
 		!name_in(value, keyed_partitioners, lengthof(keyed_partitioners)))
 		return psprintf("Property \"%s\" must keep each key on one partition: "
 						"consistent, consistent_random, murmur2, murmur2_random, fnv1a or fnv1a_random.",
 						key);
+	return outbox_kafka_shared_property_error(key, value, source == PROP_FILE,
+											  "outbox.kafka_credentials_file");
+}
+
+/*
+ * The rules the publisher and the inbox consumers share: a secret only
+ * from a credentials file (file_setting names it), a path that exists.
+ * NULL or a palloc'd message without the value.
+ */
+char *
+outbox_kafka_shared_property_error(const char *key, const char *value,
+								   bool from_file, const char *file_setting)
+{
+	const char *bare = pg_strncasecmp(key, "topic.", 6) == 0 ? key + 6 : key;
+	struct stat st;
+
+	if (!from_file && name_in(bare, secret_properties, lengthof(secret_properties)))
+		return psprintf("Property \"%s\" is a secret: put it in the file named by %s.",
+						key, file_setting);
 	if (name_in(bare, path_properties, lengthof(path_properties)) &&
 		!(pg_strcasecmp(bare, "ssl.ca.location") == 0 && strcmp(value, "probe") == 0) &&
 		stat(value, &st) != 0)
@@ -331,12 +345,13 @@ open_credentials(const char *path, char **err)
 }
 
 /*
- * Apply the credentials file: one key=value per line, blank lines and
- * lines starting with # ignored.  Errors name the file, the line and the
- * key, never the value.
+ * Read a credentials file: one key=value per line, blank lines and lines
+ * starting with # ignored; fn is called for each pair.  Errors name the
+ * file, the line and the key, never the value.  The publisher's and the
+ * inbox consumers' files.
  */
-static char *
-apply_credentials(const char *path, ApplyState *st)
+char *
+outbox_kafka_read_credentials(const char *path, outbox_property_fn fn, void *arg)
 {
 	FILE	   *f;
 	char	   *err = NULL;
@@ -349,7 +364,6 @@ apply_credentials(const char *path, ApplyState *st)
 	f = open_credentials(path, &err);
 	if (f == NULL)
 		return err;
-	st->source = PROP_FILE;
 	while (err == NULL && fgets(line, sizeof(line), f) != NULL)
 	{
 		char	   *s = line;
@@ -365,7 +379,7 @@ apply_credentials(const char *path, ApplyState *st)
 		if (*s == '#')
 			continue;
 		where = psprintf("Line %d of \"%s\"", lineno, path);
-		err = apply_item(s, where, apply_property, st);
+		err = apply_item(s, where, fn, arg);
 		/* A property's own error names the key: add the file and line. */
 		if (err != NULL && strncmp(err, where, strlen(where)) != 0)
 			err = psprintf("%s: %s", where, err);
@@ -374,6 +388,17 @@ apply_credentials(const char *path, ApplyState *st)
 		err = psprintf("Could not read \"%s\": %s.", path, strerror(errno));
 	explicit_bzero(line, sizeof(line));
 	fclose(f);
+	return err;
+}
+
+/* Apply the publisher's credentials file (see outbox_kafka_read_credentials). */
+static char *
+apply_credentials(const char *path, ApplyState *st)
+{
+	char	   *err;
+
+	st->source = PROP_FILE;
+	err = outbox_kafka_read_credentials(path, apply_property, st);
 	st->source = PROP_SETTING;
 	return err;
 }
@@ -409,6 +434,22 @@ log_callback(const rd_kafka_t *rk, int level, const char *fac, const char *buf)
 		elog(DEBUG1, "outbox: librdkafka: %s: %s", fac, buf);
 	else
 		ereport(LOG, (errmsg("outbox: librdkafka: %s: %s", fac, buf)));
+}
+
+/*
+ * Route a client's log lines to the server log (log_callback), served by
+ * its polls on this thread: call before rd_kafka_new(), then
+ * rd_kafka_set_log_queue(rk, NULL).  The inbox consumers use it too.
+ */
+void
+outbox_kafka_log_to_server(rd_kafka_conf_t *conf)
+{
+	char		errstr[512];
+
+	if (rd_kafka_conf_set(conf, "log.queue", "true", errstr, sizeof(errstr)) != RD_KAFKA_CONF_OK)
+		elog(ERROR, "outbox: librdkafka rejected log.queue: %s", errstr);
+	rd_kafka_conf_set_log_cb(conf, log_callback);
+	producer_thread = pthread_self();
 }
 
 /* A configuration's log callback for a scratch instance: silence. */
@@ -775,8 +816,7 @@ outbox_producer_create(DeliveryTracker *tracker)
 
 	rd_kafka_conf_set_dr_msg_cb(conf, delivery_report);
 	rd_kafka_conf_set_error_cb(conf, error_callback);
-	rd_kafka_conf_set_log_cb(conf, log_callback);
-	producer_thread = pthread_self();
+	outbox_kafka_log_to_server(conf);
 
 	/* rd_kafka_new() takes ownership of conf only on success. */
 	rk = rd_kafka_new(RD_KAFKA_PRODUCER, conf, errstr, sizeof(errstr));
@@ -883,8 +923,8 @@ char	   *outbox_kafka_credentials_file = NULL;
  * "invalid value for parameter: <value>", which would repeat the whole
  * string in the error and the server log.
  */
-static bool
-kafka_check_failed(const char *name, char *err)
+bool
+outbox_kafka_check_failed(const char *name, char *err)
 {
 	GUC_check_errmsg("invalid value for parameter \"%s\"", name);
 	GUC_check_errdetail("%s", err);
@@ -904,7 +944,7 @@ check_kafka_properties(char **newval, void **extra, GucSource source)
 	int		   *max_bytes;
 
 	if (err != NULL)
-		return kafka_check_failed("outbox.kafka_properties", err);
+		return outbox_kafka_check_failed("outbox.kafka_properties", err);
 	/* The GUC machinery free()s extra; guc_malloc() is exported from 16. */
 #if PG_VERSION_NUM >= 160000
 	max_bytes = guc_malloc(LOG, sizeof(int));
@@ -933,11 +973,8 @@ check_kafka_credentials_file(char **newval, void **extra, GucSource source)
 
 	if (err == NULL)
 		return true;
-	GUC_check_errhint("The file holds one librdkafka property per line as key=value, "
-					  "is owned by the database user (mode 0600) or by root (mode 0640), "
-					  "and is named relative to the data directory or by an absolute path; "
-					  "fix it and reload.");
-	return kafka_check_failed("outbox.kafka_credentials_file", err);
+	GUC_check_errhint("%s", OUTBOX_CREDENTIALS_FILE_HINT);
+	return outbox_kafka_check_failed("outbox.kafka_credentials_file", err);
 }
 
 /* Brokers must be a list of host:port. */
@@ -946,7 +983,7 @@ check_brokers(char **newval, void **extra, GucSource source)
 {
 	char	   *err = outbox_brokers_check(*newval);
 
-	return err == NULL || kafka_check_failed("outbox.brokers", err);
+	return err == NULL || outbox_kafka_check_failed("outbox.brokers", err);
 }
 
 /* Define the Kafka settings (from _PG_init). */

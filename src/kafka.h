@@ -52,6 +52,19 @@ extern char *outbox_kafka_config_check(const char *properties,
 									   const char *credentials_file);
 extern char *outbox_brokers_check(const char *brokers);
 extern uint32 outbox_kafka_config_fingerprint(void);
+extern char *outbox_kafka_shared_property_error(const char *key, const char *value,
+												bool from_file, const char *file_setting);
+extern char *outbox_kafka_read_credentials(const char *path,
+										   outbox_property_fn fn, void *arg);
+extern void outbox_kafka_log_to_server(rd_kafka_conf_t *conf);
+extern bool outbox_kafka_check_failed(const char *name, char *err);
+
+/* The hint of a credentials file's errors (the publisher's and the inbox's). */
+#define OUTBOX_CREDENTIALS_FILE_HINT \
+	"The file holds one librdkafka property per line as key=value, " \
+	"is owned by the database user (mode 0600) or by root (mode 0640), " \
+	"and is named relative to the data directory or by an absolute path; " \
+	"fix it and reload."
 extern rd_kafka_t *outbox_producer_create(DeliveryTracker *tracker);
 extern void outbox_producer_destroy(rd_kafka_t *rk);
 extern bool outbox_kafka_error_is_permanent(rd_kafka_resp_err_t err);

@@ -115,6 +115,8 @@ outbox_worker_slots_init(OutboxWorkerSlot *slots)
 		pg_atomic_init_u32(&slots[w].commits_unread, 0);
 		pg_atomic_init_u32(&slots[w].reading_extension, 0);
 		pg_atomic_init_u32(&slots[w].shares_view, 0);
+		for (int b = 0; b < OUTBOX_PUBLISH_BUCKETS / 32; b++)
+			pg_atomic_init_u32(&slots[w].busy_buckets[b], 0);
 	}
 }
 

@@ -92,6 +92,13 @@ typedef struct OutboxWorkerSlot
 	 * stores its horizon only while every peer reads by the same ones.
 	 */
 	pg_atomic_uint32 shares_view;
+	/*
+	 * The publish buckets (a bit each) of the aggregates this worker has in
+	 * flight or acknowledged but not settled: a worker that takes such a
+	 * bucket over (the shares changed) leaves it until the bit clears, so a
+	 * hand-over does not send again what the old owner is settling.
+	 */
+	pg_atomic_uint32 busy_buckets[OUTBOX_PUBLISH_BUCKETS / 32];
 	TimestampTz last_batch_at;
 	char		state[64];
 	/* What stops or hinders publishing (empty: nothing), and since when. */

@@ -159,6 +159,9 @@ extern OutboxWorkerSlot *publish_slot;
 extern void publish_set_state(const char *state);
 extern void publish_process_reload(void);
 extern bool publish_shares_agreed(void);
+extern bool publish_bucket_busy_elsewhere(int bucket);
+extern bool publish_stop_requested(void);
+extern void publish_stop_bound(void);
 
 /*
  * Keep a plan of the publisher's, planned once: with only nested loops over

@@ -93,6 +93,12 @@ wait_for_standbys(XLogRecPtr upto)
 						 STANDBY_POLL_MS, PG_WAIT_EXTENSION);
 		ResetLatch(MyLatch);
 		CHECK_FOR_INTERRUPTS();
+		/* A stopping worker waits for acknowledgements, not for standbys. */
+		if (publish_stop_requested())
+			ereport(ERROR,
+					(errcode(ERRCODE_ADMIN_SHUTDOWN),
+					 errmsg("outbox publisher stopping while waiting for standbys"),
+					 errdetail("The events read are published after the restart.")));
 		/* Lets an operator lower the setting to get publishing going. */
 		publish_process_reload();
 	}

@@ -65,6 +65,12 @@ static uint32 next_generation = 1;
 static HTAB *busy_aggregates = NULL;
 
 /*
+ * Busy aggregates per publish bucket; a bucket with any is shown busy in
+ * the slot (busy_buckets), for the workers that take it over.
+ */
+static int32 bucket_busy[OUTBOX_PUBLISH_BUCKETS];
+
+/*
  * The producer's main queue writes a byte to this pipe when it gets an
  * event (a delivery report), so that waiting on the latch also wakes for
  * reports: [0] is read, [1] written by librdkafka.
@@ -506,11 +512,45 @@ publish_free_settled_flights(void)
 	}
 }
 
-/* Is the aggregate in a flight, not settled yet (then it is not read)? */
+/* The publish bucket of an aggregate (its lock's, and the shares'). */
+static int
+aggregate_bucket(const char *aggregate_id)
+{
+	return OUTBOX_PUBLISH_BUCKET(hash_bytes((const unsigned char *) aggregate_id,
+											strlen(aggregate_id)));
+}
+
+/*
+ * Count an aggregate in or out of the busy ones of its bucket; the slot
+ * shows the bucket busy while any is.  Set while the bucket's lock is held
+ * (take_aggregate), so a worker that locks it next sees the bit.
+ */
+static void
+count_bucket_busy(const char *aggregate_id, int delta)
+{
+	int			b = aggregate_bucket(aggregate_id);
+	uint32		bit = (uint32) 1 << (b % 32);
+
+	bucket_busy[b] += delta;
+	Assert(bucket_busy[b] >= 0);
+	if (delta > 0 && bucket_busy[b] == delta)
+		(void) pg_atomic_fetch_or_u32(&publish_slot->busy_buckets[b / 32], bit);
+	else if (delta < 0 && bucket_busy[b] == 0)
+		(void) pg_atomic_fetch_and_u32(&publish_slot->busy_buckets[b / 32], ~bit);
+}
+
+/*
+ * Is the aggregate in a flight, not settled yet, here or (its bucket) at
+ * another worker?  Then it is not read: what another worker has out is
+ * settled by that worker, which owned the bucket until the shares changed.
+ */
 bool
 publish_aggregate_busy(const char *aggregate_id)
 {
-	return hash_search(busy_aggregates, &aggregate_id, HASH_FIND, NULL) != NULL;
+	if (hash_search(busy_aggregates, &aggregate_id, HASH_FIND, NULL) != NULL)
+		return true;
+	return outbox_workers > 1 &&
+		publish_bucket_busy_elsewhere(aggregate_bucket(aggregate_id));
 }
 
 /* An aggregate's outcome committed: it may be read again. */
@@ -520,6 +560,7 @@ publish_aggregate_settled(Flight *f, BatchAggregate *agg)
 	Assert(!agg->settled);
 	agg->settled = true;
 	(void) hash_search(busy_aggregates, &agg->aggregate_id, HASH_REMOVE, NULL);
+	count_bucket_busy(agg->aggregate_id, -1);
 	f->unsettled--;
 	f->live_events = Max(f->live_events - agg->nevents, 0);
 }
@@ -822,6 +863,7 @@ produce_event(Flight *f, BatchAggregate *agg, int index, TimestampTz deadline)
 		/* Let delivery reports drain the queue, then try again. */
 		rd_kafka_poll(publish_producer, 10);
 		CHECK_FOR_INTERRUPTS();
+		publish_stop_bound();
 	}
 }
 
@@ -839,6 +881,7 @@ await_flight(Flight *f, TimestampTz deadline)
 		/* rd_kafka_poll returns as soon as a report arrives. */
 		rd_kafka_poll(publish_producer, (int) Min(remaining, 100));
 		CHECK_FOR_INTERRUPTS();
+		publish_stop_bound();
 	}
 	return true;
 }
@@ -1024,9 +1067,19 @@ take_aggregate(Flight *f, BatchAggregate *agg, int *naggregates)
 		publish_stream_divert(agg->aggregate_id, agg->owed);
 		return;
 	}
+	/* Its bucket's former owner still settles it: later, by index. */
+	if (outbox_workers > 1 &&
+		publish_bucket_busy_elsewhere(aggregate_bucket(agg->aggregate_id)))
+	{
+		LockRelease(&tag, ExclusiveLock, false);
+		outbox_count(OC_AGGREGATES_LOCK_SKIPPED, 1);
+		publish_stream_divert(agg->aggregate_id, agg->owed);
+		return;
+	}
 	agg->state = AGG_ACTIVE;
 	agg->settled = false;
 	(void) hash_search(busy_aggregates, &agg->aggregate_id, HASH_ENTER, NULL);
+	count_bucket_busy(agg->aggregate_id, 1);
 	f->unsettled++;
 	(*naggregates)++;
 }

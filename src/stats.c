@@ -53,6 +53,7 @@ const char *const outbox_counter_names[OC_NUM_COUNTERS] = {
 	[OC_INBOX_BATCH_FALLBACKS] = "inbox_batch_fallbacks",
 	[OC_INBOX_REBALANCES] = "inbox_rebalances",
 	[OC_INBOX_WORKER_ERRORS] = "inbox_worker_errors",
+	[OC_INBOX_KAFKA_ERRORS] = "inbox_kafka_errors",
 };
 
 /*

@@ -49,15 +49,23 @@
  * starts at or below what a consumer has already seen: after dropping
  * re-deliveries it sees each version once, in order.
  *
- * SIGTERM (pg_terminate_backend, a fast shutdown, the launcher) that finds
- * the worker waiting between steps (where it spends its time while
- * messages are out) stops it gracefully: it reads nothing more, settles
- * what Kafka acknowledges of its flights, and then exits as die() would
- * have, at the latest STOP_DRAIN_MS later (a timeout then dies wherever the
- * worker is); a second SIGTERM, or one that finds the worker inside a step
- * (which may wait for a lock or for standbys), dies at once.  Dying with
- * flights out re-sent every acknowledged but unsettled event after the
- * restart.
+ * SIGTERM (pg_terminate_backend, a fast shutdown or restart, the launcher)
+ * stops the worker gracefully: it reads nothing more, settles what Kafka
+ * acknowledges of its flights, and then exits as die() would have, at the
+ * latest outbox.shutdown_timeout after the signal (a timeout then dies
+ * wherever the worker is); a second SIGTERM dies at once.  One that comes
+ * inside a step lets the step finish (a wait for standbys gives up, the
+ * waits on the producer are bounded from then on).  At a fast shutdown the
+ * postmaster waits for the workers before the shutdown checkpoint, so the
+ * settling is part of it; an immediate shutdown (SIGQUIT) exits at once.
+ * Dying with flights out re-sent every acknowledged but unsettled event
+ * after the restart.
+ *
+ * A bucket that moves to another worker (the shares changed) is left by its
+ * new owner while the old one has aggregates of it in flight or unsettled
+ * (busy_buckets in the slot): the new owner reads them once they are
+ * settled, from their new last published version, instead of sending again
+ * what the old owner has out.
  *
  *-------------------------------------------------------------------------
  */
@@ -92,10 +100,9 @@
 /* How often a waiting worker looks at the producer while messages are out. */
 #define STALLED_POLL_MS 100
 
-/* Longest a SIGTERM waits for acknowledgements to settle before dying. */
-#define STOP_DRAIN_MS 2000
-
 int			outbox_poll_interval_ms = 1000;
+/* Longest a SIGTERM waits for acknowledgements to settle before dying. */
+int			outbox_shutdown_timeout_ms = 5000;
 int			publish_worker_index;	/* among its database's workers */
 OutboxWorkerSlot *publish_slot;
 
@@ -108,6 +115,9 @@ static MemoryContext loop_context = NULL;
 /* When the broker-level condition was last probed. */
 static TimestampTz last_probe_at = 0;
 
+/* The buckets the other workers had busy when the current read began. */
+static uint32 peer_buckets_at_read[OUTBOX_PUBLISH_BUCKETS / 32];
+
 /* A reload was processed since the producer settings were last compared. */
 static bool reloaded_in_batch = false;
 
@@ -117,12 +127,13 @@ static bool read_wanted = false;
 static bool read_held = false;
 
 /*
- * A SIGTERM asked the worker to stop; whether one now may (the worker waits
- * between steps); whether it drains (its timeout set).
+ * A SIGTERM asked the worker to stop, and when; whether it drains (its
+ * timeout set).
  */
 static volatile sig_atomic_t stop_requested = false;
-static volatile sig_atomic_t stop_may_drain = false;
+static volatile TimestampTz stop_requested_at = 0;
 static bool stop_draining = false;
+
 static TimeoutId stop_timeout = MAX_TIMEOUTS;
 
 static char last_logged_error[256];
@@ -139,6 +150,17 @@ outbox_publisher_init(void)
 							"the poll catches events committed while it was not running.",
 							&outbox_poll_interval_ms,
 							1000, 10, 3600 * 1000,
+							PGC_SIGHUP,
+							GUC_UNIT_MS,
+							NULL, NULL, NULL);
+	DefineCustomIntVariable("outbox.shutdown_timeout",
+							"Longest a stopping publisher waits for Kafka to acknowledge what it sent.",
+							"On SIGTERM (a fast shutdown, a restart, pg_terminate_backend) a publisher reads "
+							"nothing more and settles what Kafka acknowledges of its messages out, so that "
+							"they are not sent again after the restart; after this long it exits anyway. "
+							"0 exits at once.",
+							&outbox_shutdown_timeout_ms,
+							5000, 0, 600 * 1000,
 							PGC_SIGHUP,
 							GUC_UNIT_MS,
 							NULL, NULL, NULL);
@@ -203,6 +225,9 @@ worker_exit(int code, Datum arg)
 	OutboxWorkerSlot *slot = publish_slot;
 
 	slot->latch = NULL;
+	/* What it had out is for the others to read again now. */
+	for (int b = 0; b < OUTBOX_PUBLISH_BUCKETS / 32; b++)
+		pg_atomic_write_u32(&slot->busy_buckets[b], 0);
 	pg_atomic_write_u32(&slot->read_scheduled, OUTBOX_READ_NOT_SCHEDULED);
 	pg_atomic_write_u32(&slot->reading_extension, 0);
 	pg_atomic_write_u32(&slot->shares_view, 0);
@@ -248,6 +273,51 @@ bucket_share(uint32 members, int *nshares, int *share)
 {
 	*share = pg_popcount32(members & (((uint32) 1 << publish_worker_index) - 1));
 	*nshares = pg_popcount32(members);
+}
+
+/*
+ * Note the buckets the other workers have busy, before a read's snapshot
+ * is taken: a bucket one of them settles after that is busy for this read
+ * too, whose snapshot may not see the settling (and would send again what
+ * the settling recorded).
+ */
+static void
+note_peer_buckets(void)
+{
+	memset(peer_buckets_at_read, 0, sizeof(peer_buckets_at_read));
+	for (int i = 0; i < outbox_workers; i++)
+	{
+		OutboxWorkerSlot *peer = &my_database->workers[i];
+
+		if (i == publish_worker_index || peer->pid == 0)
+			continue;
+		for (int b = 0; b < OUTBOX_PUBLISH_BUCKETS / 32; b++)
+			peer_buckets_at_read[b] |= pg_atomic_read_u32(&peer->busy_buckets[b]);
+	}
+	pg_memory_barrier();
+}
+
+/*
+ * Does another running worker have aggregates of this bucket in flight or
+ * acknowledged but unsettled, or had it when this read began?  (Its former
+ * owner, until the shares agree.)
+ */
+bool
+publish_bucket_busy_elsewhere(int bucket)
+{
+	uint32		bit = (uint32) 1 << (bucket % 32);
+
+	if ((peer_buckets_at_read[bucket / 32] & bit) != 0)
+		return true;
+	for (int i = 0; i < outbox_workers; i++)
+	{
+		OutboxWorkerSlot *peer = &my_database->workers[i];
+
+		if (i != publish_worker_index && peer->pid != 0 &&
+			(pg_atomic_read_u32(&peer->busy_buckets[bucket / 32]) & bit) != 0)
+			return true;
+	}
+	return false;
 }
 
 /*
@@ -327,6 +397,8 @@ run_flight(int max_events, int64 max_bytes)
 	int			nevents;
 	Oid			ext;
 
+	if (outbox_workers > 1)
+		note_peer_buckets();
 	begin_step("reading pending events");
 	ext = publish_lookup_extension();
 	if (!OidIsValid(ext))
@@ -923,23 +995,80 @@ loop_turn(bool *failed)
 }
 
 /*
- * SIGTERM: the first, while the worker waits between steps, asks for a
- * graceful stop (stop_or_drain, whose timeout bounds it); a second one, or
- * one inside a step (unbounded until the timeout is set), dies at once.
+ * SIGTERM: the first asks for a graceful stop (publish_stop_bound() and
+ * stop_or_drain(); outbox.shutdown_timeout from now bounds it); a second
+ * one, or any with outbox.shutdown_timeout = 0, dies at once.  But not a
+ * second one from the postmaster: it sends each signal to the process and
+ * to its process group, which arrive as two when the handler ran between
+ * them (a fast shutdown then died with its flights out, 1 time in 10).
+ * (SIGQUIT, an immediate shutdown, keeps the default handler: it exits at
+ * once.)
  */
 static void
-publish_sigterm(SIGNAL_ARGS)
+publish_sigterm(int signo, siginfo_t *info, void *context)
 {
 	int			save_errno = errno;
 
-	if (stop_requested || !stop_may_drain)
-		die(postgres_signal_arg);
+	if (stop_requested && info != NULL && info->si_pid == PostmasterPid)
+		;						/* the process group's copy */
+	else if (stop_requested || outbox_shutdown_timeout_ms <= 0)
+		die(SIGTERM);
 	else
 	{
+		stop_requested_at = GetCurrentTimestamp();
 		stop_requested = true;
 		SetLatch(MyLatch);
 	}
 	errno = save_errno;
+}
+
+/* Handle SIGTERM with publish_sigterm(), which needs to know the sender. */
+static void
+install_sigterm_handler(void)
+{
+	struct sigaction act;
+
+	memset(&act, 0, sizeof(act));
+	act.sa_sigaction = publish_sigterm;
+	sigemptyset(&act.sa_mask);
+	act.sa_flags = SA_RESTART | SA_SIGINFO;
+	if (sigaction(SIGTERM, &act, NULL) < 0)
+		elog(ERROR, "could not set the SIGTERM handler: %m");
+}
+
+/* Has a SIGTERM asked the worker to stop (it reads and waits for nothing more)? */
+bool
+publish_stop_requested(void)
+{
+	return stop_requested;
+}
+
+/*
+ * If a stop was asked for: bound it, once, by outbox.shutdown_timeout from
+ * the signal (a timeout that dies wherever the worker is).  Called between
+ * steps and from the waits inside one (not from the signal handler: the
+ * timeout machinery is not async-signal-safe).
+ */
+void
+publish_stop_bound(void)
+{
+	long		remaining;
+
+	if (!stop_requested || stop_draining)
+		return;
+	stop_draining = true;
+	remaining = outbox_shutdown_timeout_ms -
+		TimestampDifferenceMilliseconds(stop_requested_at, GetCurrentTimestamp());
+	if (remaining <= 0)
+	{
+		die(SIGTERM);
+		CHECK_FOR_INTERRUPTS();
+	}
+	enable_timeout_after(stop_timeout, (int) remaining);
+	if (publish_flights != NULL || publish_pending_marks != NULL)
+		ereport(LOG,
+				(errmsg("outbox publisher %d stopping: settling what Kafka acknowledges first (at most %d ms)",
+						publish_worker_index, outbox_shutdown_timeout_ms)));
 }
 
 /* The graceful stop's time is up: die wherever the worker is. */
@@ -950,23 +1079,15 @@ stop_timeout_handler(void)
 }
 
 /*
- * If a stop was asked for: start draining (no more reads; a timeout bounds
- * it), and once nothing is in flight or held, die as SIGTERM would have.
+ * If a stop was asked for: drain (no more reads; a timeout bounds it), and
+ * once nothing is in flight or held, die as SIGTERM would have.
  */
 static void
 stop_or_drain(void)
 {
 	if (!stop_requested)
 		return;
-	if (!stop_draining)
-	{
-		stop_draining = true;
-		enable_timeout_after(stop_timeout, STOP_DRAIN_MS);
-		if (publish_flights != NULL || publish_pending_marks != NULL)
-			ereport(LOG,
-					(errmsg("outbox publisher %d stopping: settling what Kafka acknowledges first (at most %d ms)",
-							publish_worker_index, STOP_DRAIN_MS)));
-	}
+	publish_stop_bound();
 	if (publish_flights == NULL && publish_pending_marks == NULL)
 	{
 		die(SIGTERM);
@@ -988,7 +1109,7 @@ outbox_worker_main(Datum main_arg)
 	worker_setup();
 	/* From now on a SIGTERM first settles what is acknowledged. */
 	stop_timeout = RegisterTimeout(USER_TIMEOUT, stop_timeout_handler);
-	pqsignal(SIGTERM, publish_sigterm);
+	install_sigterm_handler();
 	ereport(LOG,
 			(errmsg("outbox publisher %d started for database \"%s\"",
 					publish_worker_index, NameStr(my_database->name))));
@@ -1058,9 +1179,7 @@ outbox_worker_main(Datum main_arg)
 		}
 
 		show_waiting_state(failed);
-		stop_may_drain = true;
 		rc = idle_wait(wait_ms, failed);
-		stop_may_drain = false;
 		if (rc & WL_LATCH_SET)
 			outbox_count(OC_WAKEUPS, 1);
 		else if (rc & WL_TIMEOUT)

@@ -193,7 +193,7 @@ SELECT throws_ok($$SHOW outbox.kafka_credentials_file$$, '42501',
 SELECT set_eq($$SELECT name FROM pg_settings WHERE name LIKE 'outbox.%'$$,
               $$SELECT name FROM superuser_settings
                  WHERE name NOT IN ('outbox.kafka_properties', 'outbox.kafka_credentials_file',
-                                    'outbox.inbox_kafka_properties')$$,
+                                    'outbox.inbox_kafka_properties', 'outbox.inbox_kafka_credentials_file')$$,
               'every other outbox setting is visible in pg_settings');
 SELECT lives_ok($$SHOW outbox.brokers$$, 'SHOW outbox.brokers is allowed');
 -- The setting cannot be changed at session level either.

@@ -25,7 +25,7 @@ SELECT throws_ok('ALTER EXTENSION outbox SET SCHEMA public', '0A000',
 
 SELECT tables_are('ob', ARRAY['outbox', 'aggregate_publication', 'inbox', 'inbox_consumer',
                               'poison_policy', 'publisher_control', 'publisher_horizon', 'inbox_subscription',
-                              'inbox_offset', 'inbox_aggregate', 'inbox_dead_letter'],
+                              'inbox_offset', 'inbox_aggregate', 'inbox_dead_letter', 'inbox_consumer_state'],
                   'the extension creates exactly these tables');
 SELECT views_are('ob', ARRAY['outbox_status', 'outbox_aggregate_status', 'outbox_pending',
                              'outbox_events', 'inbox_status'],
@@ -423,13 +423,13 @@ SELECT is_empty($$SELECT c.oid::regclass FROM pg_class c
 -- policies.  publisher_control's one row is made by the install script, so
 -- dumping it would collide on restore; publisher_horizon's snapshots mean
 -- nothing in another cluster (without a row the publisher reads every
--- unsettled event).
+-- unsettled event), nor do inbox_consumer_state's live connection states.
 SELECT is((SELECT array_agg(c::regclass::text ORDER BY c::regclass::text)
              FROM pg_extension e, unnest(e.extconfig) AS c WHERE e.extname = 'outbox'),
           ARRAY['ob.aggregate_publication', 'ob.inbox', 'ob.inbox_aggregate', 'ob.inbox_consumer',
                 'ob.inbox_dead_letter', 'ob.inbox_dead_letter_id_seq', 'ob.inbox_offset',
                 'ob.inbox_subscription', 'ob.outbox', 'ob.outbox_id_seq', 'ob.poison_policy'],
-          'pg_dump dumps the rows of every table of the extension but publisher_control and publisher_horizon');
+          'pg_dump dumps the rows of every table of the extension but publisher_control, publisher_horizon and inbox_consumer_state');
 SELECT ok(coalesce((SELECT pg_get_serial_sequence('ob.outbox', 'id')::regclass = ANY (e.extconfig)
                       FROM pg_extension e WHERE e.extname = 'outbox'), false),
           'pg_dump dumps the outbox id sequence (else restored ids restart at 1)');

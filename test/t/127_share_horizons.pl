@@ -11,6 +11,10 @@
 #     event may be lost; a worker stores its horizon only while all read by
 #     the same shares.
 # (a) and (b) lost events before (test 014 lost 50 of 100 in CI by (a)).
+# (d) the churn sends fewer than 5% of the events twice: a terminated worker
+#     settles what Kafka acknowledges before it exits, and a bucket moved to
+#     another worker is left by its new owner until the old one settled it
+#     (12,968 duplicates of 17,632 events before).
 use strict;
 use warnings;
 
@@ -130,6 +134,9 @@ my $r = check_all('churn of three workers');
 # churn is over they move again.
 $txid = emit(30);
 ok(horizon_past($_, $txid), "after the churn, worker $_ stores its horizon again") for 0 .. 2;
+my $events = $r->{messages} - $r->{duplicates};
+cmp_ok($r->{duplicates}, '<', 0.05 * $events,
+	"churn: fewer than 5% of the $events events sent twice ($r->{duplicates})");
 note "FIGURES scenario=churn_3_workers terminated=$terminated messages=$r->{messages} duplicates=$r->{duplicates}";
 
 $node->stop;

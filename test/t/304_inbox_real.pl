@@ -8,8 +8,8 @@
 #   2. outbox_replay() of everything upstream: all dropped as duplicates;
 #   3. rebalances: one worker terminated (the other takes its partitions
 #      until the launcher starts it again), then one SIGKILLed mid-batch
-#      (a crash restart: the old members stay in the group until their
-#      session times out);
+#      (a crash restart: the workers rejoin as the same static members,
+#      test/t/311 bounds how fast);
 #   4. a slow handler: the messages fetched take longer than
 #      max.poll.interval.ms to apply; transactions bounded by
 #      outbox.inbox_batch_time, with a poll between them, keep the worker
@@ -98,7 +98,11 @@ my $t_start = time;
 my $load = emit_load($node, clients => 4, transactions => 600, aggregates => 100,
 	events_per_tx => 2, background => 1);
 ok(defined wait_rows(300, 120), 'the workers apply while the producers emit');
-my ($broker, $role) = coordinator('outbox.inbox.billing');
+# The group of consumer billing: this cluster's and database's own.
+my $group = sprintf 'outbox.inbox.%s.%s.billing',
+  $node->safe_psql('consumer', 'SELECT system_identifier FROM pg_control_system()'),
+  $node->safe_psql('consumer', q{SELECT oid FROM pg_database WHERE datname = 'consumer'});
+my ($broker, $role) = coordinator($group);
 my $stop_s = $rk->node(stop => $broker);
 my $applied = $node->safe_psql('consumer', 'SELECT count(*) FROM app.applied');
 note sprintf 'broker %d (%s) stopped in %.1f s; %s events applied',

@@ -1,0 +1,92 @@
+# How fast an inbox consumer resumes, on the mock, with the default
+# consumer settings (session.timeout.ms 45 s): a subscription given a new
+# handler keeps its consumer and applies the next events at once (it used
+# to leave the group and wait ~45 s to join it again); after a crash
+# restart (a backend SIGKILLed, restart_after_crash = on) the workers come
+# back as the same static members of their groups (group.instance.id) and
+# resume at once on real Kafka (test 311); the mock of librdkafka 2.0.2
+# ignores group.instance.id and waits for the killed members' sessions to
+# time out, which the inbox's default session timeout (10 s, not 45 s)
+# bounds: within 20 s here.
+use strict;
+use warnings;
+
+use PostgreSQL::Test::Utils;
+use Test::More;
+use Time::HiRes qw(time sleep);
+
+use MockKafka;
+use OutboxTest;
+use InboxTest;
+
+my $dir = $PostgreSQL::Test::Utils::tmp_check;
+mkdir "$dir/mock";
+my $topic = 'outbox.event.rejoin';
+my $mk = MockKafka->start(dir => "$dir/mock", brokers => 1,
+	topics => ["$topic:2"], max_seconds => 600);
+# The default consumer properties: no short session timeout.
+my $node = inbox_node('inbox_rejoin', $mk, inbox_workers => 2, inbox_kafka_properties => '');
+$node->append_conf('postgresql.conf', 'restart_after_crash = on');
+$node->reload;
+setup_consumer($node, 'billing', $topic);
+$node->safe_psql('consumer', q{UPDATE app.knobs SET fail = false;
+SET ROLE app;
+CREATE FUNCTION app.apply2(m inbox_message) RETURNS void LANGUAGE sql
+  AS $$ SELECT app.apply(m) $$;});
+
+my $emitted = 0;
+
+# Emit n events and return how long they took to be applied (undef: not
+# within the bound).
+sub emit_and_time
+{
+	my ($n, $bound) = @_;
+	$node->safe_psql('postgres', qq{SELECT outbox_emit('rejoin', 'r-' || (i % 5), 'E', '{}', topic => '$topic')
+		FROM generate_series(1, $n) i});
+	$emitted += $n;
+	return wait_applied($node, $emitted, $bound);
+}
+
+ok(defined emit_and_time(20, 120), 'the first events are applied');
+
+# A new handler, twice (back and forth): the next events within 10 s.
+for my $handler ('app.apply2', 'app.apply')
+{
+	$node->safe_psql('consumer', qq{SET ROLE app;
+		SELECT inbox_subscribe('billing', ARRAY['$topic'], '$handler(inbox_message)'::regprocedure)});
+	# Once every worker has read the subscription again.
+	sleep 2;
+	my $t = emit_and_time(10, 10);
+	ok(defined $t, "after the handler changed to $handler, the next events are applied within 10 s")
+	  and note sprintf 'applied in %.1f s', $t;
+}
+my $rebalances = $node->safe_psql('consumer', q{SELECT value FROM outbox_counters() WHERE name = 'inbox_rebalances'});
+
+# A crash restart: a backend killed, every process restarted.
+sub wait_back
+{
+	for (1 .. 600)
+	{
+		my $ok = eval { $node->safe_psql('consumer', 'SELECT 1') eq '1' };
+		return 1 if $ok;
+		sleep 0.1;
+	}
+	return 0;
+}
+
+for my $round (1 .. 2)
+{
+	my ($bpid) = inbox_pids($node);
+	kill 'KILL', $bpid or die "could not kill $bpid";
+	ok(wait_back(), "round $round: the server is back after the crash");
+	my $t = emit_and_time(10, 20);
+	ok(defined $t, "round $round: after the crash restart the next events are applied within 20 s")
+	  and note sprintf 'applied in %.1f s', $t;
+}
+my @p = consumer_verdict($node);
+is_deeply(\@p, [], 'exactly once, in version order') or diag join("\n", @p);
+ok($node->log_contains('terminated by signal 9'), 'the kills caused crash restarts');
+
+$node->stop;
+$mk->stop;
+done_testing();
