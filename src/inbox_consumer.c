@@ -32,6 +32,7 @@
 
 #include "access/xlog.h"
 #include "catalog/pg_type.h"
+#include "commands/dbcommands.h"
 #include "common/hashfn.h"
 #include "executor/spi.h"
 #include "lib/stringinfo.h"
@@ -80,8 +81,18 @@ typedef struct ConsumerApply
 	StringInfo	fingerprint;	/* every key=value applied, or NULL */
 } ConsumerApply;
 
-/* The inbox state statement, for the schema it was prepared in. */
+/*
+ * The inbox state statement, for the schema it was prepared in; NULL while
+ * that schema has no table inbox_consumer_state: the extension's objects
+ * are still 0.1.0's (the library is updated and the server restarted
+ * before ALTER EXTENSION outbox UPDATE), and the states are not recorded
+ * until the update (an absent state reads as running).
+ */
 static SPIPlanPtr state_plan = NULL;
+static char *state_schema = NULL;
+static int	state_worker;
+
+static bool state_plan_ready(void);
 
 /* ---------- settings ---------- */
 
@@ -308,7 +319,7 @@ inbox_state_due(InboxSub *sub, TimestampTz now)
 			kafka_condition_clear(sub);
 		}
 	}
-	return sub->kafka_state_dirty && state_plan != NULL;
+	return sub->kafka_state_dirty && state_schema != NULL;
 }
 
 /* Write the consumer's state for inbox_status.  In a transaction, with SPI. */
@@ -327,35 +338,80 @@ inbox_state_save(InboxSub *sub)
 	else
 		nulls[3] = 'n';
 	args[4] = TimestampTzGetDatum(sub->kafka_since);
+	if (!state_plan_ready())
+	{
+		sub->kafka_state_dirty = false;
+		return;
+	}
 	if (SPI_execute_plan(state_plan, args, nulls, false, 0) != SPI_OK_INSERT)
 		elog(ERROR, "could not store the Kafka state of an inbox consumer");
 	sub->kafka_state_dirty = false;
 }
 
 /*
- * Prepare the state statement for the extension in schema s (quoted) and
- * forget the states this worker wrote before a restart, and those of
+ * Prepare the state statement, once the extension's schema has the table,
+ * and forget the states this worker wrote before a restart, and those of
  * workers that no longer exist.  In a transaction, connected to SPI.
  */
-void
-inbox_state_prepare(const char *s, int worker)
+static bool
+state_plan_ready(void)
 {
+	static bool told = false;
 	Oid			types[5] = {TEXTOID, INT4OID, TEXTOID, TEXTOID, TIMESTAMPTZOID};
 	Oid			dtypes[2] = {INT4OID, INT4OID};
+	Oid			ttype[1] = {TEXTOID};
 	Datum		args[2];
+	bool		isnull;
 
+	if (state_plan != NULL)
+		return true;
+	args[0] = CStringGetTextDatum(psprintf("%s.inbox_consumer_state", state_schema));
+	if (SPI_execute_with_args("SELECT pg_catalog.to_regclass($1) IS NOT NULL",
+							  1, ttype, args, NULL, true, 1) != SPI_OK_SELECT ||
+		SPI_processed != 1)
+		elog(ERROR, "could not look for the inbox's state table");
+	if (!DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull)))
+	{
+		if (!told)
+			ereport(LOG,
+					(errmsg("outbox: inbox worker %d does not record its Kafka state: this database's extension objects predate the library",
+							state_worker),
+					 errhint("Run ALTER EXTENSION outbox UPDATE in database \"%s\".",
+							 get_database_name(MyDatabaseId))));
+		told = true;
+		return false;
+	}
 	state_plan = outbox_keep_plan(psprintf(
 										   "INSERT INTO %s.inbox_consumer_state AS c (consumer, worker, state, last_error, since) "
 										   "VALUES ($1, $2, $3, $4, $5) ON CONFLICT (consumer, worker) DO UPDATE SET "
 										   "state = excluded.state, last_error = excluded.last_error, since = excluded.since",
-										   s), 5, types);
-	args[0] = Int32GetDatum(worker);
+										   state_schema), 5, types);
+	args[0] = Int32GetDatum(state_worker);
 	args[1] = Int32GetDatum(inbox_workers);
 	if (SPI_execute_with_args(psprintf("DELETE FROM %s.inbox_consumer_state c "
 									   "WHERE c.worker OPERATOR(pg_catalog.=) $1 "
-									   "OR c.worker OPERATOR(pg_catalog.>=) $2", s),
+									   "OR c.worker OPERATOR(pg_catalog.>=) $2", state_schema),
 							  2, dtypes, args, NULL, false, 0) != SPI_OK_DELETE)
-		elog(ERROR, "could not reset the Kafka states of inbox worker %d", worker);
+		elog(ERROR, "could not reset the Kafka states of inbox worker %d", state_worker);
+	return true;
+}
+
+/*
+ * The state statement is for the extension in schema s (quoted), prepared
+ * now if it has the table, else when a state is first saved after the
+ * update.  In a transaction, connected to SPI.
+ */
+void
+inbox_state_prepare(const char *s, int worker)
+{
+	if (state_plan != NULL)
+		SPI_freeplan(state_plan);
+	state_plan = NULL;
+	if (state_schema != NULL)
+		pfree(state_schema);
+	state_schema = MemoryContextStrdup(TopMemoryContext, s);
+	state_worker = worker;
+	(void) state_plan_ready();
 }
 
 /* ---------- callbacks ---------- */
