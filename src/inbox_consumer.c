@@ -163,16 +163,7 @@ consumer_conf(const char *properties, const char *file, const char *brokers,
 							  sizeof(errstr)) != RD_KAFKA_CONF_OK)
 			*err = psprintf("outbox.inbox_brokers: %s", errstr);
 	}
-	if (*err != NULL)
-	{
-		rd_kafka_conf_destroy(conf);
-		conf = NULL;
-	}
-	else if (fingerprint)
-		*fingerprint = hash_bytes((const unsigned char *) fp.data, fp.len);
-	explicit_bzero(fp.data, fp.len);
-	pfree(fp.data);
-	return conf;
+	return outbox_kafka_conf_finish(conf, *err, &fp, fingerprint);
 }
 
 /* Validate consumer properties and a credentials file; NULL if fine. */

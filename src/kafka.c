@@ -493,15 +493,28 @@ build_conf(const char *properties, const char *credentials_file,
 							  errstr, sizeof(errstr)) != RD_KAFKA_CONF_OK)
 			elog(ERROR, "outbox: librdkafka rejected %s: %s",
 				 forced_properties[i][0], errstr);
-	if (*err != NULL)
+	return outbox_kafka_conf_finish(conf, *err, &fp, fingerprint);
+}
+
+/*
+ * End a configuration built with a record of its properties (fp): NULL,
+ * the configuration destroyed, if err is set; else the configuration, with
+ * *fingerprint (if given) identifying what was applied.  The record, which
+ * holds secrets, is wiped either way.  The producer's and the consumers'.
+ */
+rd_kafka_conf_t *
+outbox_kafka_conf_finish(rd_kafka_conf_t *conf, const char *err, StringInfo fp,
+						 uint32 *fingerprint)
+{
+	if (err != NULL)
 	{
 		rd_kafka_conf_destroy(conf);
 		conf = NULL;
 	}
 	else if (fingerprint)
-		*fingerprint = hash_bytes((const unsigned char *) fp.data, fp.len);
-	explicit_bzero(fp.data, fp.len);
-	pfree(fp.data);
+		*fingerprint = hash_bytes((const unsigned char *) fp->data, fp->len);
+	explicit_bzero(fp->data, fp->len);
+	pfree(fp->data);
 	return conf;
 }
 

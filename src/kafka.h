@@ -11,6 +11,7 @@
 #include <librdkafka/rdkafka.h>
 
 #include "datatype/timestamp.h"
+#include "lib/stringinfo.h"
 
 /* One message's fate, filled in by the delivery report callback. */
 typedef struct DeliveryResult
@@ -58,6 +59,8 @@ extern char *outbox_kafka_read_credentials(const char *path,
 										   outbox_property_fn fn, void *arg);
 extern void outbox_kafka_log_to_server(rd_kafka_conf_t *conf);
 extern bool outbox_kafka_check_failed(const char *name, char *err);
+extern rd_kafka_conf_t *outbox_kafka_conf_finish(rd_kafka_conf_t *conf, const char *err,
+												 StringInfo fp, uint32 *fingerprint);
 
 /* The hint of a credentials file's errors (the publisher's and the inbox's). */
 #define OUTBOX_CREDENTIALS_FILE_HINT \

@@ -1,5 +1,5 @@
 # How fast an inbox consumer resumes, on the mock, with the default
-# consumer settings (session.timeout.ms 45 s): a subscription given a new
+# consumer settings (the inbox's session.timeout.ms is 10 s): a subscription given a new
 # handler keeps its consumer and applies the next events at once (it used
 # to leave the group and wait ~45 s to join it again); after a crash
 # restart (a backend SIGKILLed, restart_after_crash = on) the workers come
@@ -7,7 +7,7 @@
 # resume at once on real Kafka (test 311); the mock of librdkafka 2.0.2
 # ignores group.instance.id and waits for the killed members' sessions to
 # time out, which the inbox's default session timeout (10 s, not 45 s)
-# bounds: within 20 s here.
+# bounds: within 30 s here (three session timeouts, on a busy machine).
 use strict;
 use warnings;
 
@@ -79,9 +79,14 @@ for my $round (1 .. 2)
 	my ($bpid) = inbox_pids($node);
 	kill 'KILL', $bpid or die "could not kill $bpid";
 	ok(wait_back(), "round $round: the server is back after the crash");
-	my $t = emit_and_time(10, 20);
-	ok(defined $t, "round $round: after the crash restart the next events are applied within 20 s")
+	# The mock ignores static membership: the new members wait for the
+	# killed ones' sessions (10 s) to time out, and a rebalance.  The bound
+	# is three session timeouts; the machine may be busy.
+	my $t = emit_and_time(10, 30);
+	ok(defined $t, "round $round: after the crash restart the next events are applied within 30 s")
 	  and note sprintf 'applied in %.1f s', $t;
+	# Whatever the time, everything is applied before the next round.
+	wait_applied($node, $emitted, 120);
 }
 my @p = consumer_verdict($node);
 is_deeply(\@p, [], 'exactly once, in version order') or diag join("\n", @p);
