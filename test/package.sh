@@ -8,7 +8,9 @@
 # fetches PostgreSQL 15 and librdkafka from the mirror the host uses),
 # starts the cluster the package's postgresql-15 made, as postgres, with
 # shared_preload_libraries = 'outbox', runs CREATE EXTENSION outbox, emits
-# an event and sees the launcher start a publisher for the database.
+# an event and sees the launcher start a publisher for the database; and
+# creates the oldest version the package ships and updates it to the
+# default one (ALTER EXTENSION outbox UPDATE).
 #
 # Usage (as root): test/package.sh [--keep]
 #   --keep  keep the build directory and the chroot afterwards
@@ -115,6 +117,22 @@ in_chroot server "
 		SELECT extversion FROM pg_extension WHERE extname = 'outbox';
 		SELECT aggregate_version FROM outbox_emit('order', 'order-1', 'OrderPaid', '{\"amount\": 10}');
 		SELECT count(*) AS pending FROM outbox_pending;
+		-- The package's update scripts: the oldest version it ships,
+		-- updated to the default one.
+		CREATE DATABASE oldest;
+		\\c oldest
+		SELECT version AS oldest FROM pg_available_extension_versions WHERE name = 'outbox'
+		 ORDER BY string_to_array(version, '.')::int[] LIMIT 1 \\gset
+		CREATE EXTENSION outbox VERSION :'oldest';
+		ALTER EXTENSION outbox UPDATE;
+		SELECT :'oldest' AS created, e.extversion AS updated
+		  FROM pg_extension e WHERE e.extname = 'outbox';
+		DO \$\$ BEGIN
+			IF (SELECT e.extversion <> a.default_version FROM pg_extension e, pg_available_extensions a
+				 WHERE e.extname = 'outbox' AND a.name = 'outbox') THEN
+				RAISE EXCEPTION 'ALTER EXTENSION outbox UPDATE did not reach the default version';
+			END IF;
+		END \$\$;
 	EOF
 	# The launcher starts a publisher for a database that has the extension.
 	for i in \$(seq 1 300); do
@@ -130,6 +148,6 @@ in_chroot server "
 rc=$?
 cat "$work/server.log"
 [ "$rc" = 0 ] || { tail -n 30 "$chroot_root/var/log/postgresql/postgresql-15-main.log" 2>/dev/null; fail "the server in the chroot"; }
-echo "package: PASS ($deb built, lintian clean, installed with apt on Debian 12 minbase, CREATE EXTENSION outbox with the library preloaded; $(($(date +%s) - start)) s)"
+echo "package: PASS ($deb built, lintian clean, installed with apt on Debian 12 minbase, CREATE EXTENSION outbox with the library preloaded, the oldest version shipped updated to the default; $(($(date +%s) - start)) s)"
 exit 0
 }
