@@ -59,6 +59,7 @@ typedef struct InboxSub
 	char		kafka_error[OUTBOX_PROBLEM_LEN];
 	TimestampTz kafka_since;
 	bool		kafka_state_dirty;	/* not yet in inbox_consumer_state */
+	bool		kafka_fatal;	/* unusable (e.g. fenced): create it again */
 	TimestampTz last_probe;
 } InboxSub;
 

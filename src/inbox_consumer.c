@@ -288,13 +288,19 @@ kafka_condition_clear(InboxSub *sub)
 /*
  * Whether the state must be written now; while a condition holds, first
  * ask a broker for metadata (at most once a second, 100 ms): an answer
- * clears it.
+ * clears it.  A consumer that had a fatal error is closed here: the next
+ * refresh creates it again.
  */
 bool
 inbox_state_due(InboxSub *sub, TimestampTz now)
 {
 	const struct rd_kafka_metadata *md;
 
+	if (sub->kafka_fatal)
+	{
+		consumer_destroy(sub);
+		sub->kafka_fatal = false;
+	}
 	if (sub->rk != NULL && sub->kafka_state != INBOX_KAFKA_RUNNING &&
 		TimestampDifferenceExceeds(sub->last_probe, now, INBOX_PROBE_MS))
 	{
@@ -418,7 +424,9 @@ consumer_error_cb(rd_kafka_t *rk, int err, const char *reason, void *opaque)
 								"SSL connection to the brokers failed", reason);
 			break;
 		case RD_KAFKA_RESP_ERR__FATAL:
+			/* E.g. another consumer with our group.instance.id fenced us. */
 			kafka_condition_set(sub, INBOX_KAFKA_ERROR, err, "fatal consumer error", reason);
+			sub->kafka_fatal = true;
 			break;
 		default:
 			break;
