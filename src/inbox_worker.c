@@ -8,11 +8,12 @@
  * dynamic workers once their database exists, and again when one exits;
  * with no single inbox database set, in every database the publishers
  * serve where something is subscribed.
- * Each subscription (table inbox_subscription) is a Kafka consumer group;
- * every worker runs one librdkafka consumer per subscription, so Kafka
- * spreads the partitions over the workers.  The position of record is the
- * table inbox_offset, written in the same transaction as the handlers'
- * effects: on assignment a worker starts each partition there, and a batch
+ * Each subscription (table inbox_subscription) is a Kafka consumer group
+ * of this cluster and database; every worker runs one librdkafka consumer
+ * per subscription (src/inbox_consumer.c), so Kafka spreads the partitions
+ * over the workers.  The position of record is the table inbox_offset,
+ * written in the same transaction as the handlers' effects: on assignment
+ * a worker starts each partition there (else at the topic's beginning), and a batch
  * locks the partitions' rows and ignores messages below the stored offset,
  * so a crash, a rebalance or a re-delivery never applies a message twice.
  * Offsets are committed to Kafka afterwards, for lag monitoring only.
@@ -683,7 +684,8 @@ find_sub(const char *consumer)
 
 /*
  * Bring the consumers in line with inbox_subscription: join the groups of
- * new subscriptions, leave those of removed or changed ones.  In a
+ * new subscriptions, leave those of removed ones, subscribe to changed
+ * topics (a changed handler or role needs nothing of Kafka).  In a
  * transaction; false if the extension is not installed.
  */
 static bool
