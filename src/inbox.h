@@ -59,7 +59,7 @@ typedef struct InboxSub
 	char		kafka_error[OUTBOX_PROBLEM_LEN];
 	TimestampTz kafka_since;
 	bool		kafka_state_dirty;	/* not yet in inbox_consumer_state */
-	bool		kafka_fatal;	/* unusable (e.g. fenced): create it again */
+	bool		kafka_fatal;	/* a fatal error since the state was last running */
 	TimestampTz last_probe;
 } InboxSub;
 

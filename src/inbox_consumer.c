@@ -283,24 +283,22 @@ kafka_condition_clear(InboxSub *sub)
 	sub->kafka_error[0] = '\0';
 	sub->kafka_since = GetCurrentTimestamp();
 	sub->kafka_state_dirty = true;
+	sub->kafka_fatal = false;
 }
 
 /*
  * Whether the state must be written now; while a condition holds, first
  * ask a broker for metadata (at most once a second, 100 ms): an answer
- * clears it.  A consumer that had a fatal error is closed here: the next
- * refresh creates it again.
+ * clears it.  A consumer that raised a fatal error is closed here: the
+ * next refresh creates it again (its state stays until that one works).
  */
 bool
 inbox_state_due(InboxSub *sub, TimestampTz now)
 {
 	const struct rd_kafka_metadata *md;
 
-	if (sub->kafka_fatal)
-	{
+	if (sub->rk != NULL && rd_kafka_fatal_error(sub->rk, NULL, 0) != RD_KAFKA_RESP_ERR_NO_ERROR)
 		consumer_destroy(sub);
-		sub->kafka_fatal = false;
-	}
 	if (sub->rk != NULL && sub->kafka_state != INBOX_KAFKA_RUNNING &&
 		TimestampDifferenceExceeds(sub->last_probe, now, INBOX_PROBE_MS))
 	{
@@ -536,11 +534,17 @@ consumer_create(InboxSub *sub, ArrayType *topics, int worker)
 	/* Log lines and errors wait in the consumer's queue for our polls. */
 	rd_kafka_poll_set_consumer(sub->rk);
 	rd_kafka_set_log_queue(sub->rk, NULL);
-	/* A new consumer knows of no problem: replace what an old one wrote. */
-	sub->kafka_state = INBOX_KAFKA_RUNNING;
-	sub->kafka_error[0] = '\0';
-	sub->kafka_since = GetCurrentTimestamp();
-	sub->kafka_state_dirty = true;
+	/*
+	 * A new consumer knows of no problem: replace what an old one wrote,
+	 * unless it replaces one that failed fatally (that shows until it works).
+	 */
+	if (!sub->kafka_fatal)
+	{
+		sub->kafka_state = INBOX_KAFKA_RUNNING;
+		sub->kafka_error[0] = '\0';
+		sub->kafka_since = GetCurrentTimestamp();
+		sub->kafka_state_dirty = true;
+	}
 
 	kerr = subscribe_topics(sub->rk, topics);
 	if (kerr != RD_KAFKA_RESP_ERR_NO_ERROR)
