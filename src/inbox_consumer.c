@@ -298,7 +298,7 @@ inbox_state_due(InboxSub *sub, TimestampTz now)
 	const struct rd_kafka_metadata *md;
 
 	if (sub->rk != NULL && rd_kafka_fatal_error(sub->rk, NULL, 0) != RD_KAFKA_RESP_ERR_NO_ERROR)
-		consumer_destroy(sub);
+		inbox_consumer_destroy(sub);
 	if (sub->rk != NULL && sub->kafka_state != INBOX_KAFKA_RUNNING &&
 		TimestampDifferenceExceeds(sub->last_probe, now, INBOX_PROBE_MS))
 	{
@@ -492,7 +492,7 @@ subscribe_topics(rd_kafka_t *rk, ArrayType *topics)
 
 /* The consumer of a subscription, in its group, subscribed to its topics. */
 void
-consumer_create(InboxSub *sub, ArrayType *topics, int worker)
+inbox_consumer_create(InboxSub *sub, ArrayType *topics, int worker)
 {
 	char		errstr[512];
 	char	   *err;
@@ -568,7 +568,7 @@ consumer_create(InboxSub *sub, ArrayType *topics, int worker)
  * array's text form, kept in the subscription to spot changes.
  */
 void
-consumer_resubscribe(InboxSub *sub, ArrayType *topics, const char *text)
+inbox_consumer_resubscribe(InboxSub *sub, ArrayType *topics, const char *text)
 {
 	rd_kafka_resp_err_t kerr;
 	MemoryContext old = MemoryContextSwitchTo(GetMemoryChunkContext(sub));
@@ -578,11 +578,11 @@ consumer_resubscribe(InboxSub *sub, ArrayType *topics, const char *text)
 	MemoryContextSwitchTo(old);
 	if (sub->rk == NULL)
 		return;
-	drop_messages(sub);
+	inbox_drop_messages(sub);
 	kerr = subscribe_topics(sub->rk, topics);
 	if (kerr != RD_KAFKA_RESP_ERR_NO_ERROR)
 	{
-		consumer_destroy(sub);
+		inbox_consumer_destroy(sub);
 		ereport(ERROR,
 				(errcode(ERRCODE_CONNECTION_FAILURE),
 				 errmsg("outbox inbox: could not subscribe consumer \"%s\": %s",
@@ -595,7 +595,7 @@ consumer_resubscribe(InboxSub *sub, ArrayType *topics, const char *text)
 
 /* Give the consumer's held messages back to librdkafka. */
 void
-drop_messages(InboxSub *sub)
+inbox_drop_messages(InboxSub *sub)
 {
 	for (int i = 0; i < sub->nmsgs; i++)
 		rd_kafka_message_destroy(sub->msgs[i]);
@@ -609,11 +609,11 @@ drop_messages(InboxSub *sub)
  * while its messages live.
  */
 void
-consumer_destroy(InboxSub *sub)
+inbox_consumer_destroy(InboxSub *sub)
 {
 	if (sub->rk == NULL)
 		return;
-	drop_messages(sub);
+	inbox_drop_messages(sub);
 	if (sub->msgs != NULL)
 		pfree(sub->msgs);
 	sub->msgs = NULL;

@@ -480,7 +480,7 @@ inbox_worker_exit(int code, Datum arg)
 	ListCell   *lc;
 
 	foreach(lc, subs)
-		consumer_destroy((InboxSub *) lfirst(lc));
+		inbox_consumer_destroy((InboxSub *) lfirst(lc));
 }
 
 /* ---------- plans ---------- */
@@ -719,7 +719,7 @@ refresh_subscriptions(void)
 			sub->handler = handler;
 			sub->owner = owner;
 			if (strcmp(sub->topics, topics) != 0)
-				consumer_resubscribe(sub, DatumGetArrayTypeP(SPI_getbinval(tup, desc, 2, &isnull)),
+				inbox_consumer_resubscribe(sub, DatumGetArrayTypeP(SPI_getbinval(tup, desc, 2, &isnull)),
 									 topics);
 		}
 		if (sub == NULL)
@@ -746,9 +746,9 @@ refresh_subscriptions(void)
 			sub->usable = (problem == NULL);
 		}
 		if (!sub->usable)
-			consumer_destroy(sub);
+			inbox_consumer_destroy(sub);
 		else if (sub->rk == NULL)
-			consumer_create(sub, DatumGetArrayTypeP(SPI_getbinval(tup, desc, 2, &isnull)),
+			inbox_consumer_create(sub, DatumGetArrayTypeP(SPI_getbinval(tup, desc, 2, &isnull)),
 							worker_index);
 	}
 	foreach(lc, subs)
@@ -759,7 +759,7 @@ refresh_subscriptions(void)
 		{
 			ereport(LOG, (errmsg("outbox inbox worker %d: consumer \"%s\" unsubscribed",
 								 worker_index, sub->consumer)));
-			consumer_destroy(sub);
+			inbox_consumer_destroy(sub);
 			subs = foreach_delete_current(subs, lc);
 		}
 	}
@@ -1961,7 +1961,7 @@ poll_consumer(InboxSub *sub)
 	/* The callback ran inside a poll: no message of a new assignment yet. */
 	if (sub->rebalanced)
 	{
-		drop_messages(sub);
+		inbox_drop_messages(sub);
 		sub->rebalanced = false;
 	}
 }
@@ -2027,7 +2027,7 @@ apply_batch(InboxSub *sub)
 				 */
 				if (sub->rk != NULL && sub->pending_assign == NULL)
 					(void) rd_kafka_assignment(sub->rk, &sub->pending_assign);
-				drop_messages(sub);
+				inbox_drop_messages(sub);
 				PG_RE_THROW();
 			}
 			failed = true;
@@ -2102,7 +2102,7 @@ inbox_step(void)
 		if (!installed)
 		{
 			foreach(lc, subs)
-				consumer_destroy((InboxSub *) lfirst(lc));
+				inbox_consumer_destroy((InboxSub *) lfirst(lc));
 			subs = NIL;
 			plans_nspid = InvalidOid;
 			return -1;
@@ -2126,7 +2126,7 @@ inbox_step(void)
 		if (sub->pending_assign != NULL)
 		{
 			/* What was fetched before is fetched again from the offsets. */
-			drop_messages(sub);
+			inbox_drop_messages(sub);
 			begin_step();
 			apply_assignment(sub);
 			end_step();
@@ -2184,7 +2184,7 @@ check_consumer_settings(void)
 		ereport(LOG, (errmsg("outbox inbox worker %d: Kafka settings changed, recreating the consumers",
 							 worker_index)));
 		foreach(lc, subs)
-			consumer_destroy((InboxSub *) lfirst(lc));
+			inbox_consumer_destroy((InboxSub *) lfirst(lc));
 		list_free(subs);
 		subs = NIL;
 		MemoryContextReset(subs_context);
