@@ -8,11 +8,12 @@
  * dynamic workers once their database exists, and again when one exits;
  * with no single inbox database set, in every database the publishers
  * serve where something is subscribed.
- * Each subscription (table inbox_subscription) is a Kafka consumer group;
- * every worker runs one librdkafka consumer per subscription, so Kafka
- * spreads the partitions over the workers.  The position of record is the
- * table inbox_offset, written in the same transaction as the handlers'
- * effects: on assignment a worker starts each partition there, and a batch
+ * Each subscription (table inbox_subscription) is a Kafka consumer group
+ * of this cluster and database; every worker runs one librdkafka consumer
+ * per subscription (src/inbox_consumer.c), so Kafka spreads the partitions
+ * over the workers.  The position of record is the table inbox_offset,
+ * written in the same transaction as the handlers' effects: on assignment
+ * a worker starts each partition there (else at the topic's beginning), and a batch
  * locks the partitions' rows and ignores messages below the stored offset,
  * so a crash, a rebalance or a re-delivery never applies a message twice.
  * Offsets are committed to Kafka afterwards, for lag monitoring only.
@@ -480,7 +481,7 @@ inbox_worker_exit(int code, Datum arg)
 	ListCell   *lc;
 
 	foreach(lc, subs)
-		consumer_destroy((InboxSub *) lfirst(lc));
+		inbox_consumer_destroy((InboxSub *) lfirst(lc));
 }
 
 /* ---------- plans ---------- */
@@ -707,7 +708,8 @@ find_sub(const char *consumer)
 
 /*
  * Bring the consumers in line with inbox_subscription: join the groups of
- * new subscriptions, leave those of removed or changed ones.  In a
+ * new subscriptions, leave those of removed ones, subscribe to changed
+ * topics (a changed handler or role needs nothing of Kafka).  In a
  * transaction; false if the extension is not installed.
  */
 static bool
@@ -742,7 +744,7 @@ refresh_subscriptions(void)
 			sub->handler = handler;
 			sub->owner = owner;
 			if (strcmp(sub->topics, topics) != 0)
-				consumer_resubscribe(sub, topic_array, topics);
+				inbox_consumer_resubscribe(sub, topic_array, topics);
 		}
 		if (sub == NULL)
 		{
@@ -768,9 +770,9 @@ refresh_subscriptions(void)
 			sub->usable = (problem == NULL);
 		}
 		if (!sub->usable)
-			consumer_destroy(sub);
+			inbox_consumer_destroy(sub);
 		else if (sub->rk == NULL)
-			consumer_create(sub, topic_array, worker_index);
+			inbox_consumer_create(sub, topic_array, worker_index);
 	}
 	foreach(lc, subs)
 	{
@@ -780,7 +782,7 @@ refresh_subscriptions(void)
 		{
 			ereport(LOG, (errmsg("outbox inbox worker %d: consumer \"%s\" unsubscribed",
 								 worker_index, sub->consumer)));
-			consumer_destroy(sub);
+			inbox_consumer_destroy(sub);
 			subs = foreach_delete_current(subs, lc);
 		}
 	}
@@ -2015,7 +2017,7 @@ poll_consumer(InboxSub *sub)
 	/* The callback ran inside a poll: no message of a new assignment yet. */
 	if (sub->rebalanced)
 	{
-		drop_messages(sub);
+		inbox_drop_messages(sub);
 		sub->rebalanced = false;
 	}
 }
@@ -2083,7 +2085,7 @@ apply_batch(InboxSub *sub)
 				 */
 				if (sub->rk != NULL && sub->pending_assign == NULL)
 					(void) rd_kafka_assignment(sub->rk, &sub->pending_assign);
-				drop_messages(sub);
+				inbox_drop_messages(sub);
 				PG_RE_THROW();
 			}
 			failed = true;
@@ -2158,7 +2160,7 @@ inbox_step(void)
 		if (!installed)
 		{
 			foreach(lc, subs)
-				consumer_destroy((InboxSub *) lfirst(lc));
+				inbox_consumer_destroy((InboxSub *) lfirst(lc));
 			subs = NIL;
 			plans_nspid = InvalidOid;
 			return -1;
@@ -2182,7 +2184,7 @@ inbox_step(void)
 		if (sub->pending_assign != NULL)
 		{
 			/* What was fetched before is fetched again from the offsets. */
-			drop_messages(sub);
+			inbox_drop_messages(sub);
 			begin_step();
 			apply_assignment(sub);
 			end_step();
@@ -2240,7 +2242,7 @@ check_consumer_settings(void)
 		ereport(LOG, (errmsg("outbox inbox worker %d: Kafka settings changed, recreating the consumers",
 							 worker_index)));
 		foreach(lc, subs)
-			consumer_destroy((InboxSub *) lfirst(lc));
+			inbox_consumer_destroy((InboxSub *) lfirst(lc));
 		list_free(subs);
 		subs = NIL;
 		MemoryContextReset(subs_context);
