@@ -14,12 +14,15 @@ SHLIB_LINK = -lrdkafka
 # temporary instance that preloads the library (test/outbox_regress.conf),
 # then the TAP tests (test/t, helpers in test/perl).  The extension must be
 # installed; PostgreSQL refuses to run as root (see outbox-preflight).
+# The temporary instances are UTF8 with the C locale whatever the caller's
+# environment (no LANG in a container gives SQL_ASCII and other widths).
+PINNED_LOCALE = --encoding=UTF8 --no-locale
 REGRESS = $(patsubst test/sql/%.sql,%,$(sort $(wildcard test/sql/*.sql)))
 REGRESS_OPTS = --inputdir=test --temp-config=test/outbox_regress.conf \
-	--temp-instance=./tmp_check
+	--temp-instance=./tmp_check $(PINNED_LOCALE)
 ISOLATION = $(patsubst test/isolation/specs/%.spec,%,$(sort $(wildcard test/isolation/specs/*.spec)))
 ISOLATION_OPTS = --inputdir=test/isolation --temp-config=test/outbox_regress.conf \
-	--temp-instance=./tmp_check_iso
+	--temp-instance=./tmp_check_iso $(PINNED_LOCALE)
 TAP_TESTS = 1
 REGRESS_PREP = outbox-preflight
 
