@@ -57,7 +57,7 @@ prove_installcheck: outbox-preflight
 # Stop at once, naming what is missing (a tool, the installed extension,
 # a non-root user), rather than failing half-way through a suite.
 outbox-preflight:
-	@PG_CONFIG='$(PG_CONFIG)' test/preflight.sh --not-root $(if $(REGRESS),regress) $(if $(ISOLATION),isolation) \
+	@PG_CONFIG='$(PG_CONFIG)' PROVE_TESTS='$(PROVE_TESTS)' test/preflight.sh --not-root $(if $(REGRESS),regress) $(if $(ISOLATION),isolation) \
 		$(if $(TAP_TESTS),tap)
 
 .PHONY: tools clean-tools test demo

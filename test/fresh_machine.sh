@@ -17,7 +17,8 @@
 #   OUTBOX_FRESH_CACHE    directory of the cached base tarball
 #                         (default /var/cache/outbox-fresh; delete it or use
 #                         --fresh to start from a new debootstrap)
-#   OUTBOX_FRESH_MIRROR   Debian mirror (default http://deb.debian.org/debian)
+#   OUTBOX_FRESH_MIRROR   Debian mirror (default: the one this machine's apt
+#                         uses, read by test/apt_mirror.sh)
 #   OUTBOX_FRESH_TIMEOUT  seconds for the whole run (default 5400); each step
 #                         gets what is left, and is killed when it runs out
 #   OUTBOX_FRESH_PROVE_TESTS  passed as PROVE_TESTS into the chroot, to shorten
@@ -58,7 +59,9 @@ done
 
 src=$(cd "$(dirname "$0")/.." && pwd)
 cache=${OUTBOX_FRESH_CACHE:-/var/cache/outbox-fresh}
-mirror=${OUTBOX_FRESH_MIRROR:-http://deb.debian.org/debian}
+mirror=${OUTBOX_FRESH_MIRROR:-$("$src/test/apt_mirror.sh")} ||
+	{ echo "fresh_machine: no Debian mirror in /etc/apt/sources.list*; set OUTBOX_FRESH_MIRROR" >&2; exit 2; }
+security=$("$src/test/apt_mirror.sh" --security)
 budget=${OUTBOX_FRESH_TIMEOUT:-5400}
 base=$cache/bookworm-minbase.tar
 
@@ -136,7 +139,7 @@ say "base: $(. "$root/etc/os-release"; echo "$PRETTY_NAME"), $(chroot "$root" dp
 cat >"$root/etc/apt/sources.list" <<EOF
 deb $mirror bookworm main
 deb $mirror bookworm-updates main
-deb http://deb.debian.org/debian-security bookworm-security main
+${security:+deb $security bookworm-security main}
 EOF
 cp /etc/resolv.conf "$root/etc/resolv.conf"
 # The network's own trust anchors, as every machine of this network has
