@@ -25,6 +25,7 @@
 #include "utils/regproc.h"
 #include "utils/syscache.h"
 
+#include "compat.h"
 #include "emit.h"
 #include "launcher.h"
 #include "outbox.h"
@@ -146,11 +147,7 @@ handler_arg(FunctionCallInfo fcinfo, Oid nspid, Oid role)
 				(errcode(ERRCODE_WRONG_OBJECT_TYPE),
 				 errmsg("%s cannot be an inbox handler", format_procedure(handler)),
 				 errhint("A handler takes one argument of type inbox_message and returns void, or is a procedure.")));
-#if PG_VERSION_NUM >= 160000
-	if (object_aclcheck(ProcedureRelationId, handler, role, ACL_EXECUTE) != ACLCHECK_OK)
-#else
-	if (pg_proc_aclcheck(handler, role, ACL_EXECUTE) != ACLCHECK_OK)
-#endif
+	if (outbox_proc_aclcheck(handler, role, ACL_EXECUTE) != ACLCHECK_OK)
 		ereport(ERROR,
 				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
 				 errmsg("permission denied for function %s", format_procedure(handler)),
