@@ -38,12 +38,15 @@ $(OBJS): $(wildcard src/*.h)
 # PROVE_FLAGS, which is the user's (make ... PROVE_FLAGS=--verbose).
 PG_PROVE_FLAGS += -I ./test/perl
 
-# PGXS looks for t/*.pl; ours are in test/t.  One file:
+# PGXS looks for t/*.pl; ours are in test/t.  The data and logs are in
+# tmp_check and tmp_check/log on every version (17 reads TESTDATADIR and
+# TESTLOGDIR; 15 puts them there itself).  One file:
 #   make prove_installcheck PROVE_TESTS=test/t/101_brokers_down.pl
 define prove_installcheck
 rm -rf '$(CURDIR)'/tmp_check
 $(MKDIR_P) '$(CURDIR)'/tmp_check
 cd $(srcdir) && TESTDIR='$(CURDIR)' PATH="$(bindir):$$PATH" PGPORT='6$(DEF_PGPORT)' \
+	TESTDATADIR='$(CURDIR)/tmp_check' TESTLOGDIR='$(CURDIR)/tmp_check/log' \
 	PG_REGRESS='$(top_builddir)/src/test/regress/pg_regress' \
 	$(PROVE) $(PG_PROVE_FLAGS) $(PROVE_FLAGS) $(if $(PROVE_TESTS),$(PROVE_TESTS),test/t/*.pl)
 endef

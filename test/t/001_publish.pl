@@ -19,8 +19,8 @@ my $topic = 'outbox.event.load';
 
 # The node is UTF8 with the C locale whatever the caller's LANG (none, in
 # a container, would give SQL_ASCII): what the tests compare depends on it.
-is($node->safe_psql('postgres', 'SHOW server_encoding') . ' '
-	. $node->safe_psql('postgres', 'SHOW lc_collate'),
+is($node->safe_psql('postgres', q{SELECT pg_encoding_to_char(encoding) || ' ' || datcollate
+	FROM pg_database WHERE datname = current_database()}),
 	'UTF8 C', 'the test node is UTF8 with the C locale');
 
 # A commit wakes the publisher at once: the fallback poll comes 60 s after
