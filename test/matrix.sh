@@ -20,9 +20,10 @@
 #                          of a lane reuses its chroot and its packages
 #   OUTBOX_FRESH_CACHE     test/fresh_machine.sh's cache: a SUITE-minbase.tar
 #                          there is used instead of a new debootstrap
-#   OUTBOX_MATRIX_TESTS    the TAP files (default: publish, poison, multiple
+#   OUTBOX_MATRIX_TESTS    the TAP files (default: publish, poison, Kafka
+#                          settings and librdkafka's log lines, multiple
 #                          databases, broker outage, crash, fatal producer
-#                          error, inbox end to end)
+#                          error, leaderless partition, inbox end to end)
 #   OUTBOX_MATRIX_TIMEOUT  seconds a lane may take (default 2400)
 #   OUTBOX_APT_MIRROR      Debian mirror (default: this machine's apt's, read
 #                          by test/apt_mirror.sh)
@@ -53,7 +54,7 @@ if [ "$(id -u)" != 0 ]; then
 	echo "matrix: must run as root (debootstrap, chroot, mount)" >&2
 	exit 2
 fi
-for c in git unshare mount chroot timeout; do
+for c in unshare mount chroot timeout tar; do
 	command -v "$c" >/dev/null || { echo "matrix: command '$c' not found on the host" >&2; exit 2; }
 done
 
@@ -61,7 +62,7 @@ src=$(cd "$(dirname "$0")/.." && pwd)
 cache=${OUTBOX_MATRIX_CACHE:-/var/cache/outbox-matrix}
 base_cache=${OUTBOX_FRESH_CACHE:-/var/cache/outbox-fresh}
 budget=${OUTBOX_MATRIX_TIMEOUT:-2400}
-tests=${OUTBOX_MATRIX_TESTS:-test/t/001_publish.pl test/t/002_poison.pl test/t/014_multidb.pl test/t/101_brokers_down.pl test/t/104_crash.pl test/t/105_fatal_error.pl test/t/301_inbox_end_to_end.pl}
+tests=${OUTBOX_MATRIX_TESTS:-test/t/001_publish.pl test/t/002_poison.pl test/t/010_kafka_settings.pl test/t/014_multidb.pl test/t/101_brokers_down.pl test/t/104_crash.pl test/t/105_fatal_error.pl test/t/108_leaderless_partition.pl test/t/301_inbox_end_to_end.pl}
 mirror=$("$src/test/apt_mirror.sh") ||
 	{ echo "matrix: no Debian mirror in /etc/apt/sources.list*; set OUTBOX_APT_MIRROR" >&2; exit 2; }
 security=$("$src/test/apt_mirror.sh" --security)
@@ -74,11 +75,19 @@ fi
 
 say() { echo "== matrix: $*"; }
 
-head=$(git -C "$src" rev-parse HEAD) || { echo "matrix: $src is not a git work tree" >&2; exit 2; }
-dirty=$(git -C "$src" status --porcelain --untracked-files=no)
-if [ -n "$dirty" ]; then
-	say "WARNING: uncommitted changes in $src are NOT tested (the clone is of HEAD):"
-	sed 's/^/    /' <<<"$dirty"
+# What is tested: the committed HEAD, cloned; or, where there is no git
+# (a fresh machine's .ci/run), the tree as it is, copied.
+head=
+if command -v git >/dev/null && head=$(git -C "$src" rev-parse HEAD 2>/dev/null); then
+	dirty=$(git -C "$src" status --porcelain --untracked-files=no)
+	if [ -n "$dirty" ]; then
+		say "WARNING: uncommitted changes in $src are NOT tested (the clone is of HEAD):"
+		sed 's/^/    /' <<<"$dirty"
+	fi
+	what="commit ${head:0:12}"
+else
+	head=
+	what="the tree $src (no git)"
 fi
 logs=$(mktemp -d /var/tmp/outbox-matrix.XXXXXX)
 root=
@@ -110,6 +119,11 @@ make_chroot() {	# make_chroot SUITE DIR
 		say "unpacking test/fresh_machine.sh's cached base $base_cache/$suite-minbase.tar into $dir"
 		tar -C "$dir.new" --numeric-owner -xf "$base_cache/$suite-minbase.tar" || return 1
 	else
+		if ! command -v debootstrap >/dev/null; then
+			say "installing debootstrap on the host"
+			DEBIAN_FRONTEND=noninteractive apt-get install -y -qq debootstrap >/dev/null ||
+				{ echo "matrix: cannot install debootstrap" >&2; return 1; }
+		fi
 		say "debootstrap --variant=minbase $suite from $mirror into $dir"
 		if ! timeout 1800 debootstrap --variant=minbase "$suite" "$dir.new" "$mirror" \
 			>"$logs/$suite-debootstrap.log" 2>&1; then
@@ -148,15 +162,20 @@ run_lane() {	# run_lane SUITE MAJOR
 	fi
 	cp /etc/resolv.conf "$dir/etc/resolv.conf"
 	rm -rf "$dir/root/outbox"
-	git clone -q --no-hardlinks "$src" "$dir/root/outbox" &&
-		git -C "$dir/root/outbox" checkout -q --detach "$head" || return 1
+	if [ -n "$head" ]; then
+		git clone -q --no-hardlinks "$src" "$dir/root/outbox" &&
+			git -C "$dir/root/outbox" checkout -q --detach "$head" || return 1
+	else
+		mkdir "$dir/root/outbox" &&
+			tar -C "$src" --exclude=.git -cf - . | tar -C "$dir/root/outbox" -xf - || return 1
+	fi
 	root=$dir
 	mnt "$dir/proc" -t proc proc &&
 		mnt "$dir/sys" -t sysfs -o ro sysfs &&
 		mnt "$dir/dev" --bind /dev &&
 		mnt "$dir/dev/pts" --bind /dev/pts &&
 		mnt "$dir/dev/shm" -t tmpfs -o mode=1777 tmpfs || { release; return 1; }
-	say "lane $suite: PostgreSQL $major, commit ${head:0:12}, TAP: $tests"
+	say "lane $suite: PostgreSQL $major, $what, TAP: $tests"
 	timeout --kill-after=30 "$budget" chroot "$dir" /usr/bin/env -i HOME=/root TERM=dumb \
 		PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
 		PROVE_TESTS="$tests" MAJOR="$major" bash -c '
