@@ -81,15 +81,7 @@ root=$work/root
 mounts=()
 
 cleanup() {
-	local i pid
-	# Processes left inside the chroot (a server of a failed test, say):
-	# they are ours, found by their root directory.
-	for pid in $(ls /proc | grep -E '^[0-9]+$'); do
-		[ "$(readlink "/proc/$pid/root" 2>/dev/null)" = "$root" ] && kill -KILL "$pid" 2>/dev/null
-	done
-	for ((i = ${#mounts[@]} - 1; i >= 0; i--)); do
-		umount "${mounts[i]}" 2>/dev/null || umount -l "${mounts[i]}" 2>/dev/null
-	done
+	"$src/test/chroot_release.sh" "$root" "${mounts[@]}"
 	if [ -n "$keep" ]; then
 		echo "fresh_machine: chroot kept in $root"
 	elif ! grep -q " $work" /proc/self/mounts; then

@@ -95,14 +95,8 @@ mounts=()
 
 # Stops what runs inside the current lane's chroot and undoes its mounts.
 release() {
-	local i pid
 	[ -n "$root" ] || return 0
-	for pid in $(ls /proc | grep -E '^[0-9]+$'); do
-		[ "$(readlink "/proc/$pid/root" 2>/dev/null)" = "$root" ] && kill -KILL "$pid" 2>/dev/null
-	done
-	for ((i = ${#mounts[@]} - 1; i >= 0; i--)); do
-		umount "${mounts[i]}" 2>/dev/null || umount -l "${mounts[i]}" 2>/dev/null
-	done
+	"$src/test/chroot_release.sh" "$root" "${mounts[@]}"
 	mounts=()
 	root=
 }
