@@ -50,9 +50,6 @@
 #include "lib/stringinfo.h"
 #include "mb/pg_wchar.h"
 #include "miscadmin.h"
-#if PG_VERSION_NUM >= 160000
-#include "nodes/miscnodes.h"
-#endif
 #include "pgstat.h"
 #include "postmaster/bgworker.h"
 #include "postmaster/interrupt.h"
@@ -951,51 +948,6 @@ parse_headers(const rd_kafka_message_t *m, MessageMeta *meta)
 }
 
 /*
- * JSON text as jsonb, or 0 if jsonb refuses it (a number beyond numeric's
- * range): the payload is then NULL, as for any value that is not JSON, and
- * payload_bytes has it.  Before PostgreSQL 16 there are no soft input
- * errors: outside the careful path an error sends the batch to it, where a
- * subtransaction catches it, so one such message never fails a batch.
- */
-static Datum
-jsonb_or_null(char *text, bool careful)
-{
-#if PG_VERSION_NUM >= 160000
-	ErrorSaveContext escontext = {T_ErrorSaveContext};
-	Datum		result;
-
-	if (!DirectInputFunctionCallSafe(jsonb_in, text, InvalidOid, -1,
-									 (Node *) &escontext, &result))
-		return (Datum) 0;
-	return result;
-#else
-	MemoryContext cxt = CurrentMemoryContext;
-	ResourceOwner owner = CurrentResourceOwner;
-	volatile Datum result = (Datum) 0;
-
-	if (!careful)
-		return DirectFunctionCall1(jsonb_in, CStringGetDatum(text));
-	BeginInternalSubTransaction(NULL);
-	MemoryContextSwitchTo(cxt);
-	PG_TRY();
-	{
-		result = DirectFunctionCall1(jsonb_in, CStringGetDatum(text));
-		ReleaseCurrentSubTransaction();
-	}
-	PG_CATCH();
-	{
-		MemoryContextSwitchTo(cxt);
-		FlushErrorState();
-		RollbackAndReleaseCurrentSubTransaction();
-	}
-	PG_END_TRY();
-	MemoryContextSwitchTo(cxt);
-	CurrentResourceOwner = owner;
-	return result;
-#endif
-}
-
-/*
  * The payload as jsonb if it is JSON text jsonb accepts, else 0.  On the
  * fast path an object or array (what the publisher sends) is parsed once,
  * by jsonb_in: if it is not JSON after all, the error sends the batch to the
@@ -1015,15 +967,11 @@ payload_jsonb(const rd_kafka_message_t *m, bool careful)
 		;
 	if (!careful && (*p == '{' || *p == '['))
 		return DirectFunctionCall1(jsonb_in, CStringGetDatum(text));
-#if PG_VERSION_NUM >= 170000
-	lex = makeJsonLexContextCstringLen(NULL, text, strlen(text), GetDatabaseEncoding(), true);
-#else
-	lex = makeJsonLexContextCstringLen(text, strlen(text), GetDatabaseEncoding(), true);
-#endif
+	lex = outbox_json_lexer(text, strlen(text), GetDatabaseEncoding());
 	ok = (pg_parse_json(lex, &nullSemAction) == JSON_SUCCESS);
 	if (!ok)
 		return (Datum) 0;
-	return jsonb_or_null(text, careful);
+	return outbox_jsonb_or_null(text, careful);
 }
 
 /* The inbox_message composite handed to the handler. */

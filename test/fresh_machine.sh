@@ -17,7 +17,8 @@
 #   OUTBOX_FRESH_CACHE    directory of the cached base tarball
 #                         (default /var/cache/outbox-fresh; delete it or use
 #                         --fresh to start from a new debootstrap)
-#   OUTBOX_FRESH_MIRROR   Debian mirror (default http://deb.debian.org/debian)
+#   OUTBOX_FRESH_MIRROR   Debian mirror (default: the one this machine's apt
+#                         uses, read by test/apt_mirror.sh)
 #   OUTBOX_FRESH_TIMEOUT  seconds for the whole run (default 5400); each step
 #                         gets what is left, and is killed when it runs out
 #   OUTBOX_FRESH_PROVE_TESTS  passed as PROVE_TESTS into the chroot, to shorten
@@ -58,7 +59,9 @@ done
 
 src=$(cd "$(dirname "$0")/.." && pwd)
 cache=${OUTBOX_FRESH_CACHE:-/var/cache/outbox-fresh}
-mirror=${OUTBOX_FRESH_MIRROR:-http://deb.debian.org/debian}
+mirror=${OUTBOX_FRESH_MIRROR:-$("$src/test/apt_mirror.sh")} ||
+	{ echo "fresh_machine: no Debian mirror in /etc/apt/sources.list*; set OUTBOX_FRESH_MIRROR" >&2; exit 2; }
+security=$("$src/test/apt_mirror.sh" --security)
 budget=${OUTBOX_FRESH_TIMEOUT:-5400}
 base=$cache/bookworm-minbase.tar
 
@@ -78,15 +81,7 @@ root=$work/root
 mounts=()
 
 cleanup() {
-	local i pid
-	# Processes left inside the chroot (a server of a failed test, say):
-	# they are ours, found by their root directory.
-	for pid in $(ls /proc | grep -E '^[0-9]+$'); do
-		[ "$(readlink "/proc/$pid/root" 2>/dev/null)" = "$root" ] && kill -KILL "$pid" 2>/dev/null
-	done
-	for ((i = ${#mounts[@]} - 1; i >= 0; i--)); do
-		umount "${mounts[i]}" 2>/dev/null || umount -l "${mounts[i]}" 2>/dev/null
-	done
+	"$src/test/chroot_release.sh" "$root" "${mounts[@]}"
 	if [ -n "$keep" ]; then
 		echo "fresh_machine: chroot kept in $root"
 	elif ! grep -q " $work" /proc/self/mounts; then
@@ -136,7 +131,7 @@ say "base: $(. "$root/etc/os-release"; echo "$PRETTY_NAME"), $(chroot "$root" dp
 cat >"$root/etc/apt/sources.list" <<EOF
 deb $mirror bookworm main
 deb $mirror bookworm-updates main
-deb http://deb.debian.org/debian-security bookworm-security main
+${security:+deb $security bookworm-security main}
 EOF
 cp /etc/resolv.conf "$root/etc/resolv.conf"
 # The network's own trust anchors, as every machine of this network has
@@ -183,7 +178,7 @@ mnt "$root/dev/shm" -t tmpfs -o mode=1777 tmpfs		# PostgreSQL's shared memory
 in_chroot() {	# in_chroot NAME COMMAND: run as root in the clone, log to $work/NAME.log
 	local rc
 	say "running \`$2\` in the chroot"
-	bounded chroot "$root" /usr/bin/env -i HOME=/root LANG=C.UTF-8 TERM=dumb \
+	bounded chroot "$root" /usr/bin/env -i HOME=/root TERM=dumb \
 		${OUTBOX_FRESH_PROVE_TESTS:+PROVE_TESTS="$OUTBOX_FRESH_PROVE_TESTS"} \
 		PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
 		bash -c "cd /root/outbox && $2" 2>&1 | tee "$work/$1.log"
