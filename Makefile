@@ -14,12 +14,15 @@ SHLIB_LINK = -lrdkafka
 # temporary instance that preloads the library (test/outbox_regress.conf),
 # then the TAP tests (test/t, helpers in test/perl).  The extension must be
 # installed; PostgreSQL refuses to run as root (see outbox-preflight).
+# The temporary instances are UTF8 with the C locale whatever the caller's
+# environment (no LANG in a container gives SQL_ASCII and other widths).
+PINNED_LOCALE = --encoding=UTF8 --no-locale
 REGRESS = $(patsubst test/sql/%.sql,%,$(sort $(wildcard test/sql/*.sql)))
 REGRESS_OPTS = --inputdir=test --temp-config=test/outbox_regress.conf \
-	--temp-instance=./tmp_check
+	--temp-instance=./tmp_check $(PINNED_LOCALE)
 ISOLATION = $(patsubst test/isolation/specs/%.spec,%,$(sort $(wildcard test/isolation/specs/*.spec)))
 ISOLATION_OPTS = --inputdir=test/isolation --temp-config=test/outbox_regress.conf \
-	--temp-instance=./tmp_check_iso
+	--temp-instance=./tmp_check_iso $(PINNED_LOCALE)
 TAP_TESTS = 1
 REGRESS_PREP = outbox-preflight
 
@@ -41,12 +44,15 @@ $(CURDIR)/src:
 # PROVE_FLAGS, which is the user's (make ... PROVE_FLAGS=--verbose).
 PG_PROVE_FLAGS += -I ./test/perl
 
-# PGXS looks for t/*.pl; ours are in test/t.  One file:
+# PGXS looks for t/*.pl; ours are in test/t.  The data and logs are in
+# tmp_check and tmp_check/log on every version (17 reads TESTDATADIR and
+# TESTLOGDIR; 15 puts them there itself).  One file:
 #   make prove_installcheck PROVE_TESTS=test/t/101_brokers_down.pl
 define prove_installcheck
 rm -rf '$(CURDIR)'/tmp_check
 $(MKDIR_P) '$(CURDIR)'/tmp_check
 cd $(srcdir) && TESTDIR='$(CURDIR)' PATH="$(bindir):$$PATH" PGPORT='6$(DEF_PGPORT)' \
+	TESTDATADIR='$(CURDIR)/tmp_check' TESTLOGDIR='$(CURDIR)/tmp_check/log' \
 	PG_REGRESS='$(top_builddir)/src/test/regress/pg_regress' \
 	$(PROVE) $(PG_PROVE_FLAGS) $(PROVE_FLAGS) $(if $(PROVE_TESTS),$(PROVE_TESTS),test/t/*.pl)
 endef
@@ -60,7 +66,7 @@ prove_installcheck: outbox-preflight
 # Stop at once, naming what is missing (a tool, the installed extension,
 # a non-root user), rather than failing half-way through a suite.
 outbox-preflight:
-	@PG_CONFIG='$(PG_CONFIG)' test/preflight.sh --not-root $(if $(REGRESS),regress) $(if $(ISOLATION),isolation) \
+	@PG_CONFIG='$(PG_CONFIG)' PROVE_TESTS='$(PROVE_TESTS)' test/preflight.sh --not-root $(if $(REGRESS),regress) $(if $(ISOLATION),isolation) \
 		$(if $(TAP_TESTS),tap)
 
 # PGXN: the release archive outbox-VERSION.zip (VERSION from META.json) of

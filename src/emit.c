@@ -1210,12 +1210,7 @@ insert_event(EmitTarget *t, const Datum *values, const bool *nulls, ItemPointer 
 
 	estate->es_output_cid = GetCurrentCommandId(true);
 	AfterTriggerBeginQuery();
-#if PG_VERSION_NUM >= 140000
-	ExecSimpleRelationInsert(t->rri, estate, slot);
-#else
-	estate->es_result_relation_info = t->rri;
-	ExecSimpleRelationInsert(estate, slot);
-#endif
+	outbox_simple_insert(t->rri, estate, slot);
 	AfterTriggerEndQuery(estate);
 	id = DatumGetInt64(slot_getattr(slot, rels.id_attnum, &isnull));
 	*tid = slot->tts_tid;
@@ -1254,7 +1249,7 @@ index_first_value(Relation heap, Relation index, TupleTableSlot *slot, Datum key
 
 	ScanKeyEntryInitialize(&skey, 0, 1, BTEqualStrategyNumber, InvalidOid,
 						   index->rd_indcollation[0], F_TEXTEQ, key);
-	scan = index_beginscan(heap, index, snapshot, 1, 0);
+	scan = outbox_index_beginscan(heap, index, snapshot, 1, 0);
 	index_rescan(scan, &skey, 1, NULL, 0);
 	found = index_getnext_slot(scan, backward ? BackwardScanDirection : ForwardScanDirection,
 							   slot);
@@ -1633,7 +1628,7 @@ lock_aggregate(const char *aggregate_id)
 	outbox_aggregate_locktag(&tag, aggregate_id, strlen(aggregate_id),
 							 OUTBOX_LOCKSPACE_EMIT);
 	/* Not waiting can fail only for want of room in the lock table. */
-	if (LockAcquireExtended(&tag, ExclusiveLock, false, false, false, NULL) ==
+	if (outbox_lock_acquire(&tag, ExclusiveLock, false, false) ==
 		LOCKACQUIRE_NOT_AVAIL)
 		ereport(ERROR,
 				(errcode(ERRCODE_OUT_OF_MEMORY),

@@ -59,6 +59,7 @@ typedef struct InboxSub
 	char		kafka_error[OUTBOX_PROBLEM_LEN];
 	TimestampTz kafka_since;
 	bool		kafka_state_dirty;	/* not yet in inbox_consumer_state */
+	bool		kafka_fatal;	/* a fatal error since the state was last running */
 	TimestampTz last_probe;
 } InboxSub;
 
@@ -68,10 +69,10 @@ extern char *inbox_kafka_credentials_file;
 /* inbox_consumer.c */
 extern void inbox_consumer_settings_init(void);
 extern uint32 inbox_consumer_fingerprint(void);
-extern void consumer_create(InboxSub *sub, ArrayType *topics, int worker);
-extern void consumer_resubscribe(InboxSub *sub, ArrayType *topics, const char *text);
-extern void consumer_destroy(InboxSub *sub);
-extern void drop_messages(InboxSub *sub);
+extern void inbox_consumer_create(InboxSub *sub, ArrayType *topics, int worker);
+extern void inbox_consumer_resubscribe(InboxSub *sub, ArrayType *topics, const char *text);
+extern void inbox_consumer_destroy(InboxSub *sub);
+extern void inbox_drop_messages(InboxSub *sub);
 extern void inbox_state_prepare(const char *schema, int worker);
 extern bool inbox_state_due(InboxSub *sub, TimestampTz now);
 extern void inbox_state_save(InboxSub *sub);

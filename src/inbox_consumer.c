@@ -288,18 +288,22 @@ kafka_condition_clear(InboxSub *sub)
 	sub->kafka_error[0] = '\0';
 	sub->kafka_since = GetCurrentTimestamp();
 	sub->kafka_state_dirty = true;
+	sub->kafka_fatal = false;
 }
 
 /*
  * Whether the state must be written now; while a condition holds, first
  * ask a broker for metadata (at most once a second, 100 ms): an answer
- * clears it.
+ * clears it.  A consumer that raised a fatal error is closed here: the
+ * next refresh creates it again (its state stays until that one works).
  */
 bool
 inbox_state_due(InboxSub *sub, TimestampTz now)
 {
 	const struct rd_kafka_metadata *md;
 
+	if (sub->rk != NULL && rd_kafka_fatal_error(sub->rk, NULL, 0) != RD_KAFKA_RESP_ERR_NO_ERROR)
+		inbox_consumer_destroy(sub);
 	if (sub->rk != NULL && sub->kafka_state != INBOX_KAFKA_RUNNING &&
 		TimestampDifferenceExceeds(sub->last_probe, now, INBOX_PROBE_MS))
 	{
@@ -468,7 +472,9 @@ consumer_error_cb(rd_kafka_t *rk, int err, const char *reason, void *opaque)
 								"SSL connection to the brokers failed", reason);
 			break;
 		case RD_KAFKA_RESP_ERR__FATAL:
+			/* E.g. another consumer with our group.instance.id fenced us. */
 			kafka_condition_set(sub, INBOX_KAFKA_ERROR, err, "fatal consumer error", reason);
+			sub->kafka_fatal = true;
 			break;
 		default:
 			break;
@@ -536,7 +542,7 @@ subscribe_topics(rd_kafka_t *rk, ArrayType *topics)
 
 /* The consumer of a subscription, in its group, subscribed to its topics. */
 void
-consumer_create(InboxSub *sub, ArrayType *topics, int worker)
+inbox_consumer_create(InboxSub *sub, ArrayType *topics, int worker)
 {
 	char		errstr[512];
 	char	   *err;
@@ -578,11 +584,17 @@ consumer_create(InboxSub *sub, ArrayType *topics, int worker)
 	/* Log lines and errors wait in the consumer's queue for our polls. */
 	rd_kafka_poll_set_consumer(sub->rk);
 	rd_kafka_set_log_queue(sub->rk, NULL);
-	/* A new consumer knows of no problem: replace what an old one wrote. */
-	sub->kafka_state = INBOX_KAFKA_RUNNING;
-	sub->kafka_error[0] = '\0';
-	sub->kafka_since = GetCurrentTimestamp();
-	sub->kafka_state_dirty = true;
+	/*
+	 * A new consumer knows of no problem: replace what an old one wrote,
+	 * unless it replaces one that failed fatally (that shows until it works).
+	 */
+	if (!sub->kafka_fatal)
+	{
+		sub->kafka_state = INBOX_KAFKA_RUNNING;
+		sub->kafka_error[0] = '\0';
+		sub->kafka_since = GetCurrentTimestamp();
+		sub->kafka_state_dirty = true;
+	}
 
 	kerr = subscribe_topics(sub->rk, topics);
 	if (kerr != RD_KAFKA_RESP_ERR_NO_ERROR)
@@ -606,7 +618,7 @@ consumer_create(InboxSub *sub, ArrayType *topics, int worker)
  * array's text form, kept in the subscription to spot changes.
  */
 void
-consumer_resubscribe(InboxSub *sub, ArrayType *topics, const char *text)
+inbox_consumer_resubscribe(InboxSub *sub, ArrayType *topics, const char *text)
 {
 	rd_kafka_resp_err_t kerr;
 	MemoryContext old = MemoryContextSwitchTo(GetMemoryChunkContext(sub));
@@ -616,11 +628,11 @@ consumer_resubscribe(InboxSub *sub, ArrayType *topics, const char *text)
 	MemoryContextSwitchTo(old);
 	if (sub->rk == NULL)
 		return;
-	drop_messages(sub);
+	inbox_drop_messages(sub);
 	kerr = subscribe_topics(sub->rk, topics);
 	if (kerr != RD_KAFKA_RESP_ERR_NO_ERROR)
 	{
-		consumer_destroy(sub);
+		inbox_consumer_destroy(sub);
 		ereport(ERROR,
 				(errcode(ERRCODE_CONNECTION_FAILURE),
 				 errmsg("outbox inbox: could not subscribe consumer \"%s\": %s",
@@ -633,7 +645,7 @@ consumer_resubscribe(InboxSub *sub, ArrayType *topics, const char *text)
 
 /* Give the consumer's held messages back to librdkafka. */
 void
-drop_messages(InboxSub *sub)
+inbox_drop_messages(InboxSub *sub)
 {
 	for (int i = 0; i < sub->nmsgs; i++)
 		rd_kafka_message_destroy(sub->msgs[i]);
@@ -647,11 +659,11 @@ drop_messages(InboxSub *sub)
  * while its messages live.
  */
 void
-consumer_destroy(InboxSub *sub)
+inbox_consumer_destroy(InboxSub *sub)
 {
 	if (sub->rk == NULL)
 		return;
-	drop_messages(sub);
+	inbox_drop_messages(sub);
 	if (sub->msgs != NULL)
 		pfree(sub->msgs);
 	sub->msgs = NULL;

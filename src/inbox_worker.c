@@ -8,11 +8,12 @@
  * dynamic workers once their database exists, and again when one exits;
  * with no single inbox database set, in every database the publishers
  * serve where something is subscribed.
- * Each subscription (table inbox_subscription) is a Kafka consumer group;
- * every worker runs one librdkafka consumer per subscription, so Kafka
- * spreads the partitions over the workers.  The position of record is the
- * table inbox_offset, written in the same transaction as the handlers'
- * effects: on assignment a worker starts each partition there, and a batch
+ * Each subscription (table inbox_subscription) is a Kafka consumer group
+ * of this cluster and database; every worker runs one librdkafka consumer
+ * per subscription (src/inbox_consumer.c), so Kafka spreads the partitions
+ * over the workers.  The position of record is the table inbox_offset,
+ * written in the same transaction as the handlers' effects: on assignment
+ * a worker starts each partition there (else at the topic's beginning), and a batch
  * locks the partitions' rows and ignores messages below the stored offset,
  * so a crash, a rebalance or a re-delivery never applies a message twice.
  * Offsets are committed to Kafka afterwards, for lag monitoring only.
@@ -49,9 +50,6 @@
 #include "lib/stringinfo.h"
 #include "mb/pg_wchar.h"
 #include "miscadmin.h"
-#if PG_VERSION_NUM >= 160000
-#include "nodes/miscnodes.h"
-#endif
 #include "pgstat.h"
 #include "postmaster/bgworker.h"
 #include "postmaster/interrupt.h"
@@ -480,7 +478,7 @@ inbox_worker_exit(int code, Datum arg)
 	ListCell   *lc;
 
 	foreach(lc, subs)
-		consumer_destroy((InboxSub *) lfirst(lc));
+		inbox_consumer_destroy((InboxSub *) lfirst(lc));
 }
 
 /* ---------- plans ---------- */
@@ -707,7 +705,8 @@ find_sub(const char *consumer)
 
 /*
  * Bring the consumers in line with inbox_subscription: join the groups of
- * new subscriptions, leave those of removed or changed ones.  In a
+ * new subscriptions, leave those of removed ones, subscribe to changed
+ * topics (a changed handler or role needs nothing of Kafka).  In a
  * transaction; false if the extension is not installed.
  */
 static bool
@@ -742,7 +741,7 @@ refresh_subscriptions(void)
 			sub->handler = handler;
 			sub->owner = owner;
 			if (strcmp(sub->topics, topics) != 0)
-				consumer_resubscribe(sub, topic_array, topics);
+				inbox_consumer_resubscribe(sub, topic_array, topics);
 		}
 		if (sub == NULL)
 		{
@@ -768,9 +767,9 @@ refresh_subscriptions(void)
 			sub->usable = (problem == NULL);
 		}
 		if (!sub->usable)
-			consumer_destroy(sub);
+			inbox_consumer_destroy(sub);
 		else if (sub->rk == NULL)
-			consumer_create(sub, topic_array, worker_index);
+			inbox_consumer_create(sub, topic_array, worker_index);
 	}
 	foreach(lc, subs)
 	{
@@ -780,7 +779,7 @@ refresh_subscriptions(void)
 		{
 			ereport(LOG, (errmsg("outbox inbox worker %d: consumer \"%s\" unsubscribed",
 								 worker_index, sub->consumer)));
-			consumer_destroy(sub);
+			inbox_consumer_destroy(sub);
 			subs = foreach_delete_current(subs, lc);
 		}
 	}
@@ -949,51 +948,6 @@ parse_headers(const rd_kafka_message_t *m, MessageMeta *meta)
 }
 
 /*
- * JSON text as jsonb, or 0 if jsonb refuses it (a number beyond numeric's
- * range): the payload is then NULL, as for any value that is not JSON, and
- * payload_bytes has it.  Before PostgreSQL 16 there are no soft input
- * errors: outside the careful path an error sends the batch to it, where a
- * subtransaction catches it, so one such message never fails a batch.
- */
-static Datum
-jsonb_or_null(char *text, bool careful)
-{
-#if PG_VERSION_NUM >= 160000
-	ErrorSaveContext escontext = {T_ErrorSaveContext};
-	Datum		result;
-
-	if (!DirectInputFunctionCallSafe(jsonb_in, text, InvalidOid, -1,
-									 (Node *) &escontext, &result))
-		return (Datum) 0;
-	return result;
-#else
-	MemoryContext cxt = CurrentMemoryContext;
-	ResourceOwner owner = CurrentResourceOwner;
-	volatile Datum result = (Datum) 0;
-
-	if (!careful)
-		return DirectFunctionCall1(jsonb_in, CStringGetDatum(text));
-	BeginInternalSubTransaction(NULL);
-	MemoryContextSwitchTo(cxt);
-	PG_TRY();
-	{
-		result = DirectFunctionCall1(jsonb_in, CStringGetDatum(text));
-		ReleaseCurrentSubTransaction();
-	}
-	PG_CATCH();
-	{
-		MemoryContextSwitchTo(cxt);
-		FlushErrorState();
-		RollbackAndReleaseCurrentSubTransaction();
-	}
-	PG_END_TRY();
-	MemoryContextSwitchTo(cxt);
-	CurrentResourceOwner = owner;
-	return result;
-#endif
-}
-
-/*
  * The payload as jsonb if it is JSON text jsonb accepts, else 0.  On the
  * fast path an object or array (what the publisher sends) is parsed once,
  * by jsonb_in: if it is not JSON after all, the error sends the batch to the
@@ -1013,15 +967,11 @@ payload_jsonb(const rd_kafka_message_t *m, bool careful)
 		;
 	if (!careful && (*p == '{' || *p == '['))
 		return DirectFunctionCall1(jsonb_in, CStringGetDatum(text));
-#if PG_VERSION_NUM >= 170000
-	lex = makeJsonLexContextCstringLen(NULL, text, strlen(text), GetDatabaseEncoding(), true);
-#else
-	lex = makeJsonLexContextCstringLen(text, strlen(text), GetDatabaseEncoding(), true);
-#endif
+	lex = outbox_json_lexer(text, strlen(text), GetDatabaseEncoding());
 	ok = (pg_parse_json(lex, &nullSemAction) == JSON_SUCCESS);
 	if (!ok)
 		return (Datum) 0;
-	return jsonb_or_null(text, careful);
+	return outbox_jsonb_or_null(text, careful);
 }
 
 /* The inbox_message composite handed to the handler. */
@@ -2015,7 +1965,7 @@ poll_consumer(InboxSub *sub)
 	/* The callback ran inside a poll: no message of a new assignment yet. */
 	if (sub->rebalanced)
 	{
-		drop_messages(sub);
+		inbox_drop_messages(sub);
 		sub->rebalanced = false;
 	}
 }
@@ -2083,7 +2033,7 @@ apply_batch(InboxSub *sub)
 				 */
 				if (sub->rk != NULL && sub->pending_assign == NULL)
 					(void) rd_kafka_assignment(sub->rk, &sub->pending_assign);
-				drop_messages(sub);
+				inbox_drop_messages(sub);
 				PG_RE_THROW();
 			}
 			failed = true;
@@ -2158,7 +2108,7 @@ inbox_step(void)
 		if (!installed)
 		{
 			foreach(lc, subs)
-				consumer_destroy((InboxSub *) lfirst(lc));
+				inbox_consumer_destroy((InboxSub *) lfirst(lc));
 			subs = NIL;
 			plans_nspid = InvalidOid;
 			return -1;
@@ -2182,7 +2132,7 @@ inbox_step(void)
 		if (sub->pending_assign != NULL)
 		{
 			/* What was fetched before is fetched again from the offsets. */
-			drop_messages(sub);
+			inbox_drop_messages(sub);
 			begin_step();
 			apply_assignment(sub);
 			end_step();
@@ -2240,7 +2190,7 @@ check_consumer_settings(void)
 		ereport(LOG, (errmsg("outbox inbox worker %d: Kafka settings changed, recreating the consumers",
 							 worker_index)));
 		foreach(lc, subs)
-			consumer_destroy((InboxSub *) lfirst(lc));
+			inbox_consumer_destroy((InboxSub *) lfirst(lc));
 		list_free(subs);
 		subs = NIL;
 		MemoryContextReset(subs_context);

@@ -959,11 +959,7 @@ check_kafka_properties(char **newval, void **extra, GucSource source)
 	if (err != NULL)
 		return outbox_kafka_check_failed("outbox.kafka_properties", err);
 	/* The GUC machinery free()s extra; guc_malloc() is exported from 16. */
-#if PG_VERSION_NUM >= 160000
-	max_bytes = guc_malloc(LOG, sizeof(int));
-#else
-	max_bytes = malloc(sizeof(int));
-#endif
+	max_bytes = outbox_guc_malloc(sizeof(int));
 	if (max_bytes == NULL)
 		return false;
 	*max_bytes = outbox_properties_message_max_bytes(*newval);

@@ -109,19 +109,8 @@ static ProcessUtility_hook_type prev_ProcessUtility = NULL;
 /* The database this session holds for a DROP/ALTER DATABASE, if any. */
 static OutboxDatabase *held_database = NULL;
 
-#if PG_VERSION_NUM >= 140000
-#define UTILITY_ARGS PlannedStmt *pstmt, const char *queryString, bool readOnlyTree, \
-	ProcessUtilityContext context, ParamListInfo params, QueryEnvironment *queryEnv, \
-	DestReceiver *dest, QueryCompletion *qc
-#define UTILITY_PASS pstmt, queryString, readOnlyTree, context, params, queryEnv, dest, qc
-#else
-#define UTILITY_ARGS PlannedStmt *pstmt, const char *queryString, \
-	ProcessUtilityContext context, ParamListInfo params, QueryEnvironment *queryEnv, \
-	DestReceiver *dest, QueryCompletion *qc
-#define UTILITY_PASS pstmt, queryString, context, params, queryEnv, dest, qc
-#endif
 
-static void outbox_process_utility(UTILITY_ARGS);
+static void outbox_process_utility(OUTBOX_UTILITY_ARGS);
 static bool probe_at_commit = false;
 static bool probe_callback_registered = false;
 
@@ -588,7 +577,7 @@ check_extension_schema(Node *stmt)
  * is still there).
  */
 static void
-outbox_process_utility(UTILITY_ARGS)
+outbox_process_utility(OUTBOX_UTILITY_ARGS)
 {
 	const char *name = outbox_shared ? database_needed_alone(pstmt->utilityStmt) : NULL;
 
@@ -598,9 +587,9 @@ outbox_process_utility(UTILITY_ARGS)
 		if (name != NULL)
 			hold_database(name);
 		if (prev_ProcessUtility)
-			prev_ProcessUtility(UTILITY_PASS);
+			prev_ProcessUtility(OUTBOX_UTILITY_PASS);
 		else
-			standard_ProcessUtility(UTILITY_PASS);
+			standard_ProcessUtility(OUTBOX_UTILITY_PASS);
 	}
 	PG_FINALLY();
 	{

@@ -52,7 +52,7 @@ static bool xact_callback_registered = false;
 /* This transaction is counted in async_emits_committing. */
 static bool async_counted = false;
 
-#if PG_VERSION_NUM >= 150000
+#if OUTBOX_HAVE_SHMEM_REQUEST_HOOK
 static shmem_request_hook_type prev_shmem_request_hook = NULL;
 #endif
 static shmem_startup_hook_type prev_shmem_startup_hook = NULL;
@@ -64,7 +64,7 @@ outbox_shmem_size(void)
 	return MAXALIGN(sizeof(OutboxShared));
 }
 
-#if PG_VERSION_NUM >= 150000
+#if OUTBOX_HAVE_SHMEM_REQUEST_HOOK
 /* Ask for our shared memory (PostgreSQL 15 and later). */
 static void
 outbox_shmem_request(void)
@@ -265,16 +265,7 @@ outbox_simple_estate(Relation rel, LOCKMODE mode)
 	rte->relid = RelationGetRelid(rel);
 	rte->relkind = rel->rd_rel->relkind;
 	rte->rellockmode = mode;
-#if PG_VERSION_NUM >= 160000
-	{
-		List	   *perminfos = NIL;
-
-		addRTEPermissionInfo(&perminfos, rte);
-		ExecInitRangeTable(estate, list_make1(rte), perminfos);
-	}
-#else
-	ExecInitRangeTable(estate, list_make1(rte));
-#endif
+	outbox_init_range_table(estate, rte);
 	return estate;
 }
 
@@ -460,7 +451,7 @@ _PG_init(void)
 	outbox_launcher_init();
 	MarkGUCPrefixReserved("outbox");
 
-#if PG_VERSION_NUM >= 150000
+#if OUTBOX_HAVE_SHMEM_REQUEST_HOOK
 	prev_shmem_request_hook = shmem_request_hook;
 	shmem_request_hook = outbox_shmem_request;
 #else

@@ -173,6 +173,7 @@ extern int	outbox_workers;
 extern bool outbox_enable_test_hooks;
 
 /* retention.c: the inbox workers run the inbox's where no publisher does */
+extern int	outbox_retention_s;
 extern int	outbox_inbox_retention_s;
 extern int	outbox_retention_batch;
 

@@ -61,6 +61,7 @@
 #include "utils/snapmgr.h"
 #include "utils/xid8.h"
 
+#include "compat.h"
 #include "outbox.h"
 #include "publish.h"
 
@@ -141,7 +142,7 @@ delta_row_cmp(const DeltaRow *x, const DeltaRow *y)
  * inlined (qsort's calls through a pointer were a tenth of the worker's
  * time draining a 100,000-event backlog).
  */
-#if PG_VERSION_NUM >= 140000
+#if OUTBOX_HAVE_SORT_TEMPLATE
 #define ST_SORT sort_delta_rows
 #define ST_ELEMENT_TYPE DeltaRow
 #define ST_COMPARE(a, b) delta_row_cmp(a, b)
@@ -276,7 +277,7 @@ publish_delta_read(const char *from, const char *to, int nshares, int share,
 
 	if (index != NULL)
 	{
-		IndexScanDesc scan = index_beginscan(heap, index, GetActiveSnapshot(), 1, 0);
+		IndexScanDesc scan = outbox_index_beginscan(heap, index, GetActiveSnapshot(), 1, 0);
 		ScanKeyData key;
 
 		ScanKeyInit(&key, 1, BTGreaterEqualStrategyNumber, F_XID8GE,

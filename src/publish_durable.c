@@ -115,17 +115,7 @@ wait_for_standbys(XLogRecPtr upto)
 XLogRecPtr
 publish_wal_insert_end(void)
 {
-#if PG_VERSION_NUM >= 170000
-	return GetXLogInsertEndRecPtr();
-#else
-	XLogRecPtr	ptr = GetXLogInsertRecPtr();
-
-	if (XLogSegmentOffset(ptr, wal_segment_size) == SizeOfXLogLongPHD)
-		return ptr - SizeOfXLogLongPHD;
-	if (ptr % XLOG_BLCKSZ == SizeOfXLogShortPHD)
-		return ptr - SizeOfXLogShortPHD;
-	return ptr;
-#endif
+	return outbox_xlog_insert_end();
 }
 
 /*

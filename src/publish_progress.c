@@ -162,7 +162,7 @@ load_defaults(Relation rel)
 static Oid
 primary_key(Relation rel)
 {
-	Oid			pkey = RelationGetPrimaryKeyIndex(rel);
+	Oid			pkey = outbox_primary_key_index(rel);
 
 	if (!OidIsValid(pkey))
 		elog(ERROR, "table aggregate_publication has no primary key");
@@ -200,7 +200,7 @@ publish_progress_read(char **ids, int n, PublishProgress *out)
 	Relation	rel = publish_open_table(publication_relid, AccessShareLock, ACL_SELECT,
 											 progress_names, PC_NCOLUMNS, progress_columns);
 	Relation	pkey = index_open(primary_key(rel), AccessShareLock);
-	IndexScanDesc scan = index_beginscan(rel, pkey, GetActiveSnapshot(), 1, 0);
+	IndexScanDesc scan = outbox_index_beginscan(rel, pkey, GetActiveSnapshot(), 1, 0);
 	TupleTableSlot *slot = table_slot_create(rel, NULL);
 	const int  *c = progress_columns;
 
@@ -267,14 +267,10 @@ writer_open(ProgressWriter *w, bool insert)
 	w->rri = makeNode(ResultRelInfo);
 	InitResultRelInfo(w->rri, w->rel, 1, NULL, 0);
 	ExecOpenIndices(w->rri, false);
-#if PG_VERSION_NUM >= 160000
-	EvalPlanQualInit(&w->epq, w->estate, NULL, NIL, -1, NIL);
-#else
-	EvalPlanQualInit(&w->epq, w->estate, NULL, NIL, -1);
-#endif
+	outbox_epq_init(&w->epq, w->estate);
 	w->pkey = index_open(pkey, RowExclusiveLock);
 	w->nblocks = RelationGetNumberOfBlocks(w->rel);
-	w->scan = index_beginscan(w->rel, w->pkey, GetActiveSnapshot(), 1, 0);
+	w->scan = outbox_index_beginscan(w->rel, w->pkey, GetActiveSnapshot(), 1, 0);
 	w->found = table_slot_create(w->rel, &w->estate->es_tupleTable);
 	w->next = ExecInitExtraTupleSlot(w->estate, RelationGetDescr(w->rel), &TTSOpsVirtual);
 	w->dirty_scan = NULL;
@@ -294,7 +290,7 @@ writer_prepare_insert(ProgressWriter *w)
 		load_defaults(w->rel);
 	oldcxt = MemoryContextSwitchTo(w->estate->es_query_cxt);
 	InitDirtySnapshot(w->dirty);
-	w->dirty_scan = index_beginscan(w->rel, w->pkey, &w->dirty, 1, 0);
+	w->dirty_scan = outbox_index_beginscan(w->rel, w->pkey, &w->dirty, 1, 0);
 	w->defaults = palloc(sizeof(ExprState *) * Max(ndefaults, 1));
 	for (int i = 0; i < ndefaults; i++)
 		w->defaults[i] = ExecInitExpr(defaults[i].expr, NULL);
@@ -408,12 +404,7 @@ write_progress(ProgressWriter *w, int64 version, TimestampTz acked_at, Timestamp
 	ExecStoreVirtualTuple(next);
 	/* Set by the update: a BEFORE trigger that returned NULL leaves it so. */
 	ItemPointerSetInvalid(&next->tts_tid);
-#if PG_VERSION_NUM >= 140000
-	ExecSimpleRelationUpdate(w->rri, w->estate, &w->epq, w->found, next);
-#else
-	w->estate->es_result_relation_info = w->rri;
-	ExecSimpleRelationUpdate(w->estate, &w->epq, w->found, next);
-#endif
+	outbox_simple_update(w->rri, w->estate, &w->epq, w->found, next);
 	return ItemPointerIsValid(&next->tts_tid);
 }
 
@@ -442,7 +433,7 @@ insert_progress(ProgressWriter *w, const char *aggregate_id, int64 version,
 
 		if (!TransactionIdIsValid(xwait))
 			return PROGRESS_CHANGED;
-		if (!ConditionalXactLockTableWait(xwait))
+		if (!outbox_conditional_xact_wait(xwait))
 			return PROGRESS_BUSY;
 	}
 	oldcxt = MemoryContextSwitchTo(econtext->ecxt_per_tuple_memory);
@@ -466,12 +457,7 @@ insert_progress(ProgressWriter *w, const char *aggregate_id, int64 version,
 	MemoryContextSwitchTo(oldcxt);
 	/* Set by the insert: a BEFORE trigger that returned NULL leaves it so. */
 	ItemPointerSetInvalid(&slot->tts_tid);
-#if PG_VERSION_NUM >= 140000
-	ExecSimpleRelationInsert(w->rri, w->estate, slot);
-#else
-	w->estate->es_result_relation_info = w->rri;
-	ExecSimpleRelationInsert(w->estate, slot);
-#endif
+	outbox_simple_insert(w->rri, w->estate, slot);
 	inserted = ItemPointerIsValid(&slot->tts_tid);
 	ExecClearTuple(slot);
 	ResetPerTupleExprContext(w->estate);

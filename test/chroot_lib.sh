@@ -4,8 +4,8 @@
 # A `debootstrap --variant=minbase bookworm` base (only the essential
 # packages) is made once and kept as a tarball in $OUTBOX_FRESH_CACHE
 # (default /var/cache/outbox-fresh); each run unpacks it into a new
-# directory.  apt in the chroot uses the mirror the host's apt uses (read
-# from /etc/apt/sources.list*), or $OUTBOX_FRESH_MIRROR.
+# directory.  apt in the chroot uses the mirror the host's apt uses
+# (test/apt_mirror.sh reads /etc/apt/sources.list*), or $OUTBOX_FRESH_MIRROR.
 #
 # The caller runs as root in a private mount namespace (unshare --mount
 # --propagation private), defines say MESSAGE and sets budget (seconds)
@@ -48,47 +48,15 @@ bounded() {
 	timeout --kill-after=30 "$t" "$@"
 }
 
-# apt_sources: the host's enabled deb sources, one "URI SUITE" a line
-# (one-line .list files and deb822 .sources files).
-apt_sources() {
-	local f
-	for f in /etc/apt/sources.list /etc/apt/sources.list.d/*.list; do
-		[ -f "$f" ] || continue
-		awk '$1 == "deb" {
-			i = 2
-			if ($i ~ /^\[/) { while (i < NF && $i !~ /\]$/) i++; i++ }
-			print $i, $(i + 1)
-		}' "$f"
-	done
-	for f in /etc/apt/sources.list.d/*.sources; do
-		[ -f "$f" ] || continue
-		awk 'BEGIN { RS = ""; FS = "\n" }
-		{
-			types = ""; uris = ""; suites = ""; enabled = "yes"
-			for (j = 1; j <= NF; j++) {
-				if ($j ~ /^[ \t]*#/ || $j !~ /:/) continue
-				key = tolower(substr($j, 1, index($j, ":") - 1))
-				val = substr($j, index($j, ":") + 1)
-				gsub(/^[ \t]+|[ \t]+$/, "", val)
-				if (key == "types") types = val
-				else if (key == "uris") uris = val
-				else if (key == "suites") suites = val
-				else if (key == "enabled") enabled = tolower(val)
-			}
-			if (types !~ /(^| )deb( |$)/ || enabled == "no") next
-			nu = split(uris, u, /[ \t]+/); ns = split(suites, s, /[ \t]+/)
-			for (a = 1; a <= nu; a++) for (b = 1; b <= ns; b++) print u[a], s[b]
-		}' "$f"
-	done
-}
-
-# chroot_mirrors: sets mirror and security_mirror, the URIs the host's apt
-# uses for bookworm and bookworm-security; false if the host has none.
+# chroot_mirrors: sets mirror and security_mirror, the mirrors the host's
+# apt uses (test/apt_mirror.sh); false if the host has none.
 chroot_mirrors() {
-	mirror=${OUTBOX_FRESH_MIRROR:-$(apt_sources | awk '$2 == "bookworm" { print $1; exit }')}
-	security_mirror=$(apt_sources | awk '$2 == "bookworm-security" { print $1; exit }')
+	local lib
+	lib=$(dirname "${BASH_SOURCE[0]}")
+	mirror=${OUTBOX_FRESH_MIRROR:-$("$lib/apt_mirror.sh")} || mirror=
+	security_mirror=$("$lib/apt_mirror.sh" --security) || security_mirror=
 	if [ -z "$mirror" ]; then
-		echo "chroot: no bookworm source in /etc/apt/sources.list*; set OUTBOX_FRESH_MIRROR" >&2
+		echo "chroot: no Debian mirror in /etc/apt/sources.list*; set OUTBOX_FRESH_MIRROR" >&2
 		return 1
 	fi
 }
@@ -167,17 +135,10 @@ chroot_mount() {
 	done
 }
 
-# chroot_cleanup: kills every process still running inside the chroot (a
-# server of a failed test, say: ours, found by their root directory) and
-# unmounts; the caller removes the directory.
+# chroot_cleanup: stops every process still running inside the chroot and
+# unmounts (test/chroot_release.sh); the caller removes the directory.
 chroot_cleanup() {
-	local i pid
 	[ -n "$chroot_root" ] || return 0
-	for pid in $(ls /proc | grep -E '^[0-9]+$'); do
-		[ "$(readlink "/proc/$pid/root" 2>/dev/null)" = "$chroot_root" ] && kill -KILL "$pid" 2>/dev/null
-	done
-	for ((i = ${#chroot_mounts[@]} - 1; i >= 0; i--)); do
-		umount "${chroot_mounts[i]}" 2>/dev/null || umount -l "${chroot_mounts[i]}" 2>/dev/null
-	done
+	"$(dirname "${BASH_SOURCE[0]}")/chroot_release.sh" "$chroot_root" "${chroot_mounts[@]}"
 	chroot_mounts=()
 }

@@ -96,7 +96,7 @@ chroot_mount || { echo "fresh_machine: FAIL (mounts)"; exit 1; }
 in_chroot() {	# in_chroot NAME COMMAND: run as root in the clone, log to $work/NAME.log
 	local rc
 	say "running \`$2\` in the chroot"
-	bounded chroot "$root" /usr/bin/env -i HOME=/root LANG=C.UTF-8 TERM=dumb \
+	bounded chroot "$root" /usr/bin/env -i HOME=/root TERM=dumb \
 		${OUTBOX_FRESH_PROVE_TESTS:+PROVE_TESTS="$OUTBOX_FRESH_PROVE_TESTS"} \
 		PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
 		bash -c "cd /root/outbox && $2" 2>&1 | tee "$work/$1.log"

@@ -5,9 +5,11 @@
 # brings it) instead of letting a suite fail half-way.  Used by
 # test/run_tests.sh and by `make installcheck` / `make prove_installcheck`.
 #
-# Usage: [PG_CONFIG=...] test/preflight.sh [--not-root] suite...
+# Usage: [PG_CONFIG=...] [PROVE_TESTS=...] test/preflight.sh [--not-root] suite...
 #        suites: regress isolation pgtap tools tap
 #        --not-root: fail as root (PostgreSQL refuses to run as root)
+#        PROVE_TESTS: the TAP files chosen (default: all of test/t); Java and
+#        Maven are needed only if one of them runs a real Kafka cluster
 # Exit status 0 when all is there, 2 otherwise.
 #
 set -uo pipefail
@@ -44,7 +46,7 @@ need_tools() {	# need_tools SUITE: the test tools (make builds them)
 
 pg_config=${PG_CONFIG:-pg_config}
 if ! command -v "$pg_config" >/dev/null 2>&1; then
-	echo "preflight: $pg_config not found (package postgresql-server-dev-15; or put the" >&2
+	echo "preflight: $pg_config not found (package postgresql-server-dev-NN; or put the" >&2
 	echo "preflight: server's bin directory on PATH); install with: bash .ci/install-deps" >&2
 	exit 2
 fi
@@ -52,10 +54,26 @@ bindir=$("$pg_config" --bindir)
 pgxs=$(dirname "$(dirname "$(dirname "$("$pg_config" --pgxs)")")")
 sharedir=$("$pg_config" --sharedir)
 pkglibdir=$("$pg_config" --pkglibdir)
+# The Debian packages are named after the server's major version.
+v=$("$pg_config" --version | sed -E 's/^PostgreSQL ([0-9]+).*/\1/')
+
+# True if a chosen TAP file runs a real Kafka cluster (test/perl/RealKafka.pm,
+# which builds it with Maven); every file when none is chosen.
+real_kafka_chosen() {
+	local t f
+	for t in ${PROVE_TESTS:-$src/test/t/*.pl}; do
+		case $t in */*) f=$t ;; *) f=$src/test/t/$t ;; esac
+		case $f in /*) ;; *) f=$src/$f ;; esac
+		for f in $f; do	# a glob (test/t/2*.pl) matches here
+			[ -f "$f" ] && grep -q '^use RealKafka\b' "$f" && return 0
+		done
+	done
+	return 1
+}
 
 if [ $# -gt 0 ]; then
 	for b in initdb pg_ctl postgres psql; do
-		need_file all "$bindir/$b" "PostgreSQL server program $b (package postgresql-15)"
+		need_file all "$bindir/$b" "PostgreSQL server program $b (package postgresql-$v)"
 	done
 	need_file all "$pkglibdir/outbox.so" "the extension is not installed (make && make install)"
 	need_file all "$sharedir/extension/outbox.control" "the extension is not installed (make && make install)"
@@ -64,17 +82,17 @@ for suite in "$@"; do
 	case $suite in
 		regress)
 			need_cmd "$suite" make make
-			need_file "$suite" "$pgxs/src/test/regress/pg_regress" "pg_regress (package postgresql-client-15)"
+			need_file "$suite" "$pgxs/src/test/regress/pg_regress" "pg_regress (package postgresql-client-$v)"
 			;;
 		isolation)
 			need_cmd "$suite" make make
 			need_file "$suite" "$pgxs/src/test/isolation/pg_isolation_regress" \
-				"pg_isolation_regress (package postgresql-client-15)"
+				"pg_isolation_regress (package postgresql-client-$v)"
 			;;
 		pgtap)
 			need_cmd "$suite" pg_prove libtap-parser-sourcehandler-pgtap-perl
-			need_file "$suite" "$sharedir/extension/pgtap.control" "pgTAP (package postgresql-15-pgtap)"
-			need_file "$suite" "$bindir/createdb" "createdb (package postgresql-client-15)"
+			need_file "$suite" "$sharedir/extension/pgtap.control" "pgTAP (package postgresql-$v-pgtap)"
+			need_file "$suite" "$bindir/createdb" "createdb (package postgresql-client-$v)"
 			;;
 		tools)
 			need_cmd "$suite" kcat kcat
@@ -94,15 +112,15 @@ for suite in "$@"; do
 			need_perl "$suite" Time::HiRes perl
 			# Only looked for: loading it creates tmp_check/ in the current directory.
 			need_file "$suite" "$pgxs/src/test/perl/PostgreSQL/Test/Cluster.pm" \
-				"Perl module PostgreSQL::Test::Cluster (package postgresql-client-15)"
-			need_file "$suite" "$pgxs/src/test/regress/pg_regress" "pg_regress (package postgresql-client-15)"
+				"Perl module PostgreSQL::Test::Cluster (package postgresql-client-$v)"
+			need_file "$suite" "$pgxs/src/test/regress/pg_regress" "pg_regress (package postgresql-client-$v)"
 			for b in pgbench pg_dump pg_restore; do
-				need_file "$suite" "$bindir/$b" "$b (package postgresql-15)"
+				need_file "$suite" "$bindir/$b" "$b (package postgresql-$v)"
 			done
 			need_tools "$suite"
 			# The tests against a real Kafka broker (test/kafka) build it with Maven.
-			if [ -f "$src/test/kafka/pom.xml" ]; then
-				need_cmd "$suite" java openjdk-17-jdk-headless
+			if [ -f "$src/test/kafka/pom.xml" ] && real_kafka_chosen; then
+				need_cmd "$suite" java default-jre-headless
 				need_cmd "$suite" mvn maven
 			fi
 			;;

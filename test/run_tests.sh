@@ -27,7 +27,7 @@ suites=${*:-regress isolation pgtap tools tap}
 if [ "$(id -u)" = 0 ]; then
 	if ! id postgres >/dev/null 2>&1 || ! command -v runuser >/dev/null; then
 		echo "run_tests: PostgreSQL refuses to run as root, and there is no postgres user" \
-			"(package postgresql-15) or no runuser (package util-linux) to run as" >&2
+			"(package postgresql-NN) or no runuser (package util-linux) to run as" >&2
 		exit 2
 	fi
 	work=$(mktemp -d /tmp/outbox-test.XXXXXX)

@@ -29,7 +29,7 @@ work=${WORK:-$(mktemp -d /tmp/outbox-emit-batch.XXXXXX)}
 export PGHOST=$work PGPORT=$((20000 + RANDOM % 20000)) PGDATABASE=postgres
 trap 'pg_ctl -D "$work/data" -m immediate stop >/dev/null 2>&1 || true' EXIT
 
-initdb -D "$work/data" -A trust -U postgres >/dev/null
+initdb -D "$work/data" -A trust -U postgres -E UTF8 --locale=C >/dev/null
 cat >>"$work/data/postgresql.conf" <<EOF
 shared_preload_libraries = 'outbox'
 outbox.workers = 0

@@ -17,7 +17,18 @@ use Time::HiRes qw(time sleep);
 
 use MockKafka;
 
-our @EXPORT = qw(outbox_node wait_published expect_file events_file emit_load counter);
+our @EXPORT = qw(pinned_init outbox_node wait_published expect_file events_file emit_load counter);
+
+# $node->init(%params), with initdb's encoding and locale fixed (UTF8, C):
+# left to the caller's environment, no LANG gives SQL_ASCII and other output.
+sub pinned_init
+{
+	my ($node, %params) = @_;
+
+	$node->init(%params,
+		extra => [ '--encoding=UTF8', '--locale=C', @{ $params{extra} // [] } ]);
+	return $node;
+}
 
 # A started node with the extension created in database "postgres" (the
 # launcher serves every database that has it).
@@ -27,7 +38,7 @@ sub outbox_node
 	my ($name, $mk, %conf) = @_;
 	my $node = PostgreSQL::Test::Cluster->new($name);
 
-	$node->init;
+	pinned_init($node);
 	$node->append_conf('postgresql.conf', qq{
 shared_preload_libraries = 'outbox'
 outbox.brokers = '@{[ $mk->bootstrap ]}'

@@ -5,12 +5,17 @@ SELECT extname, extversion, extrelocatable, n.nspname
   FROM pg_extension e JOIN pg_namespace n ON n.oid = e.extnamespace
  WHERE extname = 'outbox';
 
--- Every object is in the extension's schema.
-SELECT pg_describe_object(classid, objid, objsubid) AS object
-  FROM pg_depend
- WHERE refclassid = 'pg_extension'::regclass
-   AND refobjid = (SELECT oid FROM pg_extension WHERE extname = 'outbox')
-   AND deptype = 'e'
+-- Every object is in the extension's schema.  The types a table, a view or
+-- a type brings with it (its row type, its array type), which PostgreSQL 17
+-- records as members as well, go with it and are not listed.
+SELECT pg_describe_object(d.classid, d.objid, d.objsubid) AS object
+  FROM pg_depend d
+  LEFT JOIN pg_type t ON d.classid = 'pg_type'::regclass AND t.oid = d.objid
+  LEFT JOIN pg_class c ON c.oid = t.typrelid
+ WHERE d.refclassid = 'pg_extension'::regclass
+   AND d.refobjid = (SELECT oid FROM pg_extension WHERE extname = 'outbox')
+   AND d.deptype = 'e'
+   AND NOT coalesce(c.relkind <> 'c' OR t.typcategory = 'A', false)
  ORDER BY 1;
 
 -- Not relocatable.

@@ -17,6 +17,12 @@ my $mk = MockKafka->start(dir => "$dir/mock1", brokers => 3, max_seconds => 600)
 my $node = outbox_node('publish', $mk, poll_interval => '60s');
 my $topic = 'outbox.event.load';
 
+# The node is UTF8 with the C locale whatever the caller's LANG (none, in
+# a container, would give SQL_ASCII): what the tests compare depends on it.
+is($node->safe_psql('postgres', q{SELECT pg_encoding_to_char(encoding) || ' ' || datcollate
+	FROM pg_database WHERE datname = current_database()}),
+	'UTF8 C', 'the test node is UTF8 with the C locale');
+
 # A commit wakes the publisher at once: the fallback poll comes 60 s after
 # the worker's last batch, so an event published with no poll counted in
 # between was published because the commit callback set the worker's

@@ -7,8 +7,10 @@ use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
 
+use OutboxTest;
+
 my $node = PostgreSQL::Test::Cluster->new('dump');
-$node->init;
+pinned_init($node);
 $node->append_conf('postgresql.conf', "shared_preload_libraries = 'outbox'\noutbox.workers = 0\n");
 $node->start;
 $node->safe_psql('postgres', q{

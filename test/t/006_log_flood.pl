@@ -8,8 +8,10 @@ use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
 
+use OutboxTest;
+
 my $node = PostgreSQL::Test::Cluster->new('log_flood');
-$node->init;
+pinned_init($node);
 $node->append_conf('postgresql.conf', qq{
 shared_preload_libraries = 'outbox'
 outbox.workers = 0

@@ -14,7 +14,7 @@ use MockKafka;
 use OutboxTest;
 
 my $node = PostgreSQL::Test::Cluster->new('nopreload');
-$node->init;
+pinned_init($node);
 # Start-up settings in the file, as an administrator would leave them.
 $node->append_conf('postgresql.conf', qq{
 outbox.database = 'postgres'

@@ -29,7 +29,7 @@ my $dir = $PostgreSQL::Test::Utils::tmp_check;
 mkdir "$dir/mock";
 my $mk = MockKafka->start(dir => "$dir/mock", brokers => 1, max_seconds => 300);
 my $node = PostgreSQL::Test::Cluster->new('walpage');
-$node->init;
+pinned_init($node);
 $node->append_conf('postgresql.conf', qq{
 shared_preload_libraries = 'outbox'
 outbox.database = 'postgres'

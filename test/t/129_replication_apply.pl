@@ -37,7 +37,7 @@ my $mk = MockKafka->start(dir => "$dir/mock", brokers => 3, max_seconds => 300);
 
 # The source: a plain table named like the extension's, published.
 my $source = PostgreSQL::Test::Cluster->new('apply_source');
-$source->init(allows_streaming => 'logical');
+pinned_init($source, allows_streaming => 'logical');
 $source->start;
 $source->safe_psql('postgres', q{
 CREATE TABLE public.outbox (aggregate_type text, aggregate_id text, aggregate_version bigint,

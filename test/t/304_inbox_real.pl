@@ -6,8 +6,8 @@
 #   1. concurrent emitters with rollbacks; the broker that coordinates the
 #      consumer group stopped while the workers consume, then started again;
 #   2. outbox_replay() of everything upstream: all dropped as duplicates;
-#   3. rebalances: one worker terminated (the other takes its partitions
-#      until the launcher starts it again), then one SIGKILLed mid-batch
+#   3. rebalances: one worker terminated (a static member: its partitions
+#      wait for the launcher to start it again), then one SIGKILLed mid-batch
 #      (a crash restart: the workers rejoin as the same static members,
 #      test/t/311 bounds how fast);
 #   4. a slow handler: the messages fetched take longer than

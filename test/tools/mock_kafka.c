@@ -119,6 +119,29 @@ die(const char *fmt,...)
 	exit(1);
 }
 
+/*
+ * From librdkafka 2.5 the mock answers a Produce (v10 and later) or Fetch
+ * (v12 and later) that reaches a broker which is not the partition's leader
+ * with the current leader (KIP-951), read from the partition without a
+ * check: when the partition is leaderless ("leader <topic> <p> -1"), NULL
+ * is dereferenced and the whole mock cluster dies (seen with 2.8 and 2.14),
+ * which every client sees as "all brokers are down".  Clients then use the
+ * versions before, where the mock answers NOT_LEADER alone, as a broker
+ * that predates KIP-951 does.
+ */
+static void
+cap_leader_discovery_versions(void)
+{
+	const int16_t produce_key = 0;	/* ApiKey Produce */
+	const int16_t fetch_key = 1;	/* ApiKey Fetch */
+
+	if (rd_kafka_version() < 0x02050000)
+		return;
+	if (rd_kafka_mock_set_apiversion(mcluster, produce_key, 0, 9) ||
+		rd_kafka_mock_set_apiversion(mcluster, fetch_key, 0, 11))
+		die("could not cap the Produce and Fetch versions of the mock cluster");
+}
+
 static void
 signal_handler(int signo)
 {
@@ -774,6 +797,7 @@ main(int argc, char **argv)
 	mcluster = rd_kafka_mock_cluster_new(rk, broker_cnt);
 	if (mcluster == NULL)
 		die("could not create mock cluster with %d brokers", broker_cnt);
+	cap_leader_discovery_versions();
 
 	for (i = 0; i < ntopics; i++)
 	{
