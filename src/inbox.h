@@ -1,8 +1,11 @@
 /*-------------------------------------------------------------------------
  *
  * inbox.h
- *	  Private to the inbox workers: a subscription's Kafka consumer
- *	  (inbox_consumer.c) as the apply loop (inbox_worker.c) uses it.
+ *	  Private to the inbox workers, shared by their parts: the loop
+ *	  (inbox_worker.c: settings, launcher, subscriptions, steps), a
+ *	  subscription's Kafka consumer (inbox_consumer.c), one batch applied
+ *	  through the handler (inbox_apply.c) and the statements on the inbox
+ *	  tables (inbox_store.c).  Nothing outside the inbox includes this.
  *
  *-------------------------------------------------------------------------
  */
@@ -11,8 +14,11 @@
 
 #include <librdkafka/rdkafka.h>
 
+#include "executor/spi.h"
 #include "nodes/pg_list.h"
+#include "storage/itemptr.h"
 #include "utils/array.h"
+#include "utils/hsearch.h"
 #include "utils/timestamp.h"
 
 #include "outbox.h"
@@ -63,8 +69,85 @@ typedef struct InboxSub
 	TimestampTz last_probe;
 } InboxSub;
 
+/* Subscriptions are looked up again this often (and paused partitions). */
+#define INBOX_REFRESH_MS 1000
+/* Longest backoff of a failing handler. */
+#define INBOX_MAX_BACKOFF_MS (5 * 60 * 1000)
+
+/* A partition's row of inbox_offset, locked for the batch. */
+typedef struct PartState
+{
+	char	   *topic;
+	int32		partition;
+	int64		next_offset;	/* -1: none stored yet */
+	int			attempts;
+	char	   *last_error;
+	TimestampTz next_attempt_at;	/* 0: none */
+	TimestampTz blocked_at;		/* 0: not blocked */
+	char	   *blocked_reason;
+	bool		accept_gap;
+	bool		skip_requested;
+	bool		stopped;		/* no more messages of it in this batch */
+	bool		was_paused;		/* stopped before this batch */
+	int64		stop_offset;
+	int64		last_applied_offset;	/* -1: none in this batch */
+	int64		applied,
+				duplicates,
+				gaps,
+				errors,
+				dead_lettered,
+				skipped;
+} PartState;
+
+/* An aggregate's last applied version, cached for one batch. */
+typedef struct InboxAggregate
+{
+	char	   *aggregate_id;	/* hash key: must be first */
+	int64		last_version;	/* 0: none */
+	bool		stored;			/* has a row, read at tid */
+	ItemPointerData tid;
+	bool		dirty;
+} InboxAggregate;
+
+/* The headers the publisher sets, parsed from one message. */
+typedef struct MessageMeta
+{
+	char	   *event_id;
+	char	   *event_type;
+	char	   *aggregate_type;
+	char	   *aggregate_id;
+	int64		aggregate_version;	/* 0: none */
+	Datum		headers;		/* jsonb, or 0 */
+} MessageMeta;
+
 /* Settings (outbox.inbox_*) of the consumers */
 extern char *inbox_kafka_credentials_file;
+
+/* inbox_worker.c: the loop */
+extern int	inbox_worker_index;
+extern MemoryContext inbox_subs_context;
+extern MemoryContext inbox_loop_context;
+extern void inbox_begin_step(void);
+extern void inbox_end_step(void);
+
+/* inbox_apply.c */
+extern int	inbox_apply_batch(InboxSub *sub);
+
+/* inbox_store.c: kept plans, for the schema they were prepared in */
+extern Oid	inbox_plans_nspid;
+extern TupleDesc inbox_message_desc;
+extern SPIPlanPtr inbox_subs_plan,
+			inbox_offset_read_plan,
+			inbox_claim_many_plan,
+			inbox_dead_letter_plan,
+			inbox_retention_plan;
+extern bool inbox_prepare_plans(void);
+extern void inbox_load_aggregates(HTAB *aggs, InboxSub *sub, MessageMeta *metas, int n);
+extern InboxAggregate *inbox_aggregate_state(HTAB *aggs, const char *aggregate_id);
+extern void inbox_claim_message(InboxSub *sub, const char *identity, bool *claimed);
+extern void inbox_lock_partition(InboxSub *sub, PartState *ps);
+extern void inbox_save_partition(InboxSub *sub, PartState *ps);
+extern void inbox_flush_aggregates(InboxSub *sub, HTAB *aggs);
 
 /* inbox_consumer.c */
 extern void inbox_consumer_settings_init(void);
