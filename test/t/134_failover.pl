@@ -81,7 +81,8 @@ my $walreceiver = $new->safe_psql('postgres', 'SELECT pid FROM pg_stat_wal_recei
 ok($walreceiver =~ /^\d+$/, 'the standby streams');
 kill 'STOP', $walreceiver;
 my $behind_from = max_id($old);
-sleep 0.2 while max_id($old) < $behind_from + 500;
+my $t_behind = time;
+sleep 0.2 while max_id($old) < $behind_from + 500 && time - $t_behind < 60;
 sleep 1;
 $old->stop('immediate');
 kill 'CONT', $walreceiver;
