@@ -3,7 +3,11 @@
 # the primary killed, the standby promoted, the old primary rewound with
 # pg_rewind and attached as the new standby.  Kafka is judged against the
 # promoted server: no event it lacks (phantom), none of its events lost,
-# no gap, no inversion.  No publisher ever runs on a standby.
+# no gap, no inversion.  The inbox half on the same servers (database
+# "consumer", its workers applying the topic): on the promoted server every
+# committed event is applied exactly once, in version order (offsets and
+# effects commit together, so what the failover took back is applied
+# again).  No publisher or inbox worker ever runs on a standby.
 #
 # outbox.standby_confirmations = -1 follows synchronous_standby_names (here
 # '*': the one standby): the publisher waits for what a synchronous commit
@@ -21,6 +25,7 @@ use Test::More;
 use Time::HiRes qw(time sleep);
 
 use FaultTest;
+use InboxTest;
 use MockKafka;
 use OutboxTest;
 
@@ -29,7 +34,7 @@ mkdir "$dir/mock";
 my $mk = MockKafka->start(dir => "$dir/mock", brokers => 3, max_seconds => 600);
 # (OUTBOX_FAILOVER_CONFIRMATIONS=0 shows what the setting prevents.)
 my $confirmations = $ENV{OUTBOX_FAILOVER_CONFIRMATIONS} // -1;
-my $old = outbox_node('old_primary', $mk, fault_conf(), standby_confirmations => $confirmations);
+my $old = inbox_node('old_primary', $mk, fault_conf(), standby_confirmations => $confirmations);
 $old->append_conf('postgresql.conf', q{
 wal_level = replica
 max_wal_senders = 4
@@ -41,6 +46,8 @@ wal_writer_delay = 1s
 });
 $old->restart;
 quiet_statements($old);
+setup_consumer($old, 'billing', 'outbox.event.load');
+$old->safe_psql('consumer', 'UPDATE app.knobs SET fail = false, delay = 0');
 $old->backup('b');
 my $new = PostgreSQL::Test::Cluster->new('new_primary');
 $new->init_from_backup($old, 'b', has_streaming => 1);
@@ -54,7 +61,8 @@ sub look_at_standby
 	my ($node) = @_;
 	my ($rc, $out) = $node->psql('postgres',
 		q{SELECT pg_is_in_recovery(),
-				 (SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'outbox publisher')});
+				 (SELECT count(*) FROM pg_stat_activity
+				   WHERE backend_type IN ('outbox publisher', 'outbox inbox worker'))});
 	return unless $rc == 0 && $out =~ /^t\|(\d+)$/;
 	$standby_publishers{ $node->name } += $1;
 }
@@ -71,6 +79,8 @@ for (1 .. 10)
 cmp_ok($old->safe_psql('postgres', 'SELECT count(*) FROM outbox WHERE NOT EXISTS
 	(SELECT 1 FROM outbox_pending p WHERE p.id = outbox.id)'), '>', 0,
 	'the primary publishes while its standby confirms');
+ok($old->poll_query_until('consumer', 'SELECT count(*) > 0 FROM app.applied'),
+	'the inbox applies them on the primary');
 
 # The standby falls behind (its WAL receiver stopped for 2 s), then the
 # primary dies under load: what it had not sent to the standby is lost with
@@ -91,6 +101,8 @@ $new->promote;
 $new->poll_query_until('postgres', 'SELECT NOT pg_is_in_recovery()')
   or die 'the standby was not promoted';
 ok(defined wait_publisher($new, 1, 60), 'the promoted server runs a publisher');
+cmp_ok($new->safe_psql('consumer', 'SELECT count(*) FROM app.applied'), '>', 0,
+	'effects applied before the failover are on the promoted server');
 quiet_statements($new);
 
 # Emitters go on against the promoted server; with no standby yet, what
@@ -133,7 +145,7 @@ look_at_standby($old);
 ok(stop_load($load, 60), 'emitters stopped');
 ok(defined wait_published($new, 120), 'nothing pending on the promoted server');
 is(join(',', map { "$_=$standby_publishers{$_}" } sort keys %standby_publishers),
-	'new_primary=0,old_primary=0', 'no publisher ran on a standby');
+	'new_primary=0,old_primary=0', 'no publisher or inbox worker ran on a standby');
 is($old->safe_psql('postgres',
 	q{SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'outbox publisher'}),
 	'0', 'none runs on the rewound old primary');
@@ -141,6 +153,12 @@ is($old->safe_psql('postgres',
 db_versions_contiguous($new, 'promoted server');
 my $r = verdict($mk, $new, 'failover', topics => ['outbox.event.load']);
 is($r->{unexpected}, 0, 'no aggregate in Kafka that the promoted server lacks');
+
+my $events = $new->safe_psql('postgres', 'SELECT count(*) FROM outbox');
+ok(defined wait_applied($new, $events, 120), "the promoted server's inbox applied the $events events");
+my @p = consumer_verdict($new);
+is_deeply(\@p, [], 'inbox: every committed event applied exactly once, in version order')
+  or diag join("\n", @p);
 note_counters($new, $t_start);
 
 $old->stop;
