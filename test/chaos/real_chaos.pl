@@ -104,6 +104,17 @@ sub led_by
 	return { map { $_ => 1 } grep { $l->{$_} == $id } keys %$l };
 }
 
+# SIGSTOP node $id ($role) for 3-6 s; a fault's description and what it hit.
+sub pause_node
+{
+	my ($id, $role) = @_;
+	my $hit = led_by($id);
+	$rk->node('pause', $id);
+	sleep 3 + rand(3);
+	$rk->node('resume', $id);
+	return ("SIGSTOP $role $id, resumed", $hit);
+}
+
 # The faults: each returns a short description of what it did and what it
 # hit: the partitions whose leader it stopped, 'all' (PostgreSQL), or none.
 my %faults = (
@@ -117,20 +128,10 @@ my %faults = (
 	},
 	leader_pause => sub {
 		my $l = $rk->leaders($topic);
-		my $id = pick(values %$l) // 1 + int(rand(3));
-		my $hit = led_by($id);
-		$rk->node('pause', $id);
-		sleep 3 + rand(3);
-		$rk->node('resume', $id);
-		return ("SIGSTOP leader $id, resumed", $hit);
+		return pause_node(pick(values %$l) // 1 + int(rand(3)), 'leader');
 	},
 	controller_pause => sub {
-		my $id = $rk->active_controller // 1 + int(rand(3));
-		my $hit = led_by($id);
-		$rk->node('pause', $id);
-		sleep 3 + rand(3);
-		$rk->node('resume', $id);
-		return ("SIGSTOP active controller $id, resumed", $hit);
+		return pause_node($rk->active_controller // 1 + int(rand(3)), 'active controller');
 	},
 	broker_restart => sub {
 		my $id = 1 + int(rand(3));
