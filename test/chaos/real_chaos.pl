@@ -41,7 +41,7 @@ use RealTest;
 my $seed = $ENV{OUTBOX_CHAOS_SEED} // time % 100000;
 my $seconds = $ENV{OUTBOX_CHAOS_SECONDS} // 120;
 srand($seed);
-note "chaos seed $seed, $seconds s (OUTBOX_CHAOS_SEED=$seed repeats this run)";
+note "chaos seed $seed, $seconds s (OUTBOX_CHAOS_SEED=$seed repeats its order of faults)";
 
 my $topic = 'outbox.event.load';
 my $rk = real_cluster(max_seconds => $seconds + 900);
