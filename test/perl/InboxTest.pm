@@ -16,9 +16,10 @@ use PostgreSQL::Test::Utils;
 use Test::More;
 use Time::HiRes qw(time sleep);
 
-use OutboxTest qw(outbox_node);
+use OutboxTest qw(outbox_node outbox_setup wait_until);
 
-our @EXPORT = qw(inbox_node setup_consumer wait_applied consumer_verdict
+our @EXPORT = qw(inbox_node inbox_setup setup_consumer wait_applied
+  wait_applied_across_restarts consumer_verdict
   inbox_pids producer_expected);
 
 # A node with the publisher on "postgres" and the inbox on "consumer"
@@ -35,6 +36,14 @@ sub inbox_node
 	$node->safe_psql('postgres', 'CREATE DATABASE consumer');
 	$node->safe_psql('consumer', 'CREATE EXTENSION outbox');
 	return $node;
+}
+
+# OutboxTest's outbox_setup with an inbox_node: ($node, $mk).
+sub inbox_setup
+{
+	my ($name, %opts) = @_;
+
+	return outbox_setup($name, %opts, make_node => \&inbox_node);
 }
 
 # Role app, table app.applied and handler app.apply(inbox_message), which
@@ -91,6 +100,21 @@ sub wait_applied
 	}
 	diag "applied $have of $n after ${timeout}s";
 	return undef;
+}
+
+# wait_applied for a server that may be restarting: a failed query is
+# polled again.  Seconds taken, undef on timeout.
+sub wait_applied_across_restarts
+{
+	my ($node, $n, $timeout) = @_;
+	my $t = wait_until(sub {
+		my ($rc, $out) = (1, '');
+		eval { ($rc, $out) = $node->psql('consumer', 'SELECT count(*) FROM app.applied') };
+		return $rc == 0 && $out >= $n;
+	}, $timeout, 0.2);
+
+	diag "not all of $n applied after $timeout s" unless defined $t;
+	return $t;
 }
 
 # What the producer committed: "aggregate_id\tversion\tevent_id" lines.

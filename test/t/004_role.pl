@@ -9,10 +9,7 @@ use Test::More;
 use MockKafka;
 use OutboxTest;
 
-my $dir = $PostgreSQL::Test::Utils::tmp_check;
-mkdir "$dir/mock4";
-my $mk = MockKafka->start(dir => "$dir/mock4", brokers => 1, max_seconds => 300);
-my $node = outbox_node('role', $mk, retention => '0');
+my ($node, $mk) = outbox_setup('role', retention => '0');
 
 $node->safe_psql('postgres', q{
 	CREATE ROLE outbox_worker LOGIN;

@@ -13,10 +13,7 @@ use Time::HiRes qw(time sleep);
 use MockKafka;
 use OutboxTest;
 
-my $dir = $PostgreSQL::Test::Utils::tmp_check;
-mkdir "$dir/mock10";
-my $mk = MockKafka->start(dir => "$dir/mock10", brokers => 1, max_seconds => 300);
-my $node = outbox_node('kafkaset', $mk);
+my ($node, $mk) = outbox_setup('kafkaset');
 my $creds = $node->data_dir . '/kafka_credentials';
 
 sub write_creds

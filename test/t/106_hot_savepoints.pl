@@ -21,11 +21,8 @@ use OutboxTest;
 my $hot = 8;
 my $topic = 'outbox.event.hot';
 
-my $dir = $PostgreSQL::Test::Utils::tmp_check;
-mkdir "$dir/mock";
-my $mk = MockKafka->start(dir => "$dir/mock", brokers => 3, max_seconds => 300);
 my %conf = (fault_conf(), workers => 2);
-my $node = outbox_node('hot', $mk, %conf);
+my ($node, $mk) = outbox_setup('hot', brokers => 3, %conf);
 note "kafka_properties: " . ($conf{kafka_properties} // '(default)');
 $node->append_conf('postgresql.conf', "deadlock_timeout = '100ms'\n");
 quiet_statements($node);

@@ -18,9 +18,7 @@ use MockKafka;
 use OutboxTest;
 
 my $dir = $PostgreSQL::Test::Utils::tmp_check;
-mkdir "$dir/mock";
-my $mk = MockKafka->start(dir => "$dir/mock", brokers => 1, max_seconds => 300);
-my $node = outbox_node('marking', $mk);
+my ($node, $mk) = outbox_setup('marking');
 
 $node->safe_psql('postgres', q{
 	CREATE ROLE outbox_worker LOGIN;

@@ -13,10 +13,7 @@ use FaultTest;
 use MockKafka;
 use OutboxTest;
 
-my $dir = $PostgreSQL::Test::Utils::tmp_check;
-mkdir "$dir/mock";
-my $mk = MockKafka->start(dir => "$dir/mock", brokers => 1, max_seconds => 300);
-my $primary = outbox_node('primary', $mk, standby_confirmations => 1);
+my ($primary, $mk) = outbox_setup('primary', standby_confirmations => 1);
 $primary->append_conf('postgresql.conf', "wal_level = replica\nmax_wal_senders = 4\n");
 $primary->restart;
 $primary->backup('b');

@@ -15,12 +15,7 @@ use Test::More;
 use MockKafka;
 use OutboxTest;
 
-my $dir = $PostgreSQL::Test::Utils::tmp_check;
-mkdir "$dir/mock";
-my $mk = MockKafka->start(dir => "$dir/mock", brokers => 1, max_seconds => 300);
-my $node = outbox_node('held', $mk);
-
-sub q1 { $node->safe_psql('postgres', $_[0]) }
+my ($node, $mk) = outbox_setup('held');
 
 q1(q{
 	CREATE ROLE outbox_worker LOGIN;
