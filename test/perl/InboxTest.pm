@@ -19,7 +19,7 @@ use Time::HiRes qw(time sleep);
 use OutboxTest qw(outbox_node outbox_setup wait_until);
 
 our @EXPORT = qw(inbox_node inbox_setup setup_consumer wait_applied
-  wait_applied_across_restarts consumer_verdict
+  wait_applied_across_restarts consumer_verdict inbox_counter
   inbox_pids producer_expected);
 
 # A node with the publisher on "postgres" and the inbox on "consumer"
@@ -151,6 +151,14 @@ sub consumer_verdict
 		 WHERE prev IS NOT NULL AND version <= prev});
 	push @problems, "$inversions applications out of version order" if $inversions;
 	return @problems;
+}
+
+# An inbox counter (outbox_counters() row inbox_<name>) of the consumer's server.
+sub inbox_counter
+{
+	my ($node, $name) = @_;
+	return $node->safe_psql('consumer',
+		"SELECT value FROM outbox_counters() WHERE name = 'inbox_$name'");
 }
 
 # Pids of the inbox workers.

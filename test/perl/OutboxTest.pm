@@ -18,7 +18,7 @@ use Time::HiRes qw(time sleep);
 
 use MockKafka;
 
-our @EXPORT = qw(pinned_init outbox_node mock_setup outbox_setup q1 wait_until
+our @EXPORT = qw(pinned_init outbox_node worker_role reload_with write_file_mode mock_setup outbox_setup q1 wait_until
   poll_until wait_back wait_published expect_file events_file emit_load counter);
 
 # The node outbox_node made last: the one q1() queries.
@@ -60,6 +60,47 @@ log_min_messages = info
 	$node->safe_psql('postgres', 'CREATE EXTENSION outbox');
 	$last_node = $node;
 	return $node;
+}
+
+# Run the publisher as role outbox_worker with only the privileges it needs
+# (then $extra_sql, in the same statement), and restart the node so.
+sub worker_role
+{
+	my ($node, $extra_sql) = @_;
+
+	$node->safe_psql('postgres', q{
+	CREATE ROLE outbox_worker LOGIN;
+	GRANT SELECT, UPDATE, DELETE ON outbox TO outbox_worker;
+	GRANT SELECT, INSERT, UPDATE ON aggregate_publication TO outbox_worker;
+	GRANT SELECT, INSERT, UPDATE, DELETE ON publisher_horizon TO outbox_worker;
+	GRANT SELECT, UPDATE, DELETE ON inbox TO outbox_worker;
+	GRANT SELECT ON poison_policy, publisher_control TO outbox_worker;
+} . ($extra_sql // ''));
+	$node->append_conf('postgresql.conf', "outbox.role = 'outbox_worker'\n");
+	$node->restart;
+	return;
+}
+
+# Append a line to the node's postgresql.conf and reload.
+sub reload_with
+{
+	my ($node, $line) = @_;
+
+	$node->append_conf('postgresql.conf', "$line\n");
+	$node->reload;
+	return;
+}
+
+# Write $content to $path and give it $mode (a secrets file's permissions).
+sub write_file_mode
+{
+	my ($path, $content, $mode) = @_;
+
+	open my $fh, '>', $path or die "cannot write $path: $!";
+	print $fh $content;
+	close $fh;
+	chmod $mode, $path or die "chmod: $!";
+	return;
 }
 
 # A started mock Kafka cluster in its own directory under tmp_check:

@@ -25,10 +25,17 @@ $primary->wait_for_catchup($standby);
 $primary->safe_psql('postgres', q{SELECT outbox_emit('sb', 's-1', 'E', '{}')});
 ok(defined wait_published($primary, 30), 'published while the standby confirms');
 
-$standby->stop;
-$primary->poll_query_until('postgres', 'SELECT count(*) = 0 FROM pg_stat_replication')
-  or die 'the walsender did not go away';
-$primary->safe_psql('postgres', q{SELECT outbox_emit('sb', 's-1', 'E', '{}')});
+# Stop the standby, wait until its walsender is gone, and emit an event.
+sub standby_away
+{
+	$standby->stop;
+	$primary->poll_query_until('postgres', 'SELECT count(*) = 0 FROM pg_stat_replication')
+	  or die 'the walsender did not go away';
+	$primary->safe_psql('postgres', q{SELECT outbox_emit('sb', 's-1', 'E', '{}')});
+	return;
+}
+
+standby_away();
 ok($primary->poll_query_until('postgres',
 	q{SELECT state = 'waiting for standbys' FROM outbox_workers() WHERE worker = 0}),
 	'the publisher waits for a standby');
@@ -40,10 +47,7 @@ $standby->start;
 ok(defined wait_published($primary, 60), 'published once the standby is back');
 
 # An operator can give up the guarantee while the standby is away.
-$standby->stop;
-$primary->poll_query_until('postgres', 'SELECT count(*) = 0 FROM pg_stat_replication')
-  or die 'the walsender did not go away';
-$primary->safe_psql('postgres', q{SELECT outbox_emit('sb', 's-1', 'E', '{}')});
+standby_away();
 ok($primary->poll_query_until('postgres',
 	q{SELECT state = 'waiting for standbys' FROM outbox_workers() WHERE worker = 0}),
 	'waiting again');
