@@ -47,12 +47,10 @@ tools=$src/test/tools
 export PATH="$(pg_config --bindir):$PATH"
 export PGHOST=$work PGPORT=$((20000 + RANDOM % 20000)) PGDATABASE=postgres
 
+. "$src/test/bench/lib.sh"
 mock_pid=
-cleanup() {
-	pg_ctl -D "$work/data" -m fast stop >/dev/null 2>&1 || true
-	[ -n "$mock_pid" ] && kill "$mock_pid" 2>/dev/null || true
-	[ -n "$real" ] && "$tools/kafka_cluster" down "$work/kafka" >/dev/null 2>&1 || true
-}
+kafka=${real:+$work/kafka}
+kill_after=mock_pid pg_stop_mode=fast
 trap cleanup EXIT
 
 if [ -n "$real" ]; then
@@ -61,16 +59,13 @@ if [ -n "$real" ]; then
 	"$tools/kafka_cluster" topic "$work/kafka" outbox.event.order 3
 else
 	echo "== mock Kafka cluster (3 brokers on 127.0.0.1)"
-	"$tools/mock_kafka" --brokers 3 --bootstrap-file "$work/bootstrap" \
-		--control-file "$work/control" --max-seconds 300 >"$work/mock.log" 2>&1 &
-	mock_pid=$!
-	for _ in $(seq 50); do [ -s "$work/bootstrap" ] && break; sleep 0.1; done
+	start_mock_kafka --brokers 3 --max-seconds 300
 	brokers=$(cat "$work/bootstrap")
 fi
 echo "   bootstrap: $brokers"
 
 echo "== PostgreSQL with shared_preload_libraries = 'outbox'"
-initdb -D "$work/data" -A trust --no-sync -E UTF8 --locale=C >/dev/null
+pg_init "$work/data"
 cat >>"$work/data/postgresql.conf" <<EOF
 listen_addresses = ''
 unix_socket_directories = '$work'
