@@ -36,6 +36,42 @@ kill_named() { # cont(0|1) var...
 	done
 }
 
+# As root: copy test/ into a new /tmp/outbox-<name>.XXXXXX that postgres
+# owns, run test/<script> of the copy there as postgres with the copy's path
+# in environment variable <var>, remove the copy and exit with its status.
+rerun_as_postgres() { # name var script [args]
+	local name=$1 var=$2 script=$3 dir rc=0
+	shift 3
+	dir=$(mktemp -d "/tmp/outbox-$name.XXXXXX")
+	cp -r "$src/test" "$dir/"
+	chown -R postgres: "$dir"
+	# From a directory postgres may enter (the tree may be under /root).
+	(cd "$dir" && runuser -u postgres -- env "$var=$dir" bash "$dir/test/$script" "$@") || rc=$?
+	rm -rf "$dir"
+	exit "$rc"
+}
+
+# A throwaway cluster's connection settings (Unix socket in $work, port
+# $PGPORT) and the preloaded library, appended to its postgresql.conf.
+pg_conf_local() { # datadir
+	cat >>"$1/postgresql.conf" <<EOF
+listen_addresses = ''
+unix_socket_directories = '$work'
+port = $PGPORT
+shared_preload_libraries = 'outbox'
+EOF
+}
+
+# Wait up to 10 s until nothing is pending (psql options: the database).
+wait_nothing_pending() {
+	local _
+	for _ in $(seq 100); do
+		[ "$(psql -X "$@" -Atc 'SELECT count(*) FROM outbox_pending')" = 0 ] && break
+		sleep 0.1
+	done
+	return 0
+}
+
 # The EXIT trap: stop everything the script started (see the header).
 cleanup() {
 	kill_named 1 ${kill_first:-}

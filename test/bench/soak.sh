@@ -20,15 +20,10 @@ set -euo pipefail
 
 total=${1:-1000000}
 src=$(cd "$(dirname "$0")/../.." && pwd)
+. "$src/test/bench/lib.sh"
 
 if [ "$(id -u)" = 0 ]; then
-	work=$(mktemp -d /tmp/outbox-soak.XXXXXX)
-	cp -r "$src/test" "$work/"
-	chown -R postgres: "$work"
-	rc=0
-	runuser -u postgres -- env OUTBOX_SOAK_WORK="$work" bash "$work/test/bench/soak.sh" "$total" || rc=$?
-	rm -rf "$work"
-	exit "$rc"
+	rerun_as_postgres soak OUTBOX_SOAK_WORK bench/soak.sh "$total"
 fi
 
 work=${OUTBOX_SOAK_WORK:-$(mktemp -d /tmp/outbox-soak.XXXXXX)}
@@ -36,7 +31,6 @@ tools=$src/test/tools
 export PATH="$(pg_config --bindir):$PATH"
 export PGHOST=$work PGPORT=$((20000 + RANDOM % 20000)) PGDATABASE=postgres
 
-. "$src/test/bench/lib.sh"
 mock_pid=
 bench_pid=
 kill_first=bench_pid kill_after=mock_pid pg_stop_mode=fast
@@ -45,11 +39,8 @@ trap cleanup EXIT
 start_mock_kafka --brokers 3 --topic outbox.event.soak:16 --max-seconds 3600
 
 pg_init "$work/data"
+pg_conf_local "$work/data"
 cat >>"$work/data/postgresql.conf" <<EOF
-listen_addresses = ''
-unix_socket_directories = '$work'
-port = $PGPORT
-shared_preload_libraries = 'outbox'
 outbox.database = 'postgres'
 outbox.brokers = '$(cat "$work/bootstrap")'
 outbox.retention = 0

@@ -303,3 +303,11 @@ report_tail_table() {
 		echo "| $(fmt "$rate") | ${t[0]} of $(lf d.ours.$rate 1) | ${t[1]} of ${t[3]} | ${t[2]} | ${u[0]} of $(lf d.relay.$rate 1) |"
 	done
 }
+
+# The report's order checks of the 10,000-aggregate runs of (b).
+report_order_check() {
+	echo "Order check of the 10,000-aggregate runs (\`test/tools/order_check\`, every partition read back):"
+	echo
+	echo "- extension: \`${R[b.ours.10000.order_check]:-not run}\`"
+	echo "- relay: \`${R[b.relay.10000.order_check]:-not run}\`"
+}

@@ -62,10 +62,7 @@ if [ "$real" = 1 ]; then
 		echo
 		for a in $B_AGGS; do echo "- b.relay.$a: \`${R[b.relay.$a.relay]:-}\`"; done
 		echo
-		echo "Order check of the 10,000-aggregate runs (\`test/tools/order_check\`, every partition read back):"
-		echo
-		echo "- extension: \`${R[b.ours.10000.order_check]:-not run}\`"
-		echo "- relay: \`${R[b.relay.10000.order_check]:-not run}\`"
+		report_order_check
 		echo
 		echo "### Latency at a steady rate"
 		echo

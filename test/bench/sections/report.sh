@@ -161,10 +161,7 @@ EOF
 		echo "all of them, events/s: extension ${R[b.ours.10000.all]}; relay ${R[b.relay.10000.all]}."
 		echo
 	fi
-	echo "Order check of the 10,000-aggregate runs (\`test/tools/order_check\`, every partition read back):"
-	echo
-	echo "- extension: \`${R[b.ours.10000.order_check]:-not run}\`"
-	echo "- relay: \`${R[b.relay.10000.order_check]:-not run}\`"
+	report_order_check
 	echo
 	echo "Target: ≥ 25,000 events/s with one worker (100k over 10k aggregates):"
 	echo "$(met "${R[b.ours.10000.eps]} >= 25000") ($(fmt "${R[b.ours.10000.eps]}")/s)$([ "$N" != 100000 ] && echo " — quick mode: $N events, not comparable")."
