@@ -5,33 +5,20 @@
 # ------------------------------------------------------------ a. emit cost
 # (mock only: the emit cost does not depend on the broker)
 if [ "$real" = 0 ]; then
-	cat >"$work/emit_ours.sql" <<'EOF'
-\set id random(1, 10000)
-BEGIN;
-UPDATE orders SET total = total + 1, version = version + 1 WHERE id = :id RETURNING version \gset
-SELECT event_id FROM outbox_emit('order', 'order-' || :id, 'OrderPaid', '{"amount": 10, "currency": "EUR"}', topic => 'bench.emit.ours');
-END;
-EOF
-	cat >"$work/emit_plain.sql" <<'EOF'
-\set id random(1, 10000)
-BEGIN;
-UPDATE orders SET total = total + 1, version = version + 1 WHERE id = :id RETURNING version \gset
-INSERT INTO relay_outbox (aggregate_id, aggregate_version, topic, headers, payload) VALUES ('order-' || :id, :version, 'bench.emit.plain', jsonb_build_object('event_id', gen_random_uuid()::text, 'event_type', 'OrderPaid', 'aggregate_type', 'order'), '{"amount": 10, "currency": "EUR"}');
-END;
-EOF
-	cat >"$work/emit_update.sql" <<'EOF'
-\set id random(1, 10000)
-BEGIN;
-UPDATE orders SET total = total + 1, version = version + 1 WHERE id = :id RETURNING version \gset
-END;
-EOF
-	cat >"$work/emit_copy.sql" <<'EOF'
-\set id random(1, 10000)
-BEGIN;
-UPDATE orders SET total = total + 1, version = version + 1 WHERE id = :id RETURNING version \gset
-INSERT INTO outbox_copy (event_id, aggregate_type, aggregate_id, aggregate_version, event_type, topic, payload) VALUES (uuid_v7()::text, 'order', 'order-' || :id, :version, 'OrderPaid', 'bench.emit.ours', '{"amount": 10, "currency": "EUR"}');
-END;
-EOF
+	# One pgbench script: the business UPDATE, then the statement given (if any).
+	emit_script() { # name [statement]
+		{
+			echo '\set id random(1, 10000)'
+			echo 'BEGIN;'
+			echo 'UPDATE orders SET total = total + 1, version = version + 1 WHERE id = :id RETURNING version \gset'
+			[ -z "${2:-}" ] || echo "$2"
+			echo 'END;'
+		} >"$work/emit_$1.sql"
+	}
+	emit_script ours "SELECT event_id FROM outbox_emit('order', 'order-' || :id, 'OrderPaid', '{\"amount\": 10, \"currency\": \"EUR\"}', topic => 'bench.emit.ours');"
+	emit_script plain "INSERT INTO relay_outbox (aggregate_id, aggregate_version, topic, headers, payload) VALUES ('order-' || :id, :version, 'bench.emit.plain', jsonb_build_object('event_id', gen_random_uuid()::text, 'event_type', 'OrderPaid', 'aggregate_type', 'order'), '{\"amount\": 10, \"currency\": \"EUR\"}');"
+	emit_script update
+	emit_script copy "INSERT INTO outbox_copy (event_id, aggregate_type, aggregate_id, aggregate_version, event_type, topic, payload) VALUES (uuid_v7()::text, 'order', 'order-' || :id, :version, 'OrderPaid', 'bench.emit.ours', '{\"amount\": 10, \"currency\": \"EUR\"}');"
 	mk topic_create bench.emit.ours 16 3
 	mk topic_create bench.emit.plain 16 3
 
