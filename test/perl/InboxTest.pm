@@ -88,18 +88,15 @@ RESET ROLE;
 sub wait_applied
 {
 	my ($node, $n, $timeout) = @_;
-	my $t0 = time;
 	my $have;
 
 	$timeout //= 120;
-	while (time - $t0 < $timeout)
-	{
+	my $t = wait_until(sub {
 		$have = $node->safe_psql('consumer', 'SELECT count(*) FROM app.applied');
-		return time - $t0 if $have >= $n;
-		sleep 0.2;
-	}
-	diag "applied $have of $n after ${timeout}s";
-	return undef;
+		return $have >= $n;
+	}, $timeout, 0.2);
+	diag "applied $have of $n after ${timeout}s" unless defined $t;
+	return $t;
 }
 
 # wait_applied for a server that may be restarting: a failed query is

@@ -194,20 +194,15 @@ sub wait_back
 sub wait_published
 {
 	my ($node, $timeout) = @_;
-	my $t0 = time;
 
 	$timeout //= 120;
-	while (time - $t0 < $timeout)
-	{
-		my $pending = $node->safe_psql('postgres',
-			'SELECT count(*) FROM outbox_pending');
-		return time - $t0 if $pending == 0;
-		sleep 0.1;
-	}
+	my $t = wait_until(sub {
+		$node->safe_psql('postgres', 'SELECT count(*) FROM outbox_pending') == 0;
+	}, $timeout);
 	diag "still pending after ${timeout}s: "
-	  . $node->safe_psql('postgres',
-		'SELECT count(*) FROM outbox_pending');
-	return undef;
+	  . $node->safe_psql('postgres', 'SELECT count(*) FROM outbox_pending')
+	  unless defined $t;
+	return $t;
 }
 
 # Write the expected last version of every aggregate (1..N must all be in
