@@ -16,10 +16,7 @@ use FaultTest;
 use MockKafka;
 use OutboxTest;
 
-my $dir = $PostgreSQL::Test::Utils::tmp_check;
-mkdir "$dir/mock";
-my $mk = MockKafka->start(dir => "$dir/mock", brokers => 1, max_seconds => 300);
-my $primary = outbox_node('primary', $mk, standby_confirmations => 1);
+my ($primary, $mk) = outbox_setup('primary', standby_confirmations => 1);
 $primary->append_conf('postgresql.conf', "wal_level = replica\nmax_wal_senders = 4\n");
 $primary->restart;
 $primary->backup('b');
@@ -31,10 +28,17 @@ $primary->wait_for_catchup($standby);
 $primary->safe_psql('postgres', q{SELECT outbox_emit('sb', 's-1', 'E', '{}')});
 ok(defined wait_published($primary, 30), 'published while the standby confirms');
 
-$standby->stop;
-$primary->poll_query_until('postgres', 'SELECT count(*) = 0 FROM pg_stat_replication')
-  or die 'the walsender did not go away';
-$primary->safe_psql('postgres', q{SELECT outbox_emit('sb', 's-1', 'E', '{}')});
+# Stop the standby, wait until its walsender is gone, and emit an event.
+sub standby_away
+{
+	$standby->stop;
+	$primary->poll_query_until('postgres', 'SELECT count(*) = 0 FROM pg_stat_replication')
+	  or die 'the walsender did not go away';
+	$primary->safe_psql('postgres', q{SELECT outbox_emit('sb', 's-1', 'E', '{}')});
+	return;
+}
+
+standby_away();
 ok($primary->poll_query_until('postgres',
 	q{SELECT state = 'waiting for standbys' FROM outbox_workers() WHERE worker = 0}),
 	'the publisher waits for a standby');
@@ -46,10 +50,7 @@ $standby->start;
 ok(defined wait_published($primary, 60), 'published once the standby is back');
 
 # An operator can give up the guarantee while the standby is away.
-$standby->stop;
-$primary->poll_query_until('postgres', 'SELECT count(*) = 0 FROM pg_stat_replication')
-  or die 'the walsender did not go away';
-$primary->safe_psql('postgres', q{SELECT outbox_emit('sb', 's-1', 'E', '{}')});
+standby_away();
 ok($primary->poll_query_until('postgres',
 	q{SELECT state = 'waiting for standbys' FROM outbox_workers() WHERE worker = 0}),
 	'waiting again');
