@@ -12,9 +12,11 @@
 #include "access/xlog_internal.h"
 #include "miscadmin.h"
 #include "pgstat.h"
+#include "replication/syncrep.h"
 #include "replication/walsender.h"
 #include "replication/walsender_private.h"
 #include "storage/latch.h"
+#include "storage/lwlock.h"
 #include "tcop/tcopprot.h"
 #include "utils/guc.h"
 #include "utils/timestamp.h"
@@ -27,7 +29,10 @@
 
 int			outbox_standby_confirmations = 0;
 
-/* More confirmations than walsenders could ever give would stop publishing. */
+/*
+ * More confirmations than walsenders could ever give would stop publishing.
+ * (-1 follows synchronous_standby_names: see sync_standbys_confirmed.)
+ */
 static bool
 check_standby_confirmations(int *newval, void **extra, GucSource source)
 {
@@ -47,43 +52,73 @@ publish_durable_init(void)
 							"Standbys that must have flushed an event's commit before it is published.",
 							"0 publishes what is durable on this server.  N > 0 waits until N walsenders "
 							"report the commit flushed, so that a failover to such a standby cannot take back "
-							"a published event; with fewer standbys connected, publishing waits.",
+							"a published event; with fewer standbys connected, publishing waits.  -1 waits "
+							"for the standbys synchronous_standby_names requires (none while it is empty), "
+							"as a synchronous commit would.",
 							&outbox_standby_confirmations,
-							0, 0, 1024,
+							0, -1, 1024,
 							PGC_SIGHUP,
 							0,
 							check_standby_confirmations, NULL, NULL);
 }
 
 /*
- * Wait until outbox.standby_confirmations walsenders report WAL flushed up
- * to upto, so that a failover cannot take back what is about to be
- * published.  Polls: walsenders do not wake us.
+ * outbox.standby_confirmations = -1: have the synchronous standbys that
+ * synchronous_standby_names requires (its number, FIRST or ANY) flushed up
+ * to upto?  The position synchronous commits are released at says so;
+ * with the setting empty (as Patroni leaves it when no synchronous
+ * standby is left) nothing is waited for, as a synchronous commit would
+ * not wait either.  (Our own copy of the setting, reloaded on SIGHUP.)
+ */
+static bool
+sync_standbys_confirmed(XLogRecPtr upto)
+{
+	XLogRecPtr	released;
+
+	if (SyncRepStandbyNames == NULL || SyncRepStandbyNames[0] == '\0')
+		return true;
+	LWLockAcquire(SyncRepLock, LW_SHARED);
+	released = WalSndCtl->lsn[SYNC_REP_WAIT_FLUSH];
+	LWLockRelease(SyncRepLock);
+	return released >= upto;
+}
+
+/* Have outbox.standby_confirmations standbys flushed up to upto? */
+static bool
+standbys_confirmed(XLogRecPtr upto)
+{
+	int			confirmed = 0;
+
+	if (outbox_standby_confirmations < 0)
+		return sync_standbys_confirmed(upto);
+	for (int i = 0; i < max_wal_senders && confirmed < outbox_standby_confirmations; i++)
+	{
+		WalSnd	   *walsnd = &WalSndCtl->walsnds[i];
+		pid_t		pid;
+		XLogRecPtr	flush;
+
+		SpinLockAcquire(&walsnd->mutex);
+		pid = walsnd->pid;
+		flush = walsnd->flush;
+		SpinLockRelease(&walsnd->mutex);
+		if (pid != 0 && flush != InvalidXLogRecPtr && flush >= upto)
+			confirmed++;
+	}
+	return confirmed >= outbox_standby_confirmations;
+}
+
+/*
+ * Wait until the standbys outbox.standby_confirmations asks for report WAL
+ * flushed up to upto, so that a failover cannot take back what is about to
+ * be published.  Polls: walsenders do not wake us.
  */
 static void
 wait_for_standbys(XLogRecPtr upto)
 {
 	bool		waited = false;
 
-	while (outbox_standby_confirmations > 0)
+	while (outbox_standby_confirmations != 0 && !standbys_confirmed(upto))
 	{
-		int			confirmed = 0;
-
-		for (int i = 0; i < max_wal_senders; i++)
-		{
-			WalSnd	   *walsnd = &WalSndCtl->walsnds[i];
-			pid_t		pid;
-			XLogRecPtr	flush;
-
-			SpinLockAcquire(&walsnd->mutex);
-			pid = walsnd->pid;
-			flush = walsnd->flush;
-			SpinLockRelease(&walsnd->mutex);
-			if (pid != 0 && flush != InvalidXLogRecPtr && flush >= upto)
-				confirmed++;
-		}
-		if (confirmed >= outbox_standby_confirmations)
-			break;
 		if (!waited)
 		{
 			publish_set_state("waiting for standbys");
@@ -132,7 +167,7 @@ void
 publish_make_durable(XLogRecPtr flush_upto, XLogRecPtr upto)
 {
 	/* Walsenders send only what is flushed here: all that the standbys must have. */
-	XLogRecPtr	target = outbox_standby_confirmations > 0 ? upto : flush_upto;
+	XLogRecPtr	target = outbox_standby_confirmations != 0 ? upto : flush_upto;
 
 	if (XLogRecPtrIsInvalid(target))
 		return;

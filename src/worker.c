@@ -133,7 +133,6 @@ static bool read_held = false;
 static volatile sig_atomic_t stop_requested = false;
 static volatile TimestampTz stop_requested_at = 0;
 static bool stop_draining = false;
-
 static TimeoutId stop_timeout = MAX_TIMEOUTS;
 
 static char last_logged_error[256];

@@ -26,20 +26,14 @@ case ${1:-} in
 esac
 
 src=$(cd "$(dirname "$0")/.." && pwd)
+. "$src/test/bench/lib.sh"
 
 if [ "$(id -u)" = 0 ]; then
 	bash "$src/.ci/install-deps"
 	export PATH="$(pg_config --bindir):$PATH"
 	make -s -C "$src" >/dev/null
 	make -s -C "$src" install >/dev/null
-	work=$(mktemp -d /tmp/outbox-demo.XXXXXX)
-	cp -r "$src/test" "$work/"
-	chown -R postgres: "$work"
-	rc=0
-	# From a directory postgres may enter (the tree may be under /root).
-	(cd "$work" && runuser -u postgres -- env OUTBOX_DEMO_WORK="$work" bash "$work/test/demo.sh" "$@") || rc=$?
-	rm -rf "$work"
-	exit "$rc"
+	rerun_as_postgres demo OUTBOX_DEMO_WORK demo.sh "$@"
 fi
 
 work=${OUTBOX_DEMO_WORK:-$(mktemp -d /tmp/outbox-demo.XXXXXX)}
@@ -48,11 +42,8 @@ export PATH="$(pg_config --bindir):$PATH"
 export PGHOST=$work PGPORT=$((20000 + RANDOM % 20000)) PGDATABASE=postgres
 
 mock_pid=
-cleanup() {
-	pg_ctl -D "$work/data" -m fast stop >/dev/null 2>&1 || true
-	[ -n "$mock_pid" ] && kill "$mock_pid" 2>/dev/null || true
-	[ -n "$real" ] && "$tools/kafka_cluster" down "$work/kafka" >/dev/null 2>&1 || true
-}
+kafka=${real:+$work/kafka}
+kill_after=mock_pid pg_stop_mode=fast
 trap cleanup EXIT
 
 if [ -n "$real" ]; then
@@ -61,21 +52,15 @@ if [ -n "$real" ]; then
 	"$tools/kafka_cluster" topic "$work/kafka" outbox.event.order 3
 else
 	echo "== mock Kafka cluster (3 brokers on 127.0.0.1)"
-	"$tools/mock_kafka" --brokers 3 --bootstrap-file "$work/bootstrap" \
-		--control-file "$work/control" --max-seconds 300 >"$work/mock.log" 2>&1 &
-	mock_pid=$!
-	for _ in $(seq 50); do [ -s "$work/bootstrap" ] && break; sleep 0.1; done
+	start_mock_kafka --brokers 3 --max-seconds 300
 	brokers=$(cat "$work/bootstrap")
 fi
 echo "   bootstrap: $brokers"
 
 echo "== PostgreSQL with shared_preload_libraries = 'outbox'"
-initdb -D "$work/data" -A trust --no-sync -E UTF8 --locale=C >/dev/null
+pg_init "$work/data"
+pg_conf_local "$work/data"
 cat >>"$work/data/postgresql.conf" <<EOF
-listen_addresses = ''
-unix_socket_directories = '$work'
-port = $PGPORT
-shared_preload_libraries = 'outbox'
 outbox.brokers = '$brokers'
 outbox.inbox_database = 'billing'
 EOF
@@ -120,10 +105,7 @@ SELECT outbox_emit('order', 'order-1', 'OrderShipped', '{"carrier": "UPS"}');
 COMMIT;
 EOF
 
-for _ in $(seq 100); do
-	[ "$(psql -X -Atc 'SELECT count(*) FROM outbox_pending')" = 0 ] && break
-	sleep 0.1
-done
+wait_nothing_pending
 
 echo "== the outbox after publishing (nothing is written per event: progress is per aggregate)"
 psql -X -P pager=off -c "SELECT aggregate_id, aggregate_version AS v, event_type, state, txid
@@ -145,10 +127,7 @@ CREATE EXTENSION outbox;
 SELECT outbox_emit('invoice', 'invoice-1', 'InvoiceIssued', '{"order": "order-1", "amount": 10}');
 SELECT outbox_emit('invoice', 'invoice-1', 'InvoicePaid', '{"amount": 10}');
 EOF
-for _ in $(seq 100); do
-	[ "$(psql -X -d invoicing -Atc 'SELECT count(*) FROM outbox_pending')" = 0 ] && break
-	sleep 0.1
-done
+wait_nothing_pending -d invoicing
 echo "== the cluster's publishers, by database (outbox_workers())"
 psql -X -P pager=off -c "SELECT database, worker, pid IS NOT NULL AS running, state FROM outbox_workers() ORDER BY 1, 2"
 psql -X -P pager=off -d invoicing -c "SELECT publisher, pending_events FROM outbox_status"

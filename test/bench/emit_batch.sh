@@ -19,7 +19,7 @@ SECS=${SECS:-4}
 
 if [ "$(id -u)" = 0 ]; then
 	work=$(mktemp -d /tmp/outbox-emit-batch.XXXXXX)
-	cp "$0" "$work/emit_batch.sh"
+	cp "$0" "$(dirname "$0")/lib.sh" "$work/"
 	chown -R postgres: "$work"
 	exec timeout 900 runuser -u postgres -- env WORK="$work" ROUNDS="$ROUNDS" SECS="$SECS" \
 		PATH="$PATH" bash "$work/emit_batch.sh"
@@ -27,9 +27,10 @@ fi
 
 work=${WORK:-$(mktemp -d /tmp/outbox-emit-batch.XXXXXX)}
 export PGHOST=$work PGPORT=$((20000 + RANDOM % 20000)) PGDATABASE=postgres
-trap 'pg_ctl -D "$work/data" -m immediate stop >/dev/null 2>&1 || true' EXIT
+. "$(dirname "$0")/lib.sh"
+trap cleanup EXIT
 
-initdb -D "$work/data" -A trust -U postgres -E UTF8 --locale=C >/dev/null
+pg_init "$work/data" -U postgres
 cat >>"$work/data/postgresql.conf" <<EOF
 shared_preload_libraries = 'outbox'
 outbox.workers = 0
@@ -41,7 +42,6 @@ shared_buffers = 256MB
 synchronous_commit = on
 EOF
 pg_ctl -D "$work/data" -l "$work/postgres.log" -w start >/dev/null
-q() { psql -X -q -v ON_ERROR_STOP=1 "$@"; }
 q <<'EOF'
 CREATE EXTENSION outbox;
 -- The baseline: a plain table with the outbox's shape.

@@ -38,11 +38,10 @@ fi
 
 work=${EMIT_WORK:-$(mktemp -d /tmp/outbox-emit-cost.XXXXXX)}
 export PGHOST=$work PGDATABASE=postgres
-q() { psql -X -q -v ON_ERROR_STOP=1 -At "$@"; }
+. "$(dirname "$0")/lib.sh"
 
 clusters="after"
 [ -n "$BEFORE" ] && clusters="after before"
-bindir() { if [ "$1" = before ]; then echo "$BEFORE"; else dirname "$(command -v pg_ctl)"; fi; }
 port() { if [ "$1" = before ]; then echo 5433; else echo 5432; fi; }
 stop() {
 	local c

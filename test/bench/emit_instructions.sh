@@ -41,7 +41,7 @@ command -v valgrind >/dev/null || { echo "valgrind is needed" >&2; exit 1; }
 work=${EMIT_WORK:-$(mktemp -d /tmp/outbox-emit-instr.XXXXXX)}
 builds="after"
 [ -n "$BEFORE" ] && builds="after before"
-bindir() { if [ "$1" = before ]; then echo "$BEFORE"; else dirname "$(command -v postgres)"; fi; }
+. "$(dirname "$0")/lib.sh"
 
 # Statements end with a blank line in single-user mode (-j).
 single() { # build [valgrind output]: runs stdin in a single-user backend

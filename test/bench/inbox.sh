@@ -43,21 +43,15 @@ fi
 
 work=${BENCH_WORK:-$(mktemp -d /tmp/outbox-inbox-bench.XXXXXX)}
 export PGHOST=$work PGPORT=$((20000 + RANDOM % 20000))
+. "$bench/lib.sh"
 mock_pid=
-cleanup() {
-	pg_ctl -D "$work/data" -m immediate stop >/dev/null 2>&1 || true
-	[ -n "$mock_pid" ] && kill "$mock_pid" 2>/dev/null || true
-}
+kill_after=mock_pid
 trap cleanup EXIT
 
-LD_PRELOAD=$bench/nodelay.so "$tools/mock_kafka" --brokers 1 --topic bench:16 \
-	--bootstrap-file "$work/bootstrap" --control-file "$work/control" \
-	--max-seconds 900 >"$work/mock.log" 2>&1 &
-mock_pid=$!
-for _ in $(seq 100); do [ -s "$work/bootstrap" ] && break; sleep 0.1; done
+mock_preload=$bench/nodelay.so start_mock_kafka --brokers 1 --topic bench:16 --max-seconds 900
 brokers=$(cat "$work/bootstrap")
 
-initdb -D "$work/data" -A trust --no-sync -E UTF8 --locale=C >/dev/null
+pg_init "$work/data"
 cat >>"$work/data/postgresql.conf" <<EOF
 listen_addresses = ''
 unix_socket_directories = '$work'

@@ -44,24 +44,18 @@ export PGHOST=127.0.0.1
 if [ "$mode" = quick ]; then N=10000; else N=50000; fi
 AGGS=10000
 
+. "$bench/lib.sh"
 mock_pid=
-cleanup() {
-	pg_ctl -D "$work/data" -m immediate stop >/dev/null 2>&1 || true
-	[ -n "$mock_pid" ] && kill "$mock_pid" 2>/dev/null || true
-	wait 2>/dev/null || true
-}
+kill_after=mock_pid
 trap cleanup EXIT
-say() { printf '%s %s\n' "$(date +%H:%M:%S)" "$*"; }
-q() { psql -X -q -At -v ON_ERROR_STOP=1 "$@"; }
 
 env LD_PRELOAD="$bench/nodelay.so" "$tools/mock_kafka" --brokers 3 --bootstrap-file "$work/mock.bootstrap" \
 	--control-file "$work/mock.control" --max-seconds 900 >"$work/mock.log" 2>&1 &
 mock_pid=$!
-for _ in $(seq 100); do [ -s "$work/mock.control" ] && break; sleep 0.1; done
-[ -s "$work/mock.control" ] || { echo "mock did not start" >&2; exit 1; }
+wait_file "$work/mock.control" 100 || { echo "mock did not start" >&2; exit 1; }
 brokers=$(cat "$work/mock.bootstrap")
 
-initdb -D "$work/data" -A trust --no-sync -E UTF8 --locale=C >/dev/null
+pg_init "$work/data"
 PGPORT=$((20000 + RANDOM % 20000))
 cat >>"$work/data/postgresql.conf" <<EOF
 listen_addresses = '127.0.0.1'

@@ -17,7 +17,8 @@ BIN=$(pg_config --bindir 2>/dev/null || echo /usr/lib/postgresql/15/bin)
 W=$(mktemp -d /tmp/outbox-settle.XXXXXX)
 PORT=${PORT:-5497}
 trap '"$BIN/pg_ctl" -D "$W/data" stop -m immediate >/dev/null 2>&1 || true; rm -rf "$W"' EXIT
-"$BIN/initdb" -D "$W/data" -E UTF8 --locale=C >/dev/null 2>&1
+. "$(dirname "$(readlink -f "$0")")/lib.sh"
+PATH=$BIN:$PATH pg_init "$W/data"
 "$BIN/pg_ctl" -D "$W/data" -l "$W/log" -w -o "-p $PORT -k $W -c shared_buffers=512MB -c max_wal_size=4GB -c autovacuum=off -c jit=off" start >/dev/null
 P() { timeout 300 "$BIN/psql" -X -q -v ON_ERROR_STOP=1 -h "$W" -p "$PORT" postgres "$@"; }
 

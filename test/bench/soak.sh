@@ -20,15 +20,10 @@ set -euo pipefail
 
 total=${1:-1000000}
 src=$(cd "$(dirname "$0")/../.." && pwd)
+. "$src/test/bench/lib.sh"
 
 if [ "$(id -u)" = 0 ]; then
-	work=$(mktemp -d /tmp/outbox-soak.XXXXXX)
-	cp -r "$src/test" "$work/"
-	chown -R postgres: "$work"
-	rc=0
-	runuser -u postgres -- env OUTBOX_SOAK_WORK="$work" bash "$work/test/bench/soak.sh" "$total" || rc=$?
-	rm -rf "$work"
-	exit "$rc"
+	rerun_as_postgres soak OUTBOX_SOAK_WORK bench/soak.sh "$total"
 fi
 
 work=${OUTBOX_SOAK_WORK:-$(mktemp -d /tmp/outbox-soak.XXXXXX)}
@@ -38,24 +33,14 @@ export PGHOST=$work PGPORT=$((20000 + RANDOM % 20000)) PGDATABASE=postgres
 
 mock_pid=
 bench_pid=
-cleanup() {
-	[ -n "$bench_pid" ] && kill "$bench_pid" 2>/dev/null || true
-	pg_ctl -D "$work/data" -m fast stop >/dev/null 2>&1 || true
-	[ -n "$mock_pid" ] && kill "$mock_pid" 2>/dev/null || true
-}
+kill_first=bench_pid kill_after=mock_pid pg_stop_mode=fast
 trap cleanup EXIT
 
-"$tools/mock_kafka" --brokers 3 --bootstrap-file "$work/bootstrap" --topic outbox.event.soak:16 \
-	--control-file "$work/control" --max-seconds 3600 >"$work/mock.log" 2>&1 &
-mock_pid=$!
-for _ in $(seq 50); do [ -s "$work/bootstrap" ] && break; sleep 0.1; done
+start_mock_kafka --brokers 3 --topic outbox.event.soak:16 --max-seconds 3600
 
-initdb -D "$work/data" -A trust --no-sync -E UTF8 --locale=C >/dev/null
+pg_init "$work/data"
+pg_conf_local "$work/data"
 cat >>"$work/data/postgresql.conf" <<EOF
-listen_addresses = ''
-unix_socket_directories = '$work'
-port = $PGPORT
-shared_preload_libraries = 'outbox'
 outbox.database = 'postgres'
 outbox.brokers = '$(cat "$work/bootstrap")'
 outbox.retention = 0

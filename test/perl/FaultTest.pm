@@ -30,7 +30,41 @@ use OutboxTest;
 our @EXPORT = qw(start_load stop_load pending max_id wait_backlog
   db_versions_contiguous judge verdict figures publisher_pids wait_publisher
   kill_publisher_in_batch install_phase_probe quiet_statements fault_conf
-  note_counters start_publish_sampler publish_delays);
+  note_counters start_publish_sampler publish_delays savepoint_script);
+
+# A pgbench script for start_load(script => ...): two of $hot aggregates a
+# transaction (lower id first: no deadlock), emitting in savepoint s1
+# (rolled back 35 % of the time, else released; %x's in_s1 lines added in
+# it, its after_s1 lines after it) and a last event; 15 % rolled back.
+sub savepoint_script
+{
+	my ($hot, %x) = @_;
+	my ($in_s1, $after_s1) = ($x{in_s1} // '', $x{after_s1} // '');
+
+	return <<"EOS";
+\\set x random(1, $hot)
+\\set y random(1, $hot)
+\\set a1 least(:x, :y)
+\\set a2 greatest(:x, :y)
+\\set sp random(1, 100)
+\\set rb random(1, 100)
+BEGIN;
+SELECT outbox_emit('hot', 'hot-' || :a1, 'First', jsonb_build_object('client', :client_id));
+SAVEPOINT s1;
+SELECT outbox_emit('hot', 'hot-' || :a2, 'InSavepoint', jsonb_build_object('client', :client_id));
+$in_s1\\if :sp <= 35
+ROLLBACK TO SAVEPOINT s1;
+\\else
+RELEASE SAVEPOINT s1;
+\\endif
+${after_s1}SELECT outbox_emit('hot', 'hot-' || :a2, 'Last', jsonb_build_object('client', :client_id));
+\\if :rb <= 15
+ROLLBACK;
+\\else
+COMMIT;
+\\endif
+EOS
+}
 
 my $load_seq = 0;
 my @loads;			# every start_load() handle, for END

@@ -16,9 +16,10 @@ use PostgreSQL::Test::Utils;
 use Test::More;
 use Time::HiRes qw(time sleep);
 
-use OutboxTest qw(outbox_node);
+use OutboxTest qw(outbox_node outbox_setup wait_until);
 
-our @EXPORT = qw(inbox_node setup_consumer wait_applied consumer_verdict
+our @EXPORT = qw(inbox_node inbox_setup setup_consumer wait_applied
+  wait_applied_across_restarts consumer_verdict inbox_counter
   inbox_pids producer_expected);
 
 # A node with the publisher on "postgres" and the inbox on "consumer"
@@ -35,6 +36,14 @@ sub inbox_node
 	$node->safe_psql('postgres', 'CREATE DATABASE consumer');
 	$node->safe_psql('consumer', 'CREATE EXTENSION outbox');
 	return $node;
+}
+
+# OutboxTest's outbox_setup with an inbox_node: ($node, $mk).
+sub inbox_setup
+{
+	my ($name, %opts) = @_;
+
+	return outbox_setup($name, %opts, make_node => \&inbox_node);
 }
 
 # Role app, table app.applied and handler app.apply(inbox_message), which
@@ -79,18 +88,30 @@ RESET ROLE;
 sub wait_applied
 {
 	my ($node, $n, $timeout) = @_;
-	my $t0 = time;
 	my $have;
 
 	$timeout //= 120;
-	while (time - $t0 < $timeout)
-	{
+	my $t = wait_until(sub {
 		$have = $node->safe_psql('consumer', 'SELECT count(*) FROM app.applied');
-		return time - $t0 if $have >= $n;
-		sleep 0.2;
-	}
-	diag "applied $have of $n after ${timeout}s";
-	return undef;
+		return $have >= $n;
+	}, $timeout, 0.2);
+	diag "applied $have of $n after ${timeout}s" unless defined $t;
+	return $t;
+}
+
+# wait_applied for a server that may be restarting: a failed query is
+# polled again.  Seconds taken, undef on timeout.
+sub wait_applied_across_restarts
+{
+	my ($node, $n, $timeout) = @_;
+	my $t = wait_until(sub {
+		my ($rc, $out) = (1, '');
+		eval { ($rc, $out) = $node->psql('consumer', 'SELECT count(*) FROM app.applied') };
+		return $rc == 0 && $out >= $n;
+	}, $timeout, 0.2);
+
+	diag "not all of $n applied after $timeout s" unless defined $t;
+	return $t;
 }
 
 # What the producer committed: "aggregate_id\tversion\tevent_id" lines.
@@ -127,6 +148,14 @@ sub consumer_verdict
 		 WHERE prev IS NOT NULL AND version <= prev});
 	push @problems, "$inversions applications out of version order" if $inversions;
 	return @problems;
+}
+
+# An inbox counter (outbox_counters() row inbox_<name>) of the consumer's server.
+sub inbox_counter
+{
+	my ($node, $name) = @_;
+	return $node->safe_psql('consumer',
+		"SELECT value FROM outbox_counters() WHERE name = 'inbox_$name'");
 }
 
 # Pids of the inbox workers.

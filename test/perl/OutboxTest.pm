@@ -2,7 +2,8 @@
 #
 # Shared set-up of the outbox end-to-end TAP tests: a PostgreSQL node with
 # the publisher preloaded and pointed at a mock Kafka cluster, and helpers
-# to wait for publication and judge what reached Kafka.
+# to query it, poll for a condition, wait for publication and judge what
+# reached Kafka.
 
 package OutboxTest;
 
@@ -17,7 +18,11 @@ use Time::HiRes qw(time sleep);
 
 use MockKafka;
 
-our @EXPORT = qw(pinned_init outbox_node wait_published expect_file events_file emit_load counter);
+our @EXPORT = qw(pinned_init outbox_node worker_role reload_with write_file_mode mock_setup outbox_setup q1 wait_until
+  poll_until wait_back wait_published expect_file events_file emit_load counter);
+
+# The node outbox_node made last: the one q1() queries.
+my $last_node;
 
 # $node->init(%params), with initdb's encoding and locale fixed (UTF8, C):
 # left to the caller's environment, no LANG gives SQL_ASCII and other output.
@@ -53,27 +58,151 @@ log_min_messages = info
 	}
 	$node->start;
 	$node->safe_psql('postgres', 'CREATE EXTENSION outbox');
+	$last_node = $node;
 	return $node;
+}
+
+# Run the publisher as role outbox_worker with only the privileges it needs
+# (then $extra_sql, in the same statement), and restart the node so.
+sub worker_role
+{
+	my ($node, $extra_sql) = @_;
+
+	$node->safe_psql('postgres', q{
+	CREATE ROLE outbox_worker LOGIN;
+	GRANT SELECT, UPDATE, DELETE ON outbox TO outbox_worker;
+	GRANT SELECT, INSERT, UPDATE ON aggregate_publication TO outbox_worker;
+	GRANT SELECT, INSERT, UPDATE, DELETE ON publisher_horizon TO outbox_worker;
+	GRANT SELECT, UPDATE, DELETE ON inbox TO outbox_worker;
+	GRANT SELECT ON poison_policy, publisher_control TO outbox_worker;
+} . ($extra_sql // ''));
+	$node->append_conf('postgresql.conf', "outbox.role = 'outbox_worker'\n");
+	$node->restart;
+	return;
+}
+
+# Append a line to the node's postgresql.conf and reload.
+sub reload_with
+{
+	my ($node, $line) = @_;
+
+	$node->append_conf('postgresql.conf', "$line\n");
+	$node->reload;
+	return;
+}
+
+# Write $content to $path and give it $mode (a secrets file's permissions).
+sub write_file_mode
+{
+	my ($path, $content, $mode) = @_;
+
+	open my $fh, '>', $path or die "cannot write $path: $!";
+	print $fh $content;
+	close $fh;
+	chmod $mode, $path or die "chmod: $!";
+	return;
+}
+
+# A started mock Kafka cluster in its own directory under tmp_check:
+# brokers (default 1), topics (["name:partitions", ...]), max_seconds
+# (default 300), then the control commands of mock_cmds, in order.
+sub mock_setup
+{
+	my (%opts) = @_;
+	my $dir = "$PostgreSQL::Test::Utils::tmp_check/mock_" . ($opts{name} // 'kafka');
+
+	mkdir $dir;
+	my $mk = MockKafka->start(dir => $dir,
+		brokers => $opts{brokers} // 1,
+		max_seconds => $opts{max_seconds} // 300,
+		defined $opts{topics} ? (topics => $opts{topics}) : ());
+	$mk->cmd($_) for @{ $opts{mock_cmds} // [] };
+	return $mk;
+}
+
+# The usual start of a test: a mock cluster (options brokers, topics,
+# max_seconds, mock_cmds as for mock_setup) and a node on it made by
+# make_node (default outbox_node) with every other option as its settings.
+# Returns ($node, $mk).
+sub outbox_setup
+{
+	my ($name, %opts) = @_;
+	my %mock = (name => $name);
+
+	for my $k (qw(brokers topics max_seconds mock_cmds))
+	{
+		$mock{$k} = delete $opts{$k} if exists $opts{$k};
+	}
+	my $make_node = delete $opts{make_node} // \&outbox_node;
+	my $mk = mock_setup(%mock);
+	my $node = $make_node->($name, $mk, %opts);
+	return ($node, $mk);
+}
+
+# One query's result in database "postgres" of the node outbox_node made
+# last (the tests' shorthand).
+sub q1
+{
+	my ($sql) = @_;
+	return $last_node->safe_psql('postgres', $sql);
+}
+
+# Call $cond every $interval s (default 0.1) until it returns true, for up
+# to $timeout s: the seconds taken, or undef on timeout.
+sub wait_until
+{
+	my ($cond, $timeout, $interval) = @_;
+	my $t0 = time;
+
+	while (time - $t0 < $timeout)
+	{
+		return time - $t0 if $cond->();
+		sleep($interval // 0.1);
+	}
+	return undef;
+}
+
+# Run $sql in database $db until it returns $want (default 't'), for up to
+# $timeout s (default 60): the seconds taken (true, a query ran), or undef
+# after a diag of the last answer.
+sub poll_until
+{
+	my ($node, $db, $sql, $want, $timeout) = @_;
+	my $got;
+	my $t = wait_until(sub {
+		$got = $node->safe_psql($db, $sql);
+		return $got eq ($want // 't');
+	}, $timeout // 60);
+
+	diag "waited for [$sql] = [@{[ $want // 't' ]}], last got [$got]"
+	  unless defined $t;
+	return $t;
+}
+
+# Wait until the server answers in database $db (default "postgres") again
+# after a crash restart: true, or false after 60 s.
+sub wait_back
+{
+	my ($node, $db) = @_;
+
+	return defined wait_until(sub {
+		eval { $node->safe_psql($db // 'postgres', 'SELECT 1') eq '1' };
+	}, 60);
 }
 
 # Wait until nothing is pending; returns seconds taken, or undef on timeout.
 sub wait_published
 {
 	my ($node, $timeout) = @_;
-	my $t0 = time;
 
 	$timeout //= 120;
-	while (time - $t0 < $timeout)
-	{
-		my $pending = $node->safe_psql('postgres',
-			'SELECT count(*) FROM outbox_pending');
-		return time - $t0 if $pending == 0;
-		sleep 0.1;
-	}
+	my $t = wait_until(sub {
+		$node->safe_psql('postgres', 'SELECT count(*) FROM outbox_pending') == 0;
+	}, $timeout);
 	diag "still pending after ${timeout}s: "
-	  . $node->safe_psql('postgres',
-		'SELECT count(*) FROM outbox_pending');
-	return undef;
+	  . $node->safe_psql('postgres', 'SELECT count(*) FROM outbox_pending')
+	  unless defined $t;
+	return $t;
 }
 
 # Write the expected last version of every aggregate (1..N must all be in

@@ -12,9 +12,8 @@ use MockKafka;
 use OutboxTest;
 
 my $dir = $PostgreSQL::Test::Utils::tmp_check;
-mkdir "$dir/mock1";
-my $mk = MockKafka->start(dir => "$dir/mock1", brokers => 3, max_seconds => 600);
-my $node = outbox_node('publish', $mk, poll_interval => '60s');
+my ($node, $mk) = outbox_setup('publish', brokers => 3, max_seconds => 600,
+	poll_interval => '60s');
 my $topic = 'outbox.event.load';
 
 # The node is UTF8 with the C locale whatever the caller's LANG (none, in

@@ -16,11 +16,8 @@ use Test::More;
 use MockKafka;
 use OutboxTest;
 
-my $dir = $PostgreSQL::Test::Utils::tmp_check;
-mkdir "$dir/mock3";
-my $mk = MockKafka->start(dir => "$dir/mock3", brokers => 1, max_seconds => 600);
-$mk->cmd('topic_create fuzz 8 1');
-my $node = outbox_node('roundtrip', $mk);
+my ($node, $mk) = outbox_setup('roundtrip', max_seconds => 600,
+	mock_cmds => [ 'topic_create fuzz 8 1' ]);
 
 srand(20261202);
 

@@ -9,24 +9,13 @@ use Test::More;
 use MockKafka;
 use OutboxTest;
 
-my $dir = $PostgreSQL::Test::Utils::tmp_check;
-mkdir "$dir/mock4";
-my $mk = MockKafka->start(dir => "$dir/mock4", brokers => 1, max_seconds => 300);
-my $node = outbox_node('role', $mk, retention => '0');
+my ($node, $mk) = outbox_setup('role', retention => '0');
 
-$node->safe_psql('postgres', q{
-	CREATE ROLE outbox_worker LOGIN;
-	GRANT SELECT, UPDATE, DELETE ON outbox TO outbox_worker;
-	GRANT SELECT, INSERT, UPDATE ON aggregate_publication TO outbox_worker;
-	GRANT SELECT, INSERT, UPDATE, DELETE ON publisher_horizon TO outbox_worker;
-	GRANT SELECT, UPDATE, DELETE ON inbox TO outbox_worker;
-	GRANT SELECT ON poison_policy, publisher_control TO outbox_worker;
+worker_role($node, q{
 	CREATE ROLE app LOGIN;
 	GRANT EXECUTE ON FUNCTION outbox_emit(text, text, text, jsonb, text, jsonb, text, bigint),
 		inbox_claim(text, text) TO app;
 });
-$node->append_conf('postgresql.conf', "outbox.role = 'outbox_worker'\n");
-$node->restart;
 
 is($node->safe_psql('postgres', q{SELECT rolsuper FROM pg_roles r JOIN pg_stat_activity a ON a.usesysid = r.oid
 	WHERE a.backend_type = 'outbox publisher'}), 'f', 'the publisher is not a superuser');

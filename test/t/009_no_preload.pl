@@ -85,10 +85,7 @@ $node->stop;
 # A preloaded server told to serve only "postgres" (outbox.database, kept
 # for compatibility): a second database with the extension is told, at
 # CREATE EXTENSION and in outbox_status.
-my $dir = $PostgreSQL::Test::Utils::tmp_check;
-mkdir "$dir/mock9";
-my $mk = MockKafka->start(dir => "$dir/mock9", brokers => 1, max_seconds => 300);
-my $pub = outbox_node('twodb', $mk, database => 'postgres');
+my ($pub, $mk) = outbox_setup('twodb', database => 'postgres');
 $pub->safe_psql('postgres', 'CREATE DATABASE other');
 ($rc, $out, $err) = $pub->psql('other', q{CREATE EXTENSION outbox});
 is($rc, 0, 'CREATE EXTENSION in another database succeeds');

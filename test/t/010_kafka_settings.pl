@@ -13,27 +13,8 @@ use Time::HiRes qw(time sleep);
 use MockKafka;
 use OutboxTest;
 
-my $dir = $PostgreSQL::Test::Utils::tmp_check;
-mkdir "$dir/mock10";
-my $mk = MockKafka->start(dir => "$dir/mock10", brokers => 1, max_seconds => 300);
-my $node = outbox_node('kafkaset', $mk);
+my ($node, $mk) = outbox_setup('kafkaset');
 my $creds = $node->data_dir . '/kafka_credentials';
-
-sub write_creds
-{
-	my ($content, $mode) = @_;
-	open my $fh, '>', $creds or die "cannot write $creds: $!";
-	print $fh $content;
-	close $fh;
-	chmod $mode, $creds or die "chmod: $!";
-}
-
-sub reload_with
-{
-	my ($line) = @_;
-	$node->append_conf('postgresql.conf', "$line\n");
-	$node->reload;
-}
 
 # Poll a query until it returns 't'.
 sub wait_for
@@ -61,10 +42,10 @@ sub wait_log
 
 # 1. A secret in outbox.kafka_properties is refused on reload without
 # being repeated; so is a bad value.
-reload_with(q{outbox.kafka_properties = 'linger.ms=2;sasl.password=Marker1Secret'});
+reload_with($node, q{outbox.kafka_properties = 'linger.ms=2;sasl.password=Marker1Secret'});
 wait_for(q{SELECT count(*) > 0 FROM pg_file_settings
 	WHERE name = 'outbox.kafka_properties' AND error IS NOT NULL}, 'the secret is refused on reload');
-reload_with(q{outbox.kafka_properties = 'linger.ms=Marker2Value'});
+reload_with($node, q{outbox.kafka_properties = 'linger.ms=Marker2Value'});
 sleep 1;
 my ($rc, $out, $err) = $node->psql('postgres',
 	q{ALTER SYSTEM SET outbox.kafka_properties = 'sasl.password=Marker3Secret'});
@@ -74,7 +55,7 @@ unlike($err, qr/Marker3/, 'the error does not repeat the value');
 	q{ALTER SYSTEM SET outbox.kafka_properties = 'compression.codec=Marker4Value'});
 unlike($err, qr/Marker4/, 'an invalid value is not repeated in the error');
 like($err, qr/compression.codec/, 'the key is named');
-reload_with(q{outbox.kafka_properties = ''});
+reload_with($node, q{outbox.kafka_properties = ''});
 sleep 1;
 my $log = new_log();
 like($log, qr/invalid value for parameter "outbox.kafka_properties"/, 'the reload logged the refusal');
@@ -87,15 +68,15 @@ is(scalar @leaks, 0, 'no marker in the server log outside the SQL statements the
   or diag join "\n", @leaks;
 
 # 2. The credentials file: checked like ssl_key_file, never echoed.
-write_creds("sasl.password=Marker5Secret\n", 0644);
-reload_with(qq{outbox.kafka_credentials_file = '$creds'});
+write_file_mode($creds, "sasl.password=Marker5Secret\n", 0644);
+reload_with($node, qq{outbox.kafka_credentials_file = '$creds'});
 $log = wait_log(qr/has group or world access/);
 like($log, qr/has group or world access/, 'a world-readable credentials file is refused');
 is($node->safe_psql('postgres', 'SHOW outbox.kafka_credentials_file'), '', 'and not applied');
 
 # Applied at producer creation: security.protocol=ssl against the plaintext
 # mock stops publishing, and the reason shows.
-write_creds("# test\nsecurity.protocol=ssl\nsasl.password=Marker6Secret\n", 0600);
+write_file_mode($creds, "# test\nsecurity.protocol=ssl\nsasl.password=Marker6Secret\n", 0600);
 $node->reload;
 wait_for(qq{SELECT current_setting('outbox.kafka_credentials_file') = '$creds'},
 	'a credentials file with mode 0600 is accepted');
@@ -108,7 +89,7 @@ note 'problem: ' . $node->safe_psql('postgres', 'SELECT problem FROM outbox_work
 is($node->safe_psql('postgres', q{SELECT count(*) FROM outbox_pending}), '1',
 	'the event waits');
 
-write_creds("sasl.password=Marker7Secret\nclient.id=outbox-creds-test\n", 0600);
+write_file_mode($creds, "sasl.password=Marker7Secret\nclient.id=outbox-creds-test\n", 0600);
 $node->reload;
 ok(defined wait_published($node, 120), 'with the file fixed, the event is published');
 wait_for(q{SELECT bool_and(problem IS NULL) FROM outbox_workers()}, 'and the problem clears');
@@ -118,7 +99,7 @@ like($log, qr/outbox: Kafka is reachable again/, 'the condition\'s end is logged
 
 # A file that turns bad after it was accepted: the producer cannot be
 # created, which is logged once and shown.
-write_creds("acks=Marker8Value\n", 0600);
+write_file_mode($creds, "acks=Marker8Value\n", 0600);
 $node->reload;
 $node->safe_psql('postgres', q{SELECT outbox_emit('order', 'c-2', 'E', '{}')});
 wait_for(q{SELECT bool_and(problem LIKE 'could not create Kafka producer%') FROM outbox_workers()},
@@ -131,13 +112,13 @@ sleep 3;
 $log = new_log();
 my $n = () = $log =~ /publisher error: could not create Kafka producer/g;
 is($n, 1, 'the failure is logged once, not on every retry');
-write_creds("client.id=outbox-creds-test\n", 0600);
+write_file_mode($creds, "client.id=outbox-creds-test\n", 0600);
 $node->reload;
 ok(defined wait_published($node, 120), 'fixed again: published');
 
 # outbox_emit() checks records against message.max.bytes from the setting,
 # never reading the file: the file may not change it.
-write_creds("message.max.bytes=2000000\n", 0600);
+write_file_mode($creds, "message.max.bytes=2000000\n", 0600);
 $node->reload;
 like(wait_log(qr/Property "message.max.bytes" belongs in outbox.kafka_properties/),
 	qr/Property "message.max.bytes" belongs in outbox.kafka_properties/,
@@ -145,7 +126,7 @@ like(wait_log(qr/Property "message.max.bytes" belongs in outbox.kafka_properties
 
 # A refused property names the file, its line and its key (never the
 # value), and the hint says what the file must look like.
-write_creds("# comment\nclient.id=outbox-creds-test\nno.such.property=Marker9Value\n", 0600);
+write_file_mode($creds, "# comment\nclient.id=outbox-creds-test\nno.such.property=Marker9Value\n", 0600);
 $node->reload;
 $log = wait_log(qr/Line 3 of "[^"]*": Property "no\.such\.property"/);
 like($log, qr/DETAIL:  Line 3 of "\Q$creds\E": Property "no\.such\.property": librdkafka refuses its value/,
@@ -153,18 +134,18 @@ like($log, qr/DETAIL:  Line 3 of "\Q$creds\E": Property "no\.such\.property": li
 like($log, qr/Line 3 of .*\n(?:.*\n)?.*HINT:  The file holds one librdkafka property per line as key=value/,
 	'with a hint saying what the file must hold');
 unlike($log, qr/Marker9Value/, 'never the value');
-write_creds("client.id=outbox-creds-test\n", 0600);
+write_file_mode($creds, "client.id=outbox-creds-test\n", 0600);
 $node->reload;
 
 # 3. All brokers down: one LOG line when it starts, one when it clears;
 # librdkafka's own lines never go to stderr unprefixed.
 $log_offset = -s $node->logfile;
-reload_with(q{outbox.brokers = '127.0.0.1:1'});
+reload_with($node, q{outbox.brokers = '127.0.0.1:1'});
 $node->safe_psql('postgres', q{SELECT outbox_emit('order', 'c-3', 'E', '{}')});
 wait_for(q{SELECT bool_and(problem = 'all brokers are down') FROM outbox_workers()},
 	'all brokers down shows in outbox_workers()');
 sleep 4;
-reload_with(qq{outbox.brokers = '@{[ $mk->bootstrap ]}'});
+reload_with($node, qq{outbox.brokers = '@{[ $mk->bootstrap ]}'});
 ok(defined wait_published($node, 120), 'brokers back: published');
 wait_for(q{SELECT bool_and(problem IS NULL) FROM outbox_workers()}, 'the condition clears');
 $log = new_log();
@@ -185,7 +166,7 @@ $mk->cmd('rtt all 1500');
 my $batches = counter($node, 'batches');
 $node->safe_psql('postgres', q{SELECT outbox_emit('flight', 'c-4', 'E', '{}')});
 wait_for("SELECT value > $batches FROM outbox_counters() WHERE name = 'batches'", 'the event is out');
-reload_with(q{outbox.kafka_properties = 'linger.ms=3'});
+reload_with($node, q{outbox.kafka_properties = 'linger.ms=3'});
 my $t0 = time;
 ok(defined wait_published($node, 60), 'the event in flight is settled after the reload');
 cmp_ok(time - $t0, '<', 10, 'when it is acknowledged (1.5 s round trip), not after a poll or a timeout');

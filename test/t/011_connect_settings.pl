@@ -12,10 +12,7 @@ use Time::HiRes qw(time sleep);
 use MockKafka;
 use OutboxTest;
 
-my $dir = $PostgreSQL::Test::Utils::tmp_check;
-mkdir "$dir/mock11";
-my $mk = MockKafka->start(dir => "$dir/mock11", brokers => 1, max_seconds => 300);
-my $node = outbox_node('connect', $mk, database => 'nosuchdb');
+my ($node, $mk) = outbox_setup('connect', database => 'nosuchdb');
 
 # The launcher looks every second: give it a few.
 sleep 3;

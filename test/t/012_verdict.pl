@@ -14,11 +14,8 @@ use FaultTest;
 use MockKafka;
 use OutboxTest;
 
-my $dir = $PostgreSQL::Test::Utils::tmp_check;
-mkdir "$dir/mock";
-my $mk = MockKafka->start(dir => "$dir/mock", brokers => 1, max_seconds => 120);
-$mk->cmd("topic_create $_ 1 1") for qw(verdict.main verdict.aside);
-my $node = outbox_node('verdict', $mk);
+my ($node, $mk) = outbox_setup('verdict', max_seconds => 120,
+	mock_cmds => [ map { "topic_create $_ 1 1" } qw(verdict.main verdict.aside) ]);
 
 $node->safe_psql('postgres', q{
 BEGIN;

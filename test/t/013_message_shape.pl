@@ -10,11 +10,8 @@ use MessageShape;
 use MockKafka;
 use OutboxTest;
 
-my $dir = $PostgreSQL::Test::Utils::tmp_check;
-mkdir "$dir/mock13";
-my $mk = MockKafka->start(dir => "$dir/mock13", brokers => 1, max_seconds => 600);
-$mk->cmd('topic_create outbox.event.order 3 1');
-my $node = outbox_node('shape', $mk);
+my ($node, $mk) = outbox_setup('shape', max_seconds => 600,
+	mock_cmds => [ 'topic_create outbox.event.order 3 1' ]);
 
 check_message_shape($node, $mk->bootstrap);
 

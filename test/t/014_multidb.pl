@@ -14,10 +14,7 @@ use Time::HiRes qw(time sleep);
 use MockKafka;
 use OutboxTest;
 
-my $dir = $PostgreSQL::Test::Utils::tmp_check;
-mkdir "$dir/mock";
-my $mk = MockKafka->start(dir => "$dir/mock", brokers => 1, max_seconds => 900);
-my $node = outbox_node('multidb', $mk, workers => 2);
+my ($node, $mk) = outbox_setup('multidb', max_seconds => 900, workers => 2);
 $node->append_conf('postgresql.conf', "max_worker_processes = 24\noutbox.inbox_workers = 0\n");
 $node->restart;
 
@@ -34,19 +31,6 @@ sub workers_in
 	my ($db) = @_;
 	return $node->safe_psql('postgres',
 		"SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'outbox publisher' AND datname = '$db'");
-}
-
-# Poll until $cond returns true, up to $timeout s; the seconds taken or undef.
-sub wait_until
-{
-	my ($cond, $timeout) = @_;
-	my $t0 = time;
-	while (time - $t0 < $timeout)
-	{
-		return time - $t0 if $cond->();
-		sleep 0.1;
-	}
-	return undef;
 }
 
 # Emit $n events per statement over 20 aggregates, in $tx transactions, to

@@ -13,11 +13,8 @@ use Time::HiRes qw(time sleep);
 use MockKafka;
 use OutboxTest;
 
-my $dir = $PostgreSQL::Test::Utils::tmp_check;
-mkdir "$dir/mock";
 my $topic = 'orders';
-my $mk = MockKafka->start(dir => "$dir/mock", brokers => 1, topics => ["$topic:2"], max_seconds => 600);
-my $node = outbox_node('multidb_inbox', $mk,
+my ($node, $mk) = outbox_setup('multidb_inbox', topics => ["$topic:2"], max_seconds => 600,
 	inbox_kafka_properties => 'session.timeout.ms=6000;heartbeat.interval.ms=500');
 $node->append_conf('postgresql.conf', "max_worker_processes = 24\n");
 $node->restart;
@@ -27,18 +24,6 @@ sub inbox_workers_in
 	my ($db) = @_;
 	return $node->safe_psql('postgres',
 		"SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'outbox inbox worker' AND datname = '$db'");
-}
-
-sub wait_until
-{
-	my ($cond, $timeout) = @_;
-	my $t0 = time;
-	while (time - $t0 < $timeout)
-	{
-		return time - $t0 if $cond->();
-		sleep 0.2;
-	}
-	return undef;
 }
 
 # Two consumer databases, each subscribing its own consumer group to the

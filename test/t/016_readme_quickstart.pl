@@ -16,6 +16,7 @@ use Test::More;
 use Time::HiRes qw(time sleep);
 
 use MockKafka;
+use OutboxTest qw(mock_setup);
 
 my $readme = dirname(__FILE__) . '/../../README.md';
 
@@ -47,9 +48,7 @@ my ($blocks, $expected) = quick_start();
 cmp_ok(scalar @$blocks, '>=', 4, 'the Quick start has its SQL blocks');
 ok(defined $expected, 'and shows the output of the last one');
 
-my $dir = $PostgreSQL::Test::Utils::tmp_check;
-mkdir "$dir/mock";
-my $mk = MockKafka->start(dir => "$dir/mock", brokers => 3, max_seconds => 600);
+my $mk = mock_setup(brokers => 3, max_seconds => 600);
 
 # A fresh server: the library preloaded and the brokers set, nothing else.
 my $node = PostgreSQL::Test::Cluster->new('quickstart');

@@ -19,11 +19,8 @@ use FaultTest;
 use MockKafka;
 use OutboxTest;
 
-my $dir = $PostgreSQL::Test::Utils::tmp_check;
-mkdir "$dir/mock";
-my $mk = MockKafka->start(dir => "$dir/mock", brokers => 3, max_seconds => 300);
 my %conf = fault_conf();
-my $node = outbox_node('down', $mk, %conf);
+my ($node, $mk) = outbox_setup('down', brokers => 3, %conf);
 note "kafka_properties: " . ($conf{kafka_properties} // '(default)');
 quiet_statements($node);
 

@@ -23,13 +23,11 @@ my $burst_s = $ENV{OUTBOX_FAULT_BURST_SECONDS} // 4;
 my $partitions = 6;
 my $topic = 'outbox.event.load';
 
-my $dir = $PostgreSQL::Test::Utils::tmp_check;
-mkdir "$dir/mock";
-my $mk = MockKafka->start(dir => "$dir/mock", brokers => 3, max_seconds => 300);
-# Known partitions, so that leader moves hit every one of them.
-$mk->cmd("topic_create $topic $partitions 3");
 my %conf = fault_conf();
-my $node = outbox_node('retriable', $mk, %conf);
+# Known partitions, so that leader moves hit every one of them.
+my ($node, $mk) = outbox_setup('retriable', brokers => 3,
+	mock_cmds => [ "topic_create $topic $partitions 3" ],
+	%conf);
 note "kafka_properties: " . ($conf{kafka_properties} // '(default)');
 quiet_statements($node);
 

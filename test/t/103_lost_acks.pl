@@ -33,14 +33,12 @@ my $delay = $ENV{OUTBOX_FAULT_DELAY_MS} // 3000;
 my $rounds = $ENV{OUTBOX_FAULT_ROUNDS} // 5;
 my $topic = 'outbox.event.load';
 
-my $dir = $PostgreSQL::Test::Utils::tmp_check;
-mkdir "$dir/mock";
-my $mk = MockKafka->start(dir => "$dir/mock", brokers => 3, max_seconds => 300);
 # Leaders on every broker, so each broker's delayed response hits a
 # partition that is being written.
-$mk->cmd("topic_create $topic 6 3");
-$mk->cmd("leader $topic $_ " . (1 + $_ % 3)) for 0 .. 5;
-my $node = outbox_node('lostacks', $mk, kafka_properties => $props);
+my ($node, $mk) = outbox_setup('lostacks', brokers => 3,
+	mock_cmds => [ "topic_create $topic 6 3",
+		(map { "leader $topic $_ " . (1 + $_ % 3) } 0 .. 5) ],
+	kafka_properties => $props);
 quiet_statements($node);
 note "kafka_properties: $props; response delay ${delay} ms";
 

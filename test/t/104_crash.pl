@@ -27,11 +27,8 @@ use OutboxTest;
 my $kills = $ENV{OUTBOX_FAULT_KILLS} // 5;
 my $restarts = $ENV{OUTBOX_FAULT_RESTARTS} // 2;
 
-my $dir = $PostgreSQL::Test::Utils::tmp_check;
-mkdir "$dir/mock";
-my $mk = MockKafka->start(dir => "$dir/mock", brokers => 3, max_seconds => 300);
 my %conf = fault_conf();
-my $node = outbox_node('crash', $mk, %conf);
+my ($node, $mk) = outbox_setup('crash', brokers => 3, %conf);
 note "kafka_properties: " . ($conf{kafka_properties} // '(default)');
 $node->append_conf('postgresql.conf', "restart_after_crash = on\n");
 quiet_statements($node);

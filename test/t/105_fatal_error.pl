@@ -28,11 +28,8 @@ use OutboxTest;
 
 my $n_fatal = $ENV{OUTBOX_FAULT_FATALS} // 5;
 
-my $dir = $PostgreSQL::Test::Utils::tmp_check;
-mkdir "$dir/mock";
-my $mk = MockKafka->start(dir => "$dir/mock", brokers => 3, max_seconds => 300);
 my %conf = (fault_conf(), enable_test_hooks => 'on');
-my $node = outbox_node('fatal', $mk, %conf);
+my ($node, $mk) = outbox_setup('fatal', brokers => 3, %conf);
 note "kafka_properties: " . ($conf{kafka_properties} // '(default)');
 quiet_statements($node);
 $mk->cmd('rtt all 10');

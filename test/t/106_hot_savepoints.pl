@@ -21,44 +21,21 @@ use OutboxTest;
 my $hot = 8;
 my $topic = 'outbox.event.hot';
 
-my $dir = $PostgreSQL::Test::Utils::tmp_check;
-mkdir "$dir/mock";
-my $mk = MockKafka->start(dir => "$dir/mock", brokers => 3, max_seconds => 300);
 my %conf = (fault_conf(), workers => 2);
-my $node = outbox_node('hot', $mk, %conf);
+my ($node, $mk) = outbox_setup('hot', brokers => 3, %conf);
 note "kafka_properties: " . ($conf{kafka_properties} // '(default)');
 $node->append_conf('postgresql.conf', "deadlock_timeout = '100ms'\n");
 quiet_statements($node);
 ok(defined wait_publisher($node, 2, 120), 'two publisher workers running');
 
-my $script = <<"EOS";
-\\set x random(1, $hot)
-\\set y random(1, $hot)
-\\set a1 least(:x, :y)
-\\set a2 greatest(:x, :y)
-\\set sp random(1, 100)
-\\set rb random(1, 100)
-BEGIN;
-SELECT outbox_emit('hot', 'hot-' || :a1, 'First', jsonb_build_object('client', :client_id));
-SAVEPOINT s1;
-SELECT outbox_emit('hot', 'hot-' || :a2, 'InSavepoint', jsonb_build_object('client', :client_id));
-SELECT outbox_emit('hot', 'hot-' || :a1, 'InSavepoint', jsonb_build_object('client', :client_id));
-\\if :sp <= 35
-ROLLBACK TO SAVEPOINT s1;
-\\else
-RELEASE SAVEPOINT s1;
-\\endif
+my $script = savepoint_script($hot,
+	in_s1 => "SELECT outbox_emit('hot', 'hot-' || :a1, 'InSavepoint', jsonb_build_object('client', :client_id));\n",
+	after_s1 => <<'EOS');
 SAVEPOINT s2;
 SELECT outbox_emit('hot', 'hot-' || :a1, 'AfterSavepoint', jsonb_build_object('client', :client_id));
-\\if :sp > 80
+\if :sp > 80
 ROLLBACK TO SAVEPOINT s2;
-\\endif
-SELECT outbox_emit('hot', 'hot-' || :a2, 'Last', jsonb_build_object('client', :client_id));
-\\if :rb <= 15
-ROLLBACK;
-\\else
-COMMIT;
-\\endif
+\endif
 EOS
 
 my $t_start = time;

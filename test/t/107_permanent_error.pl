@@ -41,37 +41,21 @@ use OutboxTest;
 my $topic = 'perm.poison';
 my $load_topic = 'outbox.event.load';
 
-my $dir = $PostgreSQL::Test::Utils::tmp_check;
-mkdir "$dir/mock";
-my $mk = MockKafka->start(dir => "$dir/mock", brokers => 3, max_seconds => 300);
-$mk->cmd("topic_create $topic 1 3");
-$mk->cmd("leader $topic 0 3");
-$mk->cmd("topic_create $load_topic 4 3");
-$mk->cmd("leader $load_topic $_ " . (1 + $_ % 2)) for 0 .. 3;
 my %conf = (fault_conf(), max_attempts => 2, poison_policy => 'block');
-my $node = outbox_node('perm', $mk, %conf);
+my ($node, $mk) = outbox_setup('perm', brokers => 3,
+	mock_cmds => [ "topic_create $topic 1 3",
+		"leader $topic 0 3",
+		"topic_create $load_topic 4 3",
+		(map { "leader $load_topic $_ " . (1 + $_ % 2) } 0 .. 3) ],
+	%conf);
 note "kafka_properties: " . ($conf{kafka_properties} // '(default)');
 quiet_statements($node);
-
-sub q1 { $node->safe_psql('postgres', $_[0]) }
 
 sub emit
 {
 	my ($agg, $n) = @_;
 	q1(qq{SELECT count(*) FROM (SELECT outbox_emit('perm', '$agg', 'Changed',
 		jsonb_build_object('i', i), topic => '$topic') FROM generate_series(1, $n) i) s});
-}
-
-sub wait_until
-{
-	my ($sql, $timeout) = @_;
-	my $t0 = time;
-	while (time - $t0 < ($timeout // 120))
-	{
-		return time - $t0 if q1($sql) eq 't';
-		sleep 0.05;
-	}
-	return undef;
 }
 
 # Warm up: the topic exists, the producer knows its partitions.
@@ -118,8 +102,8 @@ is(q1(q{SELECT count(*) FROM outbox WHERE aggregate_id = 'poison' AND id NOT IN 
 	'1', 'nothing after the failed version was published');
 
 # Second failure: max_attempts = 2 blocks the aggregate at version 2.
-my $t_block = wait_until(q{SELECT blocked_version IS NOT NULL FROM aggregate_publication
-	WHERE aggregate_id = 'poison'});
+my $t_block = poll_until($node, 'postgres', q{SELECT blocked_version IS NOT NULL FROM aggregate_publication
+	WHERE aggregate_id = 'poison'}, 't', 120);
 ok(defined $t_block, 'the second failure blocked the aggregate');
 note sprintf "blocked %.2f s after the second error was armed", $t_block // -1;
 is(q1(q{SELECT blocked_version, attempts, last_error LIKE 'MSG_SIZE_TOO_LARGE%', blocked_at IS NOT NULL
@@ -136,8 +120,8 @@ emit('poison', 2);
 emit("other-$_", 20) for 1 .. 5;
 emit('poison', 2);
 my $backlog = max_id($node);
-ok(defined wait_until(qq{SELECT count(*) = 0 FROM outbox_pending
-	WHERE aggregate_id <> 'poison' AND id <= $backlog}),
+ok(defined poll_until($node, 'postgres', qq{SELECT count(*) = 0 FROM outbox_pending
+	WHERE aggregate_id <> 'poison' AND id <= $backlog}, 't', 120),
 	'other aggregates published while "poison" is blocked');
 sleep 1;
 is(q1(q{SELECT string_agg(aggregate_version || ':' || attempts || ':' || (last_error IS NOT NULL), ' '
@@ -145,7 +129,7 @@ is(q1(q{SELECT string_agg(aggregate_version || ':' || attempts || ':' || (last_e
 	'2:2:true 3:0:false 4:0:false 5:0:false 6:0:false',
 	'only the failing event counts attempts; later versions wait');
 ok(stop_load($load, 300), 'emitters finished without errors');
-ok(defined wait_until(q{SELECT count(*) = 0 FROM outbox_pending WHERE aggregate_type = 'load'}),
+ok(defined poll_until($node, 'postgres', q{SELECT count(*) = 0 FROM outbox_pending WHERE aggregate_type = 'load'}, 't', 120),
 	'the whole load was published while "poison" is blocked');
 cmp_ok(q1(q{SELECT count(*) FROM outbox WHERE aggregate_type = 'load' AND id NOT IN (SELECT id FROM outbox_pending)}),
 	'>', 5000, 'the load kept being published throughout');

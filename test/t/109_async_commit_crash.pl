@@ -28,10 +28,7 @@ use OutboxTest;
 my $kills = $ENV{OUTBOX_FAULT_KILLS} // 3;
 my $restarts = $ENV{OUTBOX_FAULT_RESTARTS} // 3;
 
-my $dir = $PostgreSQL::Test::Utils::tmp_check;
-mkdir "$dir/mock";
-my $mk = MockKafka->start(dir => "$dir/mock", brokers => 3, max_seconds => 300);
-my $node = outbox_node('async', $mk, fault_conf());
+my ($node, $mk) = outbox_setup('async', brokers => 3, fault_conf());
 $node->append_conf('postgresql.conf', q{
 restart_after_crash = on
 synchronous_commit = off

@@ -20,9 +20,7 @@ use MockKafka;
 use OutboxTest;
 
 my $dir = $PostgreSQL::Test::Utils::tmp_check;
-mkdir "$dir/mock";
-my $mk = MockKafka->start(dir => "$dir/mock", brokers => 1, max_seconds => 300);
-my $node = outbox_node('shares', $mk, workers => 16);
+my ($node, $mk) = outbox_setup('shares', workers => 16);
 $node->append_conf('postgresql.conf', "max_worker_processes = 8\noutbox.inbox_workers = 0\n");
 $node->restart;
 

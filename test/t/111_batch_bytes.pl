@@ -24,10 +24,7 @@ sub memory_kb
 }
 
 my $limit_mb = $ENV{OUTBOX_TEST_RSS_LIMIT_MB} // 120;
-my $dir = $PostgreSQL::Test::Utils::tmp_check;
-mkdir "$dir/mock";
-my $mk = MockKafka->start(dir => "$dir/mock", brokers => 1, max_seconds => 300);
-my $node = outbox_node('bytes', $mk, batch_bytes => $ENV{OUTBOX_TEST_BATCH_BYTES} // '8MB');
+my ($node, $mk) = outbox_setup('bytes', batch_bytes => $ENV{OUTBOX_TEST_BATCH_BYTES} // '8MB');
 $node->append_conf('postgresql.conf', "shared_buffers = 16MB\n");
 $node->restart;
 ok(defined wait_publisher($node, 1, 60), 'publisher running');

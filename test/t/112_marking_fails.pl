@@ -18,20 +18,9 @@ use MockKafka;
 use OutboxTest;
 
 my $dir = $PostgreSQL::Test::Utils::tmp_check;
-mkdir "$dir/mock";
-my $mk = MockKafka->start(dir => "$dir/mock", brokers => 1, max_seconds => 300);
-my $node = outbox_node('marking', $mk);
+my ($node, $mk) = outbox_setup('marking');
 
-$node->safe_psql('postgres', q{
-	CREATE ROLE outbox_worker LOGIN;
-	GRANT SELECT, UPDATE, DELETE ON outbox TO outbox_worker;
-	GRANT SELECT, INSERT, UPDATE ON aggregate_publication TO outbox_worker;
-	GRANT SELECT, INSERT, UPDATE, DELETE ON publisher_horizon TO outbox_worker;
-	GRANT SELECT, UPDATE, DELETE ON inbox TO outbox_worker;
-	GRANT SELECT ON poison_policy, publisher_control TO outbox_worker;
-});
-$node->append_conf('postgresql.conf', "outbox.role = 'outbox_worker'\n");
-$node->restart;
+worker_role($node);
 
 # Revoke a privilege, emit events from..to over 20 aggregates, and wait
 # until outbox_status shows the settling failing for want of it.

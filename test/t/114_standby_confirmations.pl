@@ -1,6 +1,9 @@
 # outbox.standby_confirmations: publish only what enough streaming standbys
 # have flushed, so that a failover to one of them cannot take back an event
-# Kafka already has.
+# Kafka already has.  -1 follows synchronous_standby_names: it waits for
+# the standbys a synchronous commit waits for, and for none once the
+# setting is empty (as Patroni leaves it when no synchronous standby is
+# left).
 use strict;
 use warnings;
 
@@ -13,10 +16,7 @@ use FaultTest;
 use MockKafka;
 use OutboxTest;
 
-my $dir = $PostgreSQL::Test::Utils::tmp_check;
-mkdir "$dir/mock";
-my $mk = MockKafka->start(dir => "$dir/mock", brokers => 1, max_seconds => 300);
-my $primary = outbox_node('primary', $mk, standby_confirmations => 1);
+my ($primary, $mk) = outbox_setup('primary', standby_confirmations => 1);
 $primary->append_conf('postgresql.conf', "wal_level = replica\nmax_wal_senders = 4\n");
 $primary->restart;
 $primary->backup('b');
@@ -28,10 +28,17 @@ $primary->wait_for_catchup($standby);
 $primary->safe_psql('postgres', q{SELECT outbox_emit('sb', 's-1', 'E', '{}')});
 ok(defined wait_published($primary, 30), 'published while the standby confirms');
 
-$standby->stop;
-$primary->poll_query_until('postgres', 'SELECT count(*) = 0 FROM pg_stat_replication')
-  or die 'the walsender did not go away';
-$primary->safe_psql('postgres', q{SELECT outbox_emit('sb', 's-1', 'E', '{}')});
+# Stop the standby, wait until its walsender is gone, and emit an event.
+sub standby_away
+{
+	$standby->stop;
+	$primary->poll_query_until('postgres', 'SELECT count(*) = 0 FROM pg_stat_replication')
+	  or die 'the walsender did not go away';
+	$primary->safe_psql('postgres', q{SELECT outbox_emit('sb', 's-1', 'E', '{}')});
+	return;
+}
+
+standby_away();
 ok($primary->poll_query_until('postgres',
 	q{SELECT state = 'waiting for standbys' FROM outbox_workers() WHERE worker = 0}),
 	'the publisher waits for a standby');
@@ -43,17 +50,33 @@ $standby->start;
 ok(defined wait_published($primary, 60), 'published once the standby is back');
 
 # An operator can give up the guarantee while the standby is away.
-$standby->stop;
-$primary->poll_query_until('postgres', 'SELECT count(*) = 0 FROM pg_stat_replication')
-  or die 'the walsender did not go away';
-$primary->safe_psql('postgres', q{SELECT outbox_emit('sb', 's-1', 'E', '{}')});
+standby_away();
 ok($primary->poll_query_until('postgres',
 	q{SELECT state = 'waiting for standbys' FROM outbox_workers() WHERE worker = 0}),
 	'waiting again');
 $primary->safe_psql('postgres', q{ALTER SYSTEM SET outbox.standby_confirmations = 0; SELECT pg_reload_conf()});
 ok(defined wait_published($primary, 30), 'a reload to 0 releases the waiting batch');
 
-my $r = $mk->check(topics => ['outbox.event.sb'], expect => { 's-1' => 3 });
+# -1: as synchronous replication counts (synchronous_standby_names).
+$primary->safe_psql('postgres', q{ALTER SYSTEM SET outbox.standby_confirmations = -1;
+	ALTER SYSTEM SET synchronous_standby_names = '*'; SELECT pg_reload_conf()});
+$primary->safe_psql('postgres', q{SET synchronous_commit = off; SELECT outbox_emit('sb', 's-1', 'E', '{}')});
+ok($primary->poll_query_until('postgres',
+	q{SELECT state = 'waiting for standbys' FROM outbox_workers() WHERE worker = 0}),
+	'-1: waiting for the synchronous standby');
+$standby->start;
+ok(defined wait_published($primary, 60), '-1: published once the synchronous standby has it');
+$standby->stop;
+$primary->poll_query_until('postgres', 'SELECT count(*) = 0 FROM pg_stat_replication')
+  or die 'the walsender did not go away';
+$primary->safe_psql('postgres', q{SET synchronous_commit = off; SELECT outbox_emit('sb', 's-1', 'E', '{}')});
+ok($primary->poll_query_until('postgres',
+	q{SELECT state = 'waiting for standbys' FROM outbox_workers() WHERE worker = 0}),
+	'-1: waiting again without the standby');
+$primary->safe_psql('postgres', q{ALTER SYSTEM SET synchronous_standby_names = ''; SELECT pg_reload_conf()});
+ok(defined wait_published($primary, 30), '-1: synchronous_standby_names emptied: published');
+
+my $r = $mk->check(topics => ['outbox.event.sb'], expect => { 's-1' => 5 });
 is($r->{exit}, 0, 'order checker clean') or diag $r->{output};
 
 $primary->stop;

@@ -22,20 +22,10 @@ use OutboxTest;
 
 my $topic = 'outbox.event.stall';
 my $dir = $PostgreSQL::Test::Utils::tmp_check;
-mkdir "$dir/mock";
-my $mk = MockKafka->start(dir => "$dir/mock", brokers => 3, max_seconds => 300);
-$mk->cmd("topic_create $topic 6 3");
-my $node = outbox_node('stall', $mk, delivery_timeout => '1s', poll_interval => '10min');
-$node->safe_psql('postgres', q{
-	CREATE ROLE outbox_worker LOGIN;
-	GRANT SELECT, UPDATE, DELETE ON outbox TO outbox_worker;
-	GRANT SELECT, INSERT, UPDATE ON aggregate_publication TO outbox_worker;
-	GRANT SELECT, INSERT, UPDATE, DELETE ON publisher_horizon TO outbox_worker;
-	GRANT SELECT, UPDATE, DELETE ON inbox TO outbox_worker;
-	GRANT SELECT ON poison_policy, publisher_control TO outbox_worker;
-});
-$node->append_conf('postgresql.conf', "outbox.role = 'outbox_worker'\n");
-$node->restart;
+my ($node, $mk) = outbox_setup('stall', brokers => 3,
+	mock_cmds => [ "topic_create $topic 6 3" ],
+	delivery_timeout => '1s', poll_interval => '10min');
+worker_role($node);
 
 # Connect the producer and learn the topic's partitions first.
 $node->safe_psql('postgres',

@@ -17,10 +17,7 @@ use FaultTest;
 use MockKafka;
 use OutboxTest;
 
-my $dir = $PostgreSQL::Test::Utils::tmp_check;
-mkdir "$dir/mock";
-my $mk = MockKafka->start(dir => "$dir/mock", brokers => 1, max_seconds => 300);
-my $node = outbox_node('idlemem', $mk, poll_interval => '10ms', delivery_timeout => '1s');
+my ($node, $mk) = outbox_setup('idlemem', poll_interval => '10ms', delivery_timeout => '1s');
 ok(defined wait_publisher($node, 1, 60), 'publisher running');
 my ($pid) = publisher_pids($node);
 

@@ -20,29 +20,12 @@ use Time::HiRes qw(time sleep);
 use MockKafka;
 use OutboxTest;
 
-my $dir = $PostgreSQL::Test::Utils::tmp_check;
-mkdir "$dir/mock";
-my $mk = MockKafka->start(dir => "$dir/mock", brokers => 3, max_seconds => 300);
-$mk->cmd('topic_create cross.a 1 3');
-$mk->cmd('leader cross.a 0 3');
-$mk->cmd('topic_create cross.b 1 3');
-$mk->cmd('leader cross.b 0 1');
-my $node = outbox_node('cross', $mk, max_attempts => 1, poison_policy => 'block');
-
-sub q1 { $node->safe_psql('postgres', $_[0]) }
-
-sub poll_until
-{
-	my ($sql, $timeout) = @_;
-	my $t0 = time;
-	while (time - $t0 < ($timeout // 30))
-	{
-		return 1 if q1($sql) eq 't';
-		sleep 0.1;
-	}
-	diag "timed out waiting for: $sql";
-	return 0;
-}
+my ($node, $mk) = outbox_setup('cross', brokers => 3,
+	mock_cmds => [ 'topic_create cross.a 1 3',
+		'leader cross.a 0 3',
+		'topic_create cross.b 1 3',
+		'leader cross.b 0 1' ],
+	max_attempts => 1, poison_policy => 'block');
 
 # How many times version $v of aggregate $agg is in topic $topic.
 sub copies
@@ -68,7 +51,7 @@ my $violations = counter($node, 'order_violations');
 $mk->cmd('broker_errors 3 0 87:300');
 q1(q{BEGIN; SELECT outbox_emit('x', 'x', 'V1', '{}', topic => 'cross.a');
 	SELECT outbox_emit('x', 'x', 'V2', '{}', topic => 'cross.b'); COMMIT;});
-ok(poll_until(q{SELECT blocked_version = 1 FROM aggregate_publication WHERE aggregate_id = 'x'}),
+ok(poll_until($node, 'postgres', q{SELECT blocked_version = 1 FROM aggregate_publication WHERE aggregate_id = 'x'}, 't', 30),
 	'v1 failed and blocked the aggregate');
 sleep 1;
 is(copies('cross.b', 'x', 2), 0, 'v2 on another topic did not reach Kafka before v1');
@@ -78,7 +61,7 @@ is(q1(q{SELECT string_agg(aggregate_version || ':' || attempts || ':' || (state 
 is(counter($node, 'order_violations'), $violations, 'the order guard saw no violation');
 
 is(q1(q{SELECT outbox_retry('x')}), 't', 'outbox_retry unblocks the aggregate');
-ok(poll_until(q{SELECT count(*) = 0 FROM outbox_pending WHERE aggregate_id = 'x'}),
+ok(poll_until($node, 'postgres', q{SELECT count(*) = 0 FROM outbox_pending WHERE aggregate_id = 'x'}, 't', 30),
 	'after the retry both versions are published');
 is(copies('cross.a', 'x', 1) . ' ' . copies('cross.b', 'x', 2), '1 1',
 	'v1 in cross.a, then v2 in cross.b, once each');

@@ -20,15 +20,11 @@ use Time::HiRes qw(time sleep);
 use MockKafka;
 use OutboxTest;
 
-my $dir = $PostgreSQL::Test::Utils::tmp_check;
-mkdir "$dir/mock";
-my $mk = MockKafka->start(dir => "$dir/mock", brokers => 3, max_seconds => 300);
-$mk->cmd('topic_create size.t 1 3');
-$mk->cmd('leader size.t 0 3');
-my $node = outbox_node('size', $mk, max_attempts => 1, poison_policy => 'skip',
+my ($node, $mk) = outbox_setup('size', brokers => 3,
+	mock_cmds => [ 'topic_create size.t 1 3',
+		'leader size.t 0 3' ],
+	max_attempts => 1, poison_policy => 'skip',
 	kafka_properties => 'linger.ms=200');
-
-sub q1 { $node->safe_psql('postgres', $_[0]) }
 
 # Emit a big and a small event of two aggregates in one transaction.
 sub emit_pair

@@ -15,23 +15,9 @@ use Test::More;
 use MockKafka;
 use OutboxTest;
 
-my $dir = $PostgreSQL::Test::Utils::tmp_check;
-mkdir "$dir/mock";
-my $mk = MockKafka->start(dir => "$dir/mock", brokers => 1, max_seconds => 300);
-my $node = outbox_node('held', $mk);
+my ($node, $mk) = outbox_setup('held');
 
-sub q1 { $node->safe_psql('postgres', $_[0]) }
-
-q1(q{
-	CREATE ROLE outbox_worker LOGIN;
-	GRANT SELECT, UPDATE, DELETE ON outbox TO outbox_worker;
-	GRANT SELECT, INSERT, UPDATE ON aggregate_publication TO outbox_worker;
-	GRANT SELECT, INSERT, UPDATE, DELETE ON publisher_horizon TO outbox_worker;
-	GRANT SELECT, UPDATE, DELETE ON inbox TO outbox_worker;
-	GRANT SELECT ON poison_policy, publisher_control TO outbox_worker;
-});
-$node->append_conf('postgresql.conf', "outbox.role = 'outbox_worker'\n");
-$node->restart;
+worker_role($node);
 
 q1('REVOKE INSERT ON aggregate_publication FROM outbox_worker');
 q1(q{SELECT outbox_emit('held', a, 'E', jsonb_build_object('n', g))

@@ -14,12 +14,7 @@ use Time::HiRes qw(time sleep);
 use MockKafka;
 use OutboxTest;
 
-my $dir = $PostgreSQL::Test::Utils::tmp_check;
-mkdir "$dir/mock";
-my $mk = MockKafka->start(dir => "$dir/mock", brokers => 1, max_seconds => 300);
-my $node = outbox_node('retention', $mk);
-
-sub q1 { $node->safe_psql('postgres', $_[0]) }
+my ($node, $mk) = outbox_setup('retention');
 
 q1(q{SELECT outbox_emit('ret', 'a', 'E', jsonb_build_object('n', g)) FROM generate_series(1, 5) g});
 ok(defined wait_published($node, 30), 'published');

@@ -25,9 +25,7 @@ use constant PAGE => 8192;
 use constant SHORT_PHD => 24;
 use constant LONG_PHD => 40;
 
-my $dir = $PostgreSQL::Test::Utils::tmp_check;
-mkdir "$dir/mock";
-my $mk = MockKafka->start(dir => "$dir/mock", brokers => 1, max_seconds => 300);
+my $mk = mock_setup();
 my $node = PostgreSQL::Test::Cluster->new('walpage');
 pinned_init($node);
 $node->append_conf('postgresql.conf', qq{

@@ -25,12 +25,10 @@ use OutboxTest;
 my $outage_s = 12;
 my $topic = 'outbox.event.load';
 
-my $dir = $PostgreSQL::Test::Utils::tmp_check;
-mkdir "$dir/mock";
-my $mk = MockKafka->start(dir => "$dir/mock", brokers => 3, max_seconds => 300);
-$mk->cmd("topic_create $topic 8 3");
 my %conf = fault_conf();
-my $node = outbox_node('isolation', $mk, %conf);
+my ($node, $mk) = outbox_setup('isolation', brokers => 3,
+	mock_cmds => [ "topic_create $topic 8 3" ],
+	%conf);
 note "kafka_properties: " . ($conf{kafka_properties} // '(default)');
 quiet_statements($node);
 

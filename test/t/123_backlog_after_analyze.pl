@@ -17,12 +17,7 @@ use Time::HiRes qw(time sleep);
 use MockKafka;
 use OutboxTest;
 
-my $dir = $PostgreSQL::Test::Utils::tmp_check;
-mkdir "$dir/mock";
-my $mk = MockKafka->start(dir => "$dir/mock", brokers => 1, max_seconds => 400);
-my $node = outbox_node('backlog_analyze', $mk);
-
-sub q1 { $node->safe_psql('postgres', $_[0]) }
+my ($node, $mk) = outbox_setup('backlog_analyze', max_seconds => 400);
 
 for my $i (1 .. 12)
 {

@@ -16,14 +16,10 @@ use MockKafka;
 use OutboxTest;
 
 my $dir = $PostgreSQL::Test::Utils::tmp_check;
-mkdir "$dir/mock";
-my $mk = MockKafka->start(dir => "$dir/mock", brokers => 1, max_seconds => 300);
-$mk->cmd('topic_create outbox.event.late 4 1');
-my $node = outbox_node('late', $mk);
+my ($node, $mk) = outbox_setup('late',
+	mock_cmds => [ 'topic_create outbox.event.late 4 1' ]);
 $node->append_conf('postgresql.conf', "max_prepared_transactions = 4\nlog_min_messages = debug1\n");
 $node->restart;
-
-sub q1 { $node->safe_psql('postgres', $_[0]) }
 
 # Two transactions take their ids and emit first, then stay prepared.
 q1(q{BEGIN; SELECT outbox_emit('late', 'early-1', 'E', '{}'); PREPARE TRANSACTION 'early1'});

@@ -11,12 +11,8 @@ use Test::More;
 use MockKafka;
 use OutboxTest;
 
-my $dir = $PostgreSQL::Test::Utils::tmp_check;
-mkdir "$dir/mock";
-my $mk = MockKafka->start(dir => "$dir/mock", brokers => 1, max_seconds => 120);
-my $node = outbox_node('walk', $mk, retention => '0', retention_batch => '10');
-
-sub q1 { $node->safe_psql('postgres', $_[0]) }
+my ($node, $mk) = outbox_setup('walk', max_seconds => 120,
+	retention => '0', retention_batch => '10');
 
 # The oldest 50 events belong to an aggregate paused before any went out.
 q1(q{SELECT outbox_pause()});

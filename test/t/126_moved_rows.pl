@@ -16,13 +16,9 @@ use MockKafka;
 use OutboxTest;
 
 my $dir = $PostgreSQL::Test::Utils::tmp_check;
-mkdir "$dir/mock";
-my $mk = MockKafka->start(dir => "$dir/mock", brokers => 1, max_seconds => 300);
-my $node = outbox_node('moved_rows', $mk, batch_events => 100);
+my ($node, $mk) = outbox_setup('moved_rows', batch_events => 100);
 $node->append_conf('postgresql.conf', "log_min_messages = debug1\n");
 $node->reload;
-
-sub q1 { $node->safe_psql('postgres', $_[0]) }
 
 # every aggregate has its row (the settling below updates, not inserts)
 q1(q{SELECT outbox_emit('moved', 'mv-' || g, 'E', '{}') FROM generate_series(0, 9) g});

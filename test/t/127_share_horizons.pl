@@ -30,8 +30,6 @@ mkdir "$dir/mock";
 my $mk = MockKafka->start(dir => "$dir/mock", brokers => 1, max_seconds => 300);
 my $node = outbox_node('shares', $mk, workers => 2);
 
-sub q1 { $node->safe_psql('postgres', $_[0]) }
-
 # The pid of publisher $w, once it runs.
 sub worker_pid
 {

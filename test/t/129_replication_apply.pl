@@ -31,9 +31,7 @@ use OutboxTest;
 my $restarts = $ENV{OUTBOX_FAULT_RESTARTS} // 3;
 my $events = 3000;
 
-my $dir = $PostgreSQL::Test::Utils::tmp_check;
-mkdir "$dir/mock";
-my $mk = MockKafka->start(dir => "$dir/mock", brokers => 3, max_seconds => 300);
+my $mk = mock_setup(brokers => 3);
 
 # The source: a plain table named like the extension's, published.
 my $source = PostgreSQL::Test::Cluster->new('apply_source');

@@ -16,13 +16,8 @@ use Test::More;
 use MockKafka;
 use OutboxTest;
 
-my $dir = $PostgreSQL::Test::Utils::tmp_check;
-mkdir "$dir/mock";
-my $mk = MockKafka->start(dir => "$dir/mock", brokers => 1, max_seconds => 300);
-my $node = outbox_node('first_row', $mk);
+my ($node, $mk) = outbox_setup('first_row');
 my $others = 20;
-
-sub q1 { $node->safe_psql('postgres', $_[0]) }
 
 q1(q{SELECT outbox_emit('first', 'warm', 'E', '{}')});
 ok(defined wait_published($node, 60), 'the publisher runs');

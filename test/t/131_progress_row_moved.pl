@@ -15,14 +15,9 @@ use Test::More;
 use MockKafka;
 use OutboxTest;
 
-my $dir = $PostgreSQL::Test::Utils::tmp_check;
-mkdir "$dir/mock";
-my $mk = MockKafka->start(dir => "$dir/mock", brokers => 1, max_seconds => 300);
-my $node = outbox_node('moved', $mk);
+my ($node, $mk) = outbox_setup('moved');
 my $n = 300;
 my $gone = 70;		# about a block's worth of rows
-
-sub q1 { $node->safe_psql('postgres', $_[0]) }
 
 # Rows of "gone-*" first in the heap, then those of "moved-*", each set
 # written by one settling or a few (one xmin each); then the gone rows are

@@ -15,14 +15,9 @@ use Test::More;
 use MockKafka;
 use OutboxTest;
 
-my $dir = $PostgreSQL::Test::Utils::tmp_check;
-mkdir "$dir/mock";
-my $mk = MockKafka->start(dir => "$dir/mock", brokers => 1, max_seconds => 300);
-my $node = outbox_node('one_aggregate', $mk, batch_events => 200);
+my ($node, $mk) = outbox_setup('one_aggregate', batch_events => 200);
 $node->append_conf('postgresql.conf', "log_min_messages = debug1\n");
 $node->reload;
-
-sub q1 { $node->safe_psql('postgres', $_[0]) }
 
 q1(q{SELECT outbox_emit('hot', 'hot', 'E', '{}')});
 ok(defined wait_published($node, 60), 'the publisher runs');

@@ -46,29 +46,7 @@ cmp_ok(counter($node, 'wakeups'), '>', $wakeups, 'the worker counted a wake-up')
 
 # Hot aggregates: two per transaction (lower id first: no deadlock), with
 # savepoints rolled back or released and transactions rolled back.
-my $script = <<"EOS";
-\\set x random(1, $hot)
-\\set y random(1, $hot)
-\\set a1 least(:x, :y)
-\\set a2 greatest(:x, :y)
-\\set sp random(1, 100)
-\\set rb random(1, 100)
-BEGIN;
-SELECT outbox_emit('hot', 'hot-' || :a1, 'First', jsonb_build_object('client', :client_id));
-SAVEPOINT s1;
-SELECT outbox_emit('hot', 'hot-' || :a2, 'InSavepoint', jsonb_build_object('client', :client_id));
-\\if :sp <= 35
-ROLLBACK TO SAVEPOINT s1;
-\\else
-RELEASE SAVEPOINT s1;
-\\endif
-SELECT outbox_emit('hot', 'hot-' || :a2, 'Last', jsonb_build_object('client', :client_id));
-\\if :rb <= 15
-ROLLBACK;
-\\else
-COMMIT;
-\\endif
-EOS
+my $script = savepoint_script($hot);
 
 my $t_start = time;
 my $hotload = start_load($node, script => $script, clients => 6, jobs => 1,

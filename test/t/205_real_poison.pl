@@ -39,21 +39,6 @@ my $node = outbox_node('real_poison', $rk, $rk->outbox_conf(properties => $props
 	max_attempts => 2, poison_policy => 'block');
 quiet_statements($node);
 
-sub q1 { $node->safe_psql('postgres', $_[0]) }
-
-sub poll_until
-{
-	my ($sql, $timeout) = @_;
-	my $t0 = time;
-	while (time - $t0 < ($timeout // 60))
-	{
-		return time - $t0 if q1($sql) eq 't';
-		sleep 0.2;
-	}
-	diag "timed out waiting for: $sql";
-	return undef;
-}
-
 my %type = (block => 'blk', dead_letter => 'dl', skip => 'skp');
 q1(qq{INSERT INTO poison_policy (aggregate_type, policy) VALUES ('$type{$_}', '$_')})
   for sort keys %type;
@@ -73,9 +58,9 @@ sub emit_poison
 {
 	my ($at, $agg, $poison_topic, $payload, $ok) = @_;
 	q1(qq{SELECT outbox_emit('$at', '$agg', 'V1', '{}', topic => '$ok')});
-	poll_until(settled($agg, 1), 60) or return undef;
+	poll_until($node, 'postgres', settled($agg, 1), 't', 60) or return undef;
 	q1(qq{SELECT outbox_emit('$at', '$agg', 'V2', $payload, topic => '$poison_topic')});
-	my $t = poll_until(settled($agg, 2), 90);
+	my $t = poll_until($node, 'postgres', settled($agg, 2), 't', 90);
 	q1(qq{SELECT outbox_emit('$at', '$agg', 'V3', '{}', topic => '$ok')});
 	return $t;
 }
@@ -123,8 +108,8 @@ for my $p (qw(dead_letter skip))
 	for my $kind (qw(big missing))
 	{
 		my $agg = "$kind-$p";
-		ok(defined poll_until(qq{SELECT NOT EXISTS (SELECT FROM outbox_pending
-			WHERE aggregate_id = '$agg')}, 60), "$p: $agg settled");
+		ok(defined poll_until($node, 'postgres', qq{SELECT NOT EXISTS (SELECT FROM outbox_pending
+			WHERE aggregate_id = '$agg')}, 't', 60), "$p: $agg settled");
 		$recover = $settle{$agg} if ($settle{$agg} // 0) > $recover;
 		my $disp = $p eq 'skip' ? 'skipped' : 'dead_lettered';
 		is(q1(qq{SELECT string_agg(aggregate_version || ':' || state, ',' ORDER BY aggregate_version)
@@ -146,8 +131,8 @@ like($d->{output}, qr/dead_letter_original_topic=real.missing.dead_letter/, 'dea
 
 # Other aggregates were not held up
 ok(stop_load($load, 60), 'emitters stopped');
-ok(defined poll_until(q{SELECT NOT EXISTS (SELECT FROM outbox_pending
-	WHERE aggregate_type = 'load')}, 90), 'the load was published in full');
+ok(defined poll_until($node, 'postgres', q{SELECT NOT EXISTS (SELECT FROM outbox_pending
+	WHERE aggregate_type = 'load')}, 't', 90), 'the load was published in full');
 cmp_ok(counter($node, 'delivery_errors_permanent'), '>=', 8, 'permanent errors counted');
 note "fatal producer errors so far: " . counter($node, 'delivery_errors_fatal')
   . ' (enable.gapless.guarantee turns a permanent failure with later messages in flight into one)';
@@ -157,12 +142,12 @@ is(counter($node, 'events_skipped'), '2', 'two events skipped');
 # Unblock: once the cause is gone (the topic now exists) the aggregate goes on.
 $rk->topic('real.missing.block', 1);
 is(q1(q{SELECT outbox_retry('missing-block')}), 't', 'outbox_retry after creating the topic');
-ok(defined poll_until(q{SELECT NOT EXISTS (SELECT FROM outbox_pending
-	WHERE aggregate_id = 'missing-block')}, 60), 'the unblocked aggregate is published');
+ok(defined poll_until($node, 'postgres', q{SELECT NOT EXISTS (SELECT FROM outbox_pending
+	WHERE aggregate_id = 'missing-block')}, 't', 60), 'the unblocked aggregate is published');
 q1(q{SELECT outbox_skip(event_id, 'too large for real.small') FROM outbox
 	WHERE aggregate_id = 'big-block' AND aggregate_version = 2});
-ok(defined poll_until(q{SELECT NOT EXISTS (SELECT FROM outbox_pending
-	WHERE aggregate_id = 'big-block')}, 60), 'after outbox_skip the blocked aggregate goes on');
+ok(defined poll_until($node, 'postgres', q{SELECT NOT EXISTS (SELECT FROM outbox_pending
+	WHERE aggregate_id = 'big-block')}, 't', 60), 'after outbox_skip the blocked aggregate goes on');
 
 # Order: the load, and every poison aggregate's published versions
 my $fatal = counter($node, 'delivery_errors_fatal');
@@ -186,8 +171,8 @@ for my $t ($small, $ok_topic, 'real.missing.block')
 	# count, and here, policy skip, 2 attempts, to be skipped).
 	q1(qq{BEGIN; SELECT outbox_emit('skp', 'x-big', 'V1', $big, topic => '$small');
 		SELECT outbox_emit('skp', 'x-innocent', 'V1', '{}', topic => '$small'); COMMIT;});
-	poll_until(q{SELECT NOT EXISTS (SELECT FROM outbox_pending
-		WHERE aggregate_id IN ('x-big', 'x-innocent'))}, 60);
+	poll_until($node, 'postgres', q{SELECT NOT EXISTS (SELECT FROM outbox_pending
+		WHERE aggregate_id IN ('x-big', 'x-innocent'))}, 't', 60);
 	# (publishing no longer writes the event's row: a published event keeps
 	# the last_error of the refusal it shared, but no attempt)
 	my $row = q1(q{SELECT state || '|' || attempts || coalesce('|' || last_error, '')
@@ -203,8 +188,8 @@ for my $t ($small, $ok_topic, 'real.missing.block')
 	my $violations = counter($node, 'order_violations');
 	q1(qq{BEGIN; SELECT outbox_emit('blk', 'x-cross', 'V1', '{}', topic => 'real.missing.cross');
 		SELECT outbox_emit('blk', 'x-cross', 'V2', '{}', topic => '$ok_topic'); COMMIT;});
-	poll_until(q{SELECT blocked_version IS NOT NULL FROM aggregate_publication
-		WHERE aggregate_id = 'x-cross'}, 60);
+	poll_until($node, 'postgres', q{SELECT blocked_version IS NOT NULL FROM aggregate_publication
+		WHERE aggregate_id = 'x-cross'}, 't', 60);
 	sleep 1;
 	my $p = $rk->check(topics => [$ok_topic], opts => ['--print', '--any-start']);
 	my $ahead = () = $p->{output} =~ /key=x-cross version=2/g;

@@ -13,12 +13,8 @@ use MockKafka;
 use OutboxTest;
 use InboxTest;
 
-my $dir = $PostgreSQL::Test::Utils::tmp_check;
-mkdir "$dir/mock";
 my $topic = 'outbox.event.load';
-my $mk = MockKafka->start(dir => "$dir/mock", brokers => 3,
-	topics => ["$topic:4"], max_seconds => 600);
-my $node = inbox_node('inbox_e2e', $mk);
+my ($node, $mk) = inbox_setup('inbox_e2e', brokers => 3, topics => ["$topic:4"], max_seconds => 600);
 setup_consumer($node, 'billing', $topic);
 
 is($node->safe_psql('consumer', 'SELECT consumer, topics, handler, owner FROM inbox_subscription'),

@@ -13,12 +13,9 @@ use MockKafka;
 use OutboxTest;
 use InboxTest;
 
-my $dir = $PostgreSQL::Test::Utils::tmp_check;
-mkdir "$dir/mock";
 my $topic = 'outbox.event.load';
-my $mk = MockKafka->start(dir => "$dir/mock", brokers => 3,
-	topics => ["$topic:4"], max_seconds => 900);
-my $node = inbox_node('inbox_kill', $mk, inbox_workers => 2, inbox_batch_size => 200);
+my ($node, $mk) = inbox_setup('inbox_kill', brokers => 3, topics => ["$topic:4"], max_seconds => 900,
+	inbox_workers => 2, inbox_batch_size => 200);
 $node->append_conf('postgresql.conf', 'restart_after_crash = on');
 $node->reload;
 setup_consumer($node, 'billing', $topic);
@@ -28,19 +25,6 @@ $node->safe_psql('consumer', 'UPDATE app.knobs SET delay = 0.0005');
 emit_load($node, clients => 4, transactions => 500, aggregates => 100, events_per_tx => 2);
 ok(defined wait_published($node, 180), 'producer: everything published');
 my $committed = $node->safe_psql('postgres', 'SELECT count(*) FROM outbox');
-
-# Wait until the server answers again after a crash restart.
-sub wait_back
-{
-	my ($node) = @_;
-	for (1 .. 600)
-	{
-		my $ok = eval { $node->safe_psql('consumer', 'SELECT 1') eq '1' };
-		return 1 if $ok;
-		sleep 0.1;
-	}
-	return 0;
-}
 
 # Kill a worker while it applies a batch, then wait for the cluster to
 # come back (a killed worker makes the postmaster restart every backend)
@@ -72,7 +56,7 @@ for my $round (1 .. 5)
 	sleep rand(0.2);
 	kill 'KILL', $pid and $kills++;
 	note "round $round: killed inbox worker $pid with $applied of $committed applied";
-	wait_back($node) or die 'server did not come back';
+	wait_back($node, 'consumer') or die 'server did not come back';
 }
 cmp_ok($kills, '>=', 3, "inbox workers killed mid-batch ($kills times)");
 ok($node->log_contains('terminated by signal 9'), 'the kills reached the workers');

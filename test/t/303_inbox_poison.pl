@@ -14,30 +14,11 @@ use MockKafka;
 use OutboxTest;
 use InboxTest;
 
-my $dir = $PostgreSQL::Test::Utils::tmp_check;
-mkdir "$dir/mock";
 my $topic = 'poison';
-my $mk = MockKafka->start(dir => "$dir/mock", brokers => 1,
-	topics => ["$topic:1"], max_seconds => 600);
-my $node = inbox_node('inbox_poison', $mk, inbox_max_attempts => 3,
+my ($node, $mk) = inbox_setup('inbox_poison', topics => ["$topic:1"], max_seconds => 600,
+	inbox_max_attempts => 3,
 	inbox_retry_backoff => '100ms');
 setup_consumer($node, 'billing', $topic);
-
-# Poll a consumer-side query until it returns $want.
-sub wait_for
-{
-	my ($query, $want, $timeout) = @_;
-	my $t0 = time;
-	my $got;
-	while (time - $t0 < ($timeout // 60))
-	{
-		$got = $node->safe_psql('consumer', $query);
-		return 1 if $got eq $want;
-		sleep 0.1;
-	}
-	diag "waited for [$query] = [$want], last got [$got]";
-	return 0;
-}
 
 sub emit
 {
@@ -64,7 +45,7 @@ my $status = q{SELECT state || ' ' || attempts || ' ' || errors FROM inbox_statu
 emit('blk', '{}');
 emit('blk', '{"fail": true}');
 emit('blk', '{}');
-ok(wait_for(q{SELECT state FROM inbox_status}, 'blocked'), 'block: the partition is blocked');
+ok(poll_until($node, 'consumer', q{SELECT state FROM inbox_status}, 'blocked', 60), 'block: the partition is blocked');
 is($node->safe_psql('consumer', $status), 'blocked 3 3', 'block: after 3 attempts (outbox.inbox_max_attempts)');
 like($node->safe_psql('consumer', 'SELECT last_error FROM inbox_status'), qr/handler refuses/,
 	'block: the handler\'s error is shown');
@@ -75,7 +56,7 @@ sleep 1;
 is(applied('blk'), '1', 'block: the partition stays stopped');
 $node->safe_psql('consumer', 'UPDATE app.knobs SET fail = false');
 is($node->safe_psql('consumer', "SELECT inbox_retry('billing', '$topic', 0)"), 't', 'inbox_retry');
-ok(wait_for(q{SELECT string_agg(version::text, ',' ORDER BY seq) FROM app.applied WHERE aggregate_id = 'blk'}, '1,2,3'),
+ok(poll_until($node, 'consumer', q{SELECT string_agg(version::text, ',' ORDER BY seq) FROM app.applied WHERE aggregate_id = 'blk'}, '1,2,3', 60),
 	'block: after inbox_retry the message and the next are applied, in order');
 is($node->safe_psql('consumer', $status), 'running 0 3', 'block: running again');
 $node->safe_psql('consumer', 'UPDATE app.knobs SET fail = true');
@@ -83,9 +64,9 @@ $node->safe_psql('consumer', 'UPDATE app.knobs SET fail = true');
 # --- block, then inbox_skip. ---
 emit('bsk', '{"fail": true}');
 emit('bsk', '{}');
-ok(wait_for(q{SELECT state FROM inbox_status}, 'blocked'), 'skip by operator: blocked first');
+ok(poll_until($node, 'consumer', q{SELECT state FROM inbox_status}, 'blocked', 60), 'skip by operator: blocked first');
 is($node->safe_psql('consumer', "SELECT inbox_skip('billing', '$topic', 0)"), 't', 'inbox_skip');
-ok(wait_for(q{SELECT string_agg(version::text, ',') FROM app.applied WHERE aggregate_id = 'bsk'}, '2'),
+ok(poll_until($node, 'consumer', q{SELECT string_agg(version::text, ',') FROM app.applied WHERE aggregate_id = 'bsk'}, '2', 60),
 	'inbox_skip: the poison message is dropped, the next applied');
 is($node->safe_psql('consumer', 'SELECT skipped FROM inbox_status'), '1', 'inbox_skip: counted as skipped');
 
@@ -93,7 +74,7 @@ is($node->safe_psql('consumer', 'SELECT skipped FROM inbox_status'), '1', 'inbox
 set_conf('inbox_poison_policy', 'dead_letter');
 emit('dl', '{"fail": true}');
 emit('dl', '{}');
-ok(wait_for(q{SELECT string_agg(version::text, ',') FROM app.applied WHERE aggregate_id = 'dl'}, '2'),
+ok(poll_until($node, 'consumer', q{SELECT string_agg(version::text, ',') FROM app.applied WHERE aggregate_id = 'dl'}, '2', 60),
 	'dead_letter: the next message is applied');
 is($node->safe_psql('consumer',
 	q{SELECT (message).aggregate_id || ' ' || (message).aggregate_version || ' ' || attempts || ' ' ||
@@ -107,32 +88,32 @@ is($node->safe_psql('consumer', q{SELECT dead_lettered || ' ' || state FROM inbo
 set_conf('inbox_poison_policy', 'skip');
 emit('sk', '{"fail": true}');
 emit('sk', '{}');
-ok(wait_for(q{SELECT string_agg(version::text, ',') FROM app.applied WHERE aggregate_id = 'sk'}, '2'),
+ok(poll_until($node, 'consumer', q{SELECT string_agg(version::text, ',') FROM app.applied WHERE aggregate_id = 'sk'}, '2', 60),
 	'skip: the next message is applied');
 is($node->safe_psql('consumer', 'SELECT skipped FROM inbox_status'), '2', 'skip: counted as skipped');
 
 # A replay of the disposed-of events is a duplicate, not a new attempt.
 my $dups = $node->safe_psql('consumer', 'SELECT duplicates FROM inbox_status');
 $node->safe_psql('postgres', "SELECT outbox_replay('sk', 1), outbox_replay('dl', 1)");
-ok(wait_for('SELECT duplicates FROM inbox_status', $dups + 4), 'replayed disposed-of events are duplicates');
+ok(poll_until($node, 'consumer', 'SELECT duplicates FROM inbox_status', $dups + 4, 60), 'replayed disposed-of events are duplicates');
 is($node->safe_psql('consumer', q{SELECT count(*) FROM inbox_dead_letter}), '1', 'no second dead letter');
 
 # --- gaps ---
 emit('gap', '{}', 1);
 emit('gap', '{}', 3);
-ok(wait_for(q{SELECT string_agg(version::text, ',' ORDER BY seq) FROM app.applied WHERE aggregate_id = 'gap'}, '1,3'),
+ok(poll_until($node, 'consumer', q{SELECT string_agg(version::text, ',' ORDER BY seq) FROM app.applied WHERE aggregate_id = 'gap'}, '1,3', 60),
 	'gap policy apply: the event after the gap is applied');
 is($node->safe_psql('consumer', 'SELECT gaps FROM inbox_status'), '1', 'gap policy apply: the gap is counted');
 
 set_conf('inbox_gap_policy', 'block');
 emit('gap', '{}', 6);
 emit('gap', '{}', 7);
-ok(wait_for(q{SELECT state FROM inbox_status}, 'blocked'), 'gap policy block: the partition is blocked');
+ok(poll_until($node, 'consumer', q{SELECT state FROM inbox_status}, 'blocked', 60), 'gap policy block: the partition is blocked');
 like($node->safe_psql('consumer', 'SELECT blocked_reason FROM inbox_status'),
 	qr/^gap: aggregate "gap" expected version 4, got 6/, 'gap policy block: the reason says which');
 is(applied('gap'), '1,3', 'gap policy block: nothing past the gap is applied');
 $node->safe_psql('consumer', "SELECT inbox_retry('billing', '$topic', 0)");
-ok(wait_for(q{SELECT string_agg(version::text, ',' ORDER BY seq) FROM app.applied WHERE aggregate_id = 'gap'}, '1,3,6,7'),
+ok(poll_until($node, 'consumer', q{SELECT string_agg(version::text, ',' ORDER BY seq) FROM app.applied WHERE aggregate_id = 'gap'}, '1,3,6,7', 60),
 	'gap policy block: inbox_retry accepts the gap');
 is($node->safe_psql('consumer', 'SELECT gaps FROM inbox_status'), '2', 'the accepted gap is counted');
 
@@ -194,7 +175,7 @@ like($err, qr/invalid value for parameter "outbox.inbox_kafka_properties"/, 'unk
 $node->safe_psql('consumer', 'REVOKE ALL ON SCHEMA app FROM app');
 $node->safe_psql('consumer', 'REVOKE EXECUTE ON FUNCTION app.apply(inbox_message) FROM app, PUBLIC');
 emit('late', '{}');
-ok(wait_for(q{SELECT count(*) > 0 FROM pg_stat_activity WHERE backend_type = 'outbox inbox worker'}, 't'),
+ok(poll_until($node, 'consumer', q{SELECT count(*) > 0 FROM pg_stat_activity WHERE backend_type = 'outbox inbox worker'}, 't', 60),
 	'the worker runs');
 sleep 3;
 is($node->safe_psql('consumer', q{SELECT count(*) FROM app.applied WHERE aggregate_id = 'late'}), '0',

@@ -51,21 +51,6 @@ sub verdict_ok
 	  or diag join("\n", @p);
 }
 
-# Wait until app.applied has at least $n rows (a server restarting is waited for).
-sub wait_rows
-{
-	my ($n, $timeout) = @_;
-	my $t0 = time;
-	while (time - $t0 < $timeout)
-	{
-		my ($rc, $out) = (1, '');
-		eval { ($rc, $out) = $node->psql('consumer', 'SELECT count(*) FROM app.applied') };
-		return time - $t0 if $rc == 0 && $out >= $n;
-		sleep 0.2;
-	}
-	return undef;
-}
-
 # Pid of an inbox worker applying a batch, or undef after $timeout s.
 sub busy_worker
 {
@@ -97,7 +82,7 @@ sub coordinator
 my $t_start = time;
 my $load = emit_load($node, clients => 4, transactions => 600, aggregates => 100,
 	events_per_tx => 2, background => 1);
-ok(defined wait_rows(300, 120), 'the workers apply while the producers emit');
+ok(defined wait_applied_across_restarts($node, 300, 120), 'the workers apply while the producers emit');
 # The group of consumer billing: this cluster's and database's own.
 my $group = sprintf 'outbox.inbox.%s.%s.billing',
   $node->safe_psql('consumer', 'SELECT system_identifier FROM pg_control_system()'),
@@ -107,7 +92,7 @@ my $stop_s = $rk->node(stop => $broker);
 my $applied = $node->safe_psql('consumer', 'SELECT count(*) FROM app.applied');
 note sprintf 'broker %d (%s) stopped in %.1f s; %s events applied',
   $broker, $role, $stop_s, $applied;
-ok(defined wait_rows($applied + 300, 120), 'the workers go on applying while it is down');
+ok(defined wait_applied_across_restarts($node, $applied + 300, 120), 'the workers go on applying while it is down');
 $load->finish;
 $rk->node(start => $broker);
 note sprintf 'broker %d started again with %s events applied', $broker,
@@ -154,7 +139,7 @@ note "SIGKILLed inbox worker $pid with $at applied";
 ok($node->poll_query_until('postgres', 'SELECT true'), 'the server is back after the crash restart');
 ok(defined wait_published($node, 180), 'producer: everything published');
 $committed = $node->safe_psql('postgres', 'SELECT count(*) FROM outbox');
-ok(defined wait_rows($committed, 240), "consumer: $committed events applied after the rebalances");
+ok(defined wait_applied_across_restarts($node, $committed, 240), "consumer: $committed events applied after the rebalances");
 ok($node->log_contains('terminated by signal 9'), 'the SIGKILL reached a worker (crash restart)');
 sleep 1;
 verdict_ok('rebalances');
@@ -171,7 +156,7 @@ $node->safe_psql('postgres', q{SELECT outbox_emit('load', 'slow-' || (i % 10), '
 ok(defined wait_published($node, 120), 'producer: the slow phase published');
 $committed = $node->safe_psql('postgres', 'SELECT count(*) FROM outbox');
 my $t_slow = time;
-$t = wait_rows($committed, 300);
+$t = wait_applied_across_restarts($node, $committed, 300);
 ok(defined $t, "slow handler: $committed events applied")
   or diag $node->safe_psql('consumer', 'SELECT * FROM inbox_status');
 # Whether the worker left its group depends on the machine: reported, not
@@ -197,22 +182,6 @@ $node->reload;
 $node->safe_psql('consumer', 'UPDATE app.knobs SET fail = true, delay = 0');
 my @dropped;    # event ids a policy dropped: not applied, left out of the check
 
-# Poll a consumer-database query until it returns $want (60 s at most).
-sub wait_for
-{
-	my ($query, $want) = @_;
-	my $t0 = time;
-	my $got;
-	while (time - $t0 < 60)
-	{
-		$got = $node->safe_psql('consumer', $query);
-		return 1 if $got eq $want;
-		sleep 0.1;
-	}
-	diag "waited for [$query] = [$want], last got [$got]";
-	return 0;
-}
-
 # Emit an event of aggregate $agg; its event id.
 sub emit_one
 {
@@ -232,7 +201,7 @@ sub start_aggregate
 {
 	my ($agg) = @_;
 	emit_one($agg, '{}');
-	wait_for(versions_q($agg), '1') or return undef;
+	poll_until($node, 'consumer', versions_q($agg), '1', 60) or return undef;
 	return $node->safe_psql('consumer',
 		"SELECT \"partition\" FROM app.applied WHERE aggregate_id = '$agg'");
 }
@@ -259,7 +228,7 @@ ok(defined $p, 'block: v1 applied');
 my %before = map { $_ => pstatus($p, $_) } qw(errors skipped dead_lettered gaps);
 my $poison = emit_one('psn-blk', '{"fail": true}');
 emit_one('psn-blk', '{}');
-ok(wait_for("SELECT state FROM inbox_status WHERE \"partition\" = $p AND consumer = 'billing'", 'blocked'),
+ok(poll_until($node, 'consumer', "SELECT state FROM inbox_status WHERE \"partition\" = $p AND consumer = 'billing'", 'blocked', 60),
 	"block: partition $p is blocked");
 is(pstatus($p, "attempts || ' ' || errors - $before{errors}"), '3 3',
 	'block: after 3 attempts (outbox.inbox_max_attempts), each counted as an error');
@@ -269,7 +238,7 @@ my ($same, $other) = map { $node->safe_psql('consumer',
 	"SELECT min(aggregate_id) FROM app.applied WHERE aggregate_id LIKE 'agg-%' AND \"partition\" $_ $p") } ('=', '<>');
 my $same_eid = emit_one($same, '{}');
 my $other_eid = emit_one($other, '{}');
-ok(wait_for("SELECT count(*) FROM app.applied WHERE event_id = '$other_eid'", '1'),
+ok(poll_until($node, 'consumer', "SELECT count(*) FROM app.applied WHERE event_id = '$other_eid'", '1', 60),
 	'block: another partition goes on');
 is($node->safe_psql('consumer', "SELECT count(*) FROM app.applied WHERE event_id = '$same_eid'"), '0',
 	'block: another aggregate of the blocked partition waits');
@@ -277,8 +246,8 @@ is($node->safe_psql('consumer', versions_q('psn-blk')), '1', 'block: nothing pas
 is(pstatus($p, 'state'), 'blocked', 'block: still blocked');
 $node->safe_psql('consumer', 'UPDATE app.knobs SET fail = false');
 is($node->safe_psql('consumer', "SELECT inbox_retry('billing', '$topic', $p)"), 't', 'block: inbox_retry');
-ok(wait_for(versions_q('psn-blk'), '1,2,3'), 'block: after inbox_retry the fixed handler applies it and the next, in order');
-ok(wait_for("SELECT count(*) FROM app.applied WHERE event_id = '$same_eid'", '1'),
+ok(poll_until($node, 'consumer', versions_q('psn-blk'), '1,2,3', 60), 'block: after inbox_retry the fixed handler applies it and the next, in order');
+ok(poll_until($node, 'consumer', "SELECT count(*) FROM app.applied WHERE event_id = '$same_eid'", '1', 60),
 	'block: the other aggregate of the partition follows');
 is(pstatus($p, "state || ' ' || attempts"), 'running 0', 'block: running again');
 $node->safe_psql('consumer', 'UPDATE app.knobs SET fail = true');
@@ -289,10 +258,10 @@ ok(defined $p, 'inbox_skip: v1 applied');
 %before = map { $_ => pstatus($p, $_) } qw(errors skipped dead_lettered gaps);
 push @dropped, emit_one('psn-bsk', '{"fail": true}');
 emit_one('psn-bsk', '{}');
-ok(wait_for("SELECT state FROM inbox_status WHERE \"partition\" = $p AND consumer = 'billing'", 'blocked'),
+ok(poll_until($node, 'consumer', "SELECT state FROM inbox_status WHERE \"partition\" = $p AND consumer = 'billing'", 'blocked', 60),
 	"inbox_skip: partition $p is blocked first");
 is($node->safe_psql('consumer', "SELECT inbox_skip('billing', '$topic', $p)"), 't', 'inbox_skip');
-ok(wait_for(versions_q('psn-bsk'), '1,3'), 'inbox_skip: the poison message is dropped, the next applied');
+ok(poll_until($node, 'consumer', versions_q('psn-bsk'), '1,3', 60), 'inbox_skip: the poison message is dropped, the next applied');
 is(pstatus($p, "state || ' ' || skipped - $before{skipped}"), 'running 1', 'inbox_skip: counted as skipped');
 
 # dead_letter: into inbox_dead_letter with its error, the partition goes on.
@@ -303,7 +272,7 @@ ok(defined $p, 'dead_letter: v1 applied');
 $poison = emit_one('psn-dl', '{"fail": true}');
 push @dropped, $poison;
 emit_one('psn-dl', '{}');
-ok(wait_for(versions_q('psn-dl'), '1,3'), 'dead_letter: the next message is applied');
+ok(poll_until($node, 'consumer', versions_q('psn-dl'), '1,3', 60), 'dead_letter: the next message is applied');
 is($node->safe_psql('consumer',
 	qq{SELECT (message).aggregate_id || ' ' || (message).aggregate_version || ' ' || (message)."partition" || ' ' ||
 			  attempts || ' ' || (error LIKE 'handler refuses%') || ' ' || ((message).payload ->> 'fail')
@@ -319,14 +288,14 @@ ok(defined $p, 'skip: v1 applied');
 %before = map { $_ => pstatus($p, $_) } qw(errors skipped dead_lettered gaps);
 push @dropped, emit_one('psn-skp', '{"fail": true}');
 emit_one('psn-skp', '{}');
-ok(wait_for(versions_q('psn-skp'), '1,3'), 'skip: the next message is applied');
+ok(poll_until($node, 'consumer', versions_q('psn-skp'), '1,3', 60), 'skip: the next message is applied');
 is(pstatus($p, "state || ' ' || skipped - $before{skipped} || ' ' || dead_lettered - $before{dead_lettered}"),
 	'running 1 0', 'skip: counted as skipped, not dead-lettered');
 
 # A replay of the disposed-of aggregates: duplicates, not new attempts.
 my $dups = $node->safe_psql('consumer', q{SELECT sum(duplicates) FROM inbox_status WHERE consumer = 'billing'});
 $node->safe_psql('postgres', q{SELECT outbox_replay('psn-dl', 1), outbox_replay('psn-skp', 1)});
-ok(wait_for(q{SELECT sum(duplicates) FROM inbox_status WHERE consumer = 'billing'}, $dups + 6),
+ok(poll_until($node, 'consumer', q{SELECT sum(duplicates) FROM inbox_status WHERE consumer = 'billing'}, $dups + 6, 60),
 	'replayed disposed-of events are duplicates');
 is($node->safe_psql('consumer', q{SELECT count(*) FROM inbox_dead_letter}), '1', 'no second dead letter');
 my $where = 'event_id NOT IN (' . join(', ', map { "'$_'" } @dropped) . ')';
@@ -350,20 +319,20 @@ $p = start_aggregate('psn-gap');
 ok(defined $p, 'gap policy apply: v1 applied');
 %before = map { $_ => pstatus($p, $_) } qw(errors skipped dead_lettered gaps);
 upstream_skip('psn-gap');
-ok(wait_for(versions_q('psn-gap'), '1,3'), 'gap policy apply: the event after an upstream skip is applied');
+ok(poll_until($node, 'consumer', versions_q('psn-gap'), '1,3', 60), 'gap policy apply: the event after an upstream skip is applied');
 is(pstatus($p, "state || ' ' || gaps - $before{gaps}"), 'running 1', 'gap policy apply: the gap is counted');
 
 set_policy('inbox_gap_policy', 'block');
 emit_one('psn-gap', '{}');
-ok(wait_for(versions_q('psn-gap'), '1,3,4'), 'gap policy block: v4 applied');
+ok(poll_until($node, 'consumer', versions_q('psn-gap'), '1,3,4', 60), 'gap policy block: v4 applied');
 upstream_skip('psn-gap');
-ok(wait_for("SELECT state FROM inbox_status WHERE \"partition\" = $p AND consumer = 'billing'", 'blocked'),
+ok(poll_until($node, 'consumer', "SELECT state FROM inbox_status WHERE \"partition\" = $p AND consumer = 'billing'", 'blocked', 60),
 	"gap policy block: partition $p is blocked");
 like(pstatus($p, 'blocked_reason'), qr/^gap: aggregate "psn-gap" expected version 5, got 6/,
 	'gap policy block: the reason says which');
 is($node->safe_psql('consumer', versions_q('psn-gap')), '1,3,4', 'gap policy block: nothing past the gap is applied');
 is($node->safe_psql('consumer', "SELECT inbox_retry('billing', '$topic', $p)"), 't', 'gap policy block: inbox_retry');
-ok(wait_for(versions_q('psn-gap'), '1,3,4,6'), 'gap policy block: inbox_retry accepts the gap');
+ok(poll_until($node, 'consumer', versions_q('psn-gap'), '1,3,4,6', 60), 'gap policy block: inbox_retry accepts the gap');
 is(pstatus($p, "state || ' ' || gaps - $before{gaps}"), 'running 2', 'gap policy block: the accepted gap is counted');
 $where = 'event_id NOT IN (' . join(', ', map { "'$_'" } @dropped) . ')';
 @problems = consumer_verdict($node, $where);

@@ -19,23 +19,11 @@ use MockKafka;
 use OutboxTest;
 use InboxTest;
 
-my $dir = $PostgreSQL::Test::Utils::tmp_check;
-mkdir "$dir/mock";
 my $topic = 'outbox.event.edge';
 my $raw_topic = 'raw.edge';
-my $mk = MockKafka->start(dir => "$dir/mock", brokers => 1,
-	topics => ["$topic:1", "$raw_topic:1"], max_seconds => 600);
-my $node = inbox_node('inbox_edges', $mk);
+my ($node, $mk) = inbox_setup('inbox_edges', topics => ["$topic:1", "$raw_topic:1"], max_seconds => 600);
 setup_consumer($node, 'billing', $topic);
 $node->safe_psql('consumer', 'UPDATE app.knobs SET fail = false');
-
-# An inbox counter of the consumer's server.
-sub inbox_counter
-{
-	my ($name) = @_;
-	return $node->safe_psql('consumer',
-		"SELECT value FROM outbox_counters() WHERE name = 'inbox_$name'");
-}
 
 # 1. Payloads: valid JSON jsonb refuses (a number beyond numeric's range,
 # \u0000), and bytes that are not JSON (one that starts like an object,
@@ -57,19 +45,19 @@ is($node->safe_psql('consumer',
 	'a payload jsonb refuses is NULL, in order with the others');
 is($node->safe_psql('consumer', q{SELECT errors || ' ' || state FROM inbox_status}),
 	'0 running', 'no handler error, the partition runs');
-is(inbox_counter('applied'), '6', 'counter inbox_applied');
-is(inbox_counter('handler_errors'), '0', 'counter inbox_handler_errors');
+is(inbox_counter($node, 'applied'), '6', 'counter inbox_applied');
+is(inbox_counter($node, 'handler_errors'), '0', 'counter inbox_handler_errors');
 my $pg16 = $node->safe_psql('consumer', q{SELECT current_setting('server_version_num')::int >= 160000});
 if ($pg16 eq 'f')
 {
-	cmp_ok(inbox_counter('batch_fallbacks'), '>=', 1,
+	cmp_ok(inbox_counter($node, 'batch_fallbacks'), '>=', 1,
 		'before PostgreSQL 16 the refused payload sent the batch to the careful path');
 }
 
 # An event already claimed (by inbox_claim(), before it arrives) passes the
 # version check: its claim conflicts on the fast path, the batch is applied
 # again carefully, and it is a duplicate while the others are applied.
-my $fallbacks = inbox_counter('batch_fallbacks');
+my $fallbacks = inbox_counter($node, 'batch_fallbacks');
 $node->safe_psql('consumer', 'GRANT EXECUTE ON FUNCTION inbox_claim(text, text) TO app');
 $node->safe_psql('consumer', "SET ROLE app; SELECT inbox_claim('billing', 'pre-claimed')");
 $node->safe_psql('postgres', qq{BEGIN;
@@ -81,23 +69,23 @@ ok(defined wait_published($node, 60), 'producer: three more published');
 ok(defined wait_applied($node, 8, 60), 'the two not claimed before are applied');
 is($node->safe_psql('consumer', q{SELECT string_agg(version::text, ',' ORDER BY seq) FROM app.applied
 	WHERE aggregate_id = 'c'}), '1,3', 'the one claimed before is not applied');
-cmp_ok(inbox_counter('batch_fallbacks'), '>', $fallbacks, 'its claim sent the batch to the careful path');
+cmp_ok(inbox_counter($node, 'batch_fallbacks'), '>', $fallbacks, 'its claim sent the batch to the careful path');
 
 # 2. More events, then a replay: counters of applied and duplicates.
 $node->safe_psql('postgres', qq{SELECT outbox_emit('edge', 'b-' || (i % 10), 'E',
 	jsonb_build_object('n', i), topic => '$topic') FROM generate_series(1, 100) i});
 ok(defined wait_published($node, 60), 'producer: 100 more published');
 ok(defined wait_applied($node, 108, 60), '108 applied');
-my $dups = inbox_counter('duplicates');
+my $dups = inbox_counter($node, 'duplicates');
 my $replayed = $node->safe_psql('postgres', q{SELECT outbox_replay('a', 1)});
 is($replayed, '6', 'aggregate a replayed');
 ok(defined wait_published($node, 60), 'producer: replay published');
 ok($node->poll_query_until('consumer',
 		"SELECT value - $dups = 6 FROM outbox_counters() WHERE name = 'inbox_duplicates'"),
 	'counter inbox_duplicates counts the replayed events');
-is(inbox_counter('applied'), '108', 'counter inbox_applied: nothing applied twice');
-cmp_ok(inbox_counter('batches'), '>=', 1, 'counter inbox_batches');
-cmp_ok(inbox_counter('rebalances'), '>=', 1, 'counter inbox_rebalances');
+is(inbox_counter($node, 'applied'), '108', 'counter inbox_applied: nothing applied twice');
+cmp_ok(inbox_counter($node, 'batches'), '>=', 1, 'counter inbox_batches');
+cmp_ok(inbox_counter($node, 'rebalances'), '>=', 1, 'counter inbox_rebalances');
 is($node->safe_psql('consumer', 'SELECT sum(applied) FROM inbox_status'), '108',
 	'inbox_status agrees with the counter');
 
@@ -141,8 +129,8 @@ $node->append_conf('postgresql.conf', "outbox.inbox_retention = '1s'\n");
 $node->reload;
 ok($node->poll_query_until('consumer', 'SELECT count(*) = 0 FROM inbox'),
 	'the inbox worker deleted the old claims of the consumer database');
-cmp_ok(inbox_counter('retention_deleted'), '>=', $claims, 'counter inbox_retention_deleted');
-$dups = inbox_counter('duplicates');
+cmp_ok(inbox_counter($node, 'retention_deleted'), '>=', $claims, 'counter inbox_retention_deleted');
+$dups = inbox_counter($node, 'duplicates');
 $node->safe_psql('postgres', q{SELECT outbox_replay('a', 1)});
 ok(defined wait_published($node, 60), 'producer: replayed again');
 ok($node->poll_query_until('consumer',
@@ -229,8 +217,8 @@ sub produce_raw
 }
 produce_raw([ 'event_id=raw-dup-1', 'aggregate_id=r' ], '{"n": 1}', '{"n": 1}');
 produce_raw([], '{"n": 2}', '{"n": 2}');
-$fallbacks = inbox_counter('batch_fallbacks');
-$dups = inbox_counter('duplicates');
+$fallbacks = inbox_counter($node, 'batch_fallbacks');
+$dups = inbox_counter($node, 'duplicates');
 $node->safe_psql('consumer', qq{SET ROLE app;
 	SELECT inbox_subscribe('raw', ARRAY['$raw_topic'], 'app.apply(inbox_message)'::regprocedure)});
 ok($node->poll_query_until('consumer',
@@ -246,8 +234,8 @@ is($node->safe_psql('consumer', q{SELECT applied || ' ' || duplicates || ' ' || 
 	|| ' ' || dead_lettered || ' ' || skipped || ' ' || state || ' ' || coalesce(last_error, '-')
 	FROM inbox_status WHERE consumer = 'raw'}),
 	'3 1 0 0 0 0 running -', 'raw: inbox_status counts the second copy as a duplicate, nothing failed');
-is(inbox_counter('duplicates') - $dups, 1, 'counter inbox_duplicates counts the second copy');
-is(inbox_counter('batch_fallbacks'), $fallbacks,
+is(inbox_counter($node, 'duplicates') - $dups, 1, 'counter inbox_duplicates counts the second copy');
+is(inbox_counter($node, 'batch_fallbacks'), $fallbacks,
 	'the copy within the batch was dropped before the claims (no unique violation, no careful path)');
 is($node->safe_psql('consumer', q{SELECT string_agg(event_id, ' ' ORDER BY event_id COLLATE "C") FROM inbox WHERE consumer = 'raw'}),
 	"raw-dup-1 $raw_topic/0/2 $raw_topic/0/3",

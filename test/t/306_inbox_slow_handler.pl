@@ -21,12 +21,9 @@ use MockKafka;
 use OutboxTest;
 use InboxTest;
 
-my $dir = $PostgreSQL::Test::Utils::tmp_check;
-mkdir "$dir/mock";
 my $topic = 'outbox.event.slow';
-my $mk = MockKafka->start(dir => "$dir/mock", brokers => 1,
-	topics => ["$topic:2", 'outbox.event.unused:1'], max_seconds => 600);
-my $node = inbox_node('inbox_slow', $mk,
+my ($node, $mk) = inbox_setup('inbox_slow',
+	topics => ["$topic:2", 'outbox.event.unused:1'], max_seconds => 600,
 	inbox_batch_time => '10s',
 	inbox_kafka_properties =>
 	  'session.timeout.ms=3000;heartbeat.interval.ms=500;max.poll.interval.ms=4000');
@@ -40,34 +37,26 @@ like($err, qr/0 ms is outside the valid range for parameter "outbox.inbox_batch_
 setup_consumer($node, 'billing', 'outbox.event.unused');
 $node->safe_psql('consumer', 'UPDATE app.knobs SET fail = false, delay = 0.05');
 
-# An inbox counter of the consumer's server.
-sub inbox_counter
-{
-	my ($name) = @_;
-	return $node->safe_psql('consumer',
-		"SELECT value FROM outbox_counters() WHERE name = 'inbox_$name'");
-}
-
 # 1. 300 events, all in Kafka before the consumer joins.
 $node->safe_psql('postgres', qq{SELECT outbox_emit('slow', 's-' || (i % 10), 'Changed',
 	jsonb_build_object('n', i), topic => '$topic') FROM generate_series(1, 300) i});
 ok(defined wait_published($node, 60), 'producer: 300 events published');
-my $batches = inbox_counter('batches');
+my $batches = inbox_counter($node, 'batches');
 $node->safe_psql('consumer', qq{SET ROLE app;
 	SELECT inbox_subscribe('billing', ARRAY['$topic'], 'app.apply(inbox_message)'::regprocedure)});
 ok(defined wait_applied($node, 1, 60), 'the consumer joined and applies');
 ok($node->log_contains('consumer "billing": outbox.inbox_batch_time cut to 1333 ms'),
 	'the 10 s asked for are cut to a third of max.poll.interval.ms, logged');
-my $rebalances = inbox_counter('rebalances');
+my $rebalances = inbox_counter($node, 'rebalances');
 my $t0 = time;
 ok(defined wait_applied($node, 300, 180), 'all 300 applied')
   or diag $node->safe_psql('consumer', 'SELECT * FROM inbox_status');
 my $took = time - $t0;
-is(inbox_counter('rebalances') - $rebalances, 0,
+is(inbox_counter($node, 'rebalances') - $rebalances, 0,
 	'no rebalance while the slow handler applies: the worker stayed in its group');
 ok(!$node->log_contains('Application maximum poll interval'),
 	'librdkafka never reports max.poll.interval.ms exceeded');
-my $tx = inbox_counter('batches') - $batches;
+my $tx = inbox_counter($node, 'batches') - $batches;
 cmp_ok($tx, '>=', 5, "the 15 s of handlers took several transactions ($tx)");
 note sprintf 'FIGURES inbox_slow phase=many events=300 handler_ms=50 applied_s=%.1f transactions=%d',
   $took, $tx;
@@ -102,13 +91,13 @@ is_deeply(\@p, [], 'after the long call: exactly once, in version order') or dia
 # partition resumes from the stored offset.
 $node->safe_psql('consumer', 'UPDATE app.knobs SET delay = 0.02, fail = true');
 my $errors = $node->safe_psql('consumer', 'SELECT sum(errors) FROM inbox_status');
-my $fallbacks = inbox_counter('batch_fallbacks');
+my $fallbacks = inbox_counter($node, 'batch_fallbacks');
 $node->safe_psql('postgres', qq{SELECT outbox_emit('slow', 'p-' || (i % 5), 'Changed',
 	jsonb_build_object('n', i, 'fail', i = 60), topic => '$topic') FROM generate_series(1, 150) i});
 ok(defined wait_published($node, 60), 'producer: 150 more published, one refused by the handler');
 ok($node->poll_query_until('consumer', "SELECT sum(errors) > $errors FROM inbox_status"),
 	'the handler refused it');
-cmp_ok(inbox_counter('batch_fallbacks'), '>', $fallbacks, 'the fast path failed, the careful one took over');
+cmp_ok(inbox_counter($node, 'batch_fallbacks'), '>', $fallbacks, 'the fast path failed, the careful one took over');
 $node->safe_psql('consumer', 'UPDATE app.knobs SET fail = false');
 ok(defined wait_applied($node, 471, 120), 'all 150 applied once the handler accepts it')
   or diag $node->safe_psql('consumer', 'SELECT * FROM inbox_status');

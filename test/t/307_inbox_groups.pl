@@ -14,27 +14,11 @@ use Time::HiRes qw(time sleep);
 use MockKafka;
 use OutboxTest;
 
-my $dir = $PostgreSQL::Test::Utils::tmp_check;
-mkdir "$dir/mock";
 my $topic = 'ledger.events';
-my $mk = MockKafka->start(dir => "$dir/mock", brokers => 1, topics => ["$topic:2"], max_seconds => 600);
-my $node = outbox_node('inbox_groups', $mk,
+my ($node, $mk) = outbox_setup('inbox_groups', topics => ["$topic:2"], max_seconds => 600,
 	inbox_kafka_properties => 'session.timeout.ms=6000;heartbeat.interval.ms=500');
 $node->append_conf('postgresql.conf', "max_worker_processes = 24\n");
 $node->restart;
-
-# Poll $cond for up to $timeout seconds.
-sub wait_until
-{
-	my ($cond, $timeout) = @_;
-	my $t0 = time;
-	while (time - $t0 < $timeout)
-	{
-		return time - $t0 if $cond->();
-		sleep 0.2;
-	}
-	return undef;
-}
 
 sub applied_in
 {

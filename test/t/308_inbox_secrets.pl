@@ -16,33 +16,13 @@ use MockKafka;
 use OutboxTest;
 use InboxTest;
 
-my $dir = $PostgreSQL::Test::Utils::tmp_check;
-mkdir "$dir/mock";
 my $topic = 'outbox.event.secrets';
-my $mk = MockKafka->start(dir => "$dir/mock", brokers => 1,
-	topics => ["$topic:1"], max_seconds => 600);
-my $node = inbox_node('inbox_secrets', $mk);
+my ($node, $mk) = inbox_setup('inbox_secrets', topics => ["$topic:1"], max_seconds => 600);
 setup_consumer($node, 'billing', $topic);
 $node->safe_psql('consumer', 'UPDATE app.knobs SET fail = false');
 my $creds = $node->data_dir . '/inbox_credentials';
 my $pub_creds = $node->data_dir . '/kafka_credentials';
 my $emitted = 0;
-
-sub write_file_mode
-{
-	my ($path, $content, $mode) = @_;
-	open my $fh, '>', $path or die "cannot write $path: $!";
-	print $fh $content;
-	close $fh;
-	chmod $mode, $path or die "chmod: $!";
-}
-
-sub reload_with
-{
-	my ($line) = @_;
-	$node->append_conf('postgresql.conf', "$line\n");
-	$node->reload;
-}
 
 my $log_offset = -s $node->logfile;
 
@@ -50,14 +30,9 @@ my $log_offset = -s $node->logfile;
 sub wait_log
 {
 	my ($re, $timeout) = @_;
-	my $t0 = time;
 	my $log;
-	while (1)
-	{
-		$log = slurp_file($node->logfile, $log_offset);
-		last if $log =~ $re || time - $t0 > ($timeout // 60);
-		sleep 0.1;
-	}
+
+	wait_until(sub { ($log = slurp_file($node->logfile, $log_offset)) =~ $re }, $timeout // 60);
 	return $log;
 }
 
@@ -80,7 +55,7 @@ emit_applied(5, 'the consumer applies events');
 my $props = $node->safe_psql('consumer', 'SHOW outbox.inbox_kafka_properties');
 
 # 1. A secret in the properties: refused, not repeated.
-reload_with(q{outbox.inbox_kafka_properties = 'fetch.wait.max.ms=100;sasl.password=Marker1Secret'});
+reload_with($node, q{outbox.inbox_kafka_properties = 'fetch.wait.max.ms=100;sasl.password=Marker1Secret'});
 ok($node->poll_query_until('consumer', q{SELECT count(*) > 0 FROM pg_file_settings
 	WHERE name = 'outbox.inbox_kafka_properties' AND error IS NOT NULL}), 'a secret is refused on reload');
 wait_log(qr/is a secret/);
@@ -97,7 +72,7 @@ unlike($err, qr/Marker4/, 'the value is not repeated');
 ($rc, $out, $err) = $node->psql('consumer',
 	q{ALTER SYSTEM SET outbox.inbox_kafka_properties = 'group.instance.id=Marker5Value'});
 like($err, qr/Property "group.instance.id" is set by the inbox worker/, 'the static membership is the worker\'s');
-reload_with(qq{outbox.inbox_kafka_properties = '$props'});
+reload_with($node, qq{outbox.inbox_kafka_properties = '$props'});
 my $log = wait_log(qr/invalid value for parameter "outbox.inbox_kafka_properties"/);
 like($log, qr/invalid value for parameter "outbox.inbox_kafka_properties"/, 'the reload logged the refusal');
 
@@ -110,7 +85,7 @@ for my $setting ('outbox.inbox_kafka_properties', 'outbox.inbox_kafka_credential
 
 # 3. The consumers' credentials file: checked like ssl_key_file.
 write_file_mode($creds, "sasl.password=Marker6Secret\n", 0644);
-reload_with(qq{outbox.inbox_kafka_credentials_file = '$creds'});
+reload_with($node, qq{outbox.inbox_kafka_credentials_file = '$creds'});
 $log = wait_log(qr/has group or world access/);
 like($log, qr/has group or world access/, 'a world-readable credentials file is refused');
 is($node->safe_psql('consumer', 'SHOW outbox.inbox_kafka_credentials_file'), '', 'and not applied');
@@ -140,7 +115,7 @@ like(wait_log(qr/Property "group.id" is set by the inbox worker/),
 
 # 4. Without a file of its own the inbox reads the publisher's.
 write_file_mode($pub_creds, "security.protocol=ssl\nsasl.password=Marker10Secret\n", 0600);
-reload_with(qq{outbox.inbox_kafka_credentials_file = ''\noutbox.kafka_credentials_file = '$pub_creds'});
+reload_with($node, qq{outbox.inbox_kafka_credentials_file = ''\noutbox.kafka_credentials_file = '$pub_creds'});
 wait_for(q{SELECT bool_and(kafka_error IS NOT NULL) FROM inbox_status},
 	'the inbox applies outbox.kafka_credentials_file when it has no file of its own');
 write_file_mode($pub_creds, "sasl.password=Marker11Secret\n", 0600);

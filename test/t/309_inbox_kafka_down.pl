@@ -15,12 +15,8 @@ use MockKafka;
 use OutboxTest;
 use InboxTest;
 
-my $dir = $PostgreSQL::Test::Utils::tmp_check;
-mkdir "$dir/mock";
 my $topic = 'outbox.event.down';
-my $mk = MockKafka->start(dir => "$dir/mock", brokers => 1,
-	topics => ["$topic:1"], max_seconds => 600);
-my $node = inbox_node('inbox_down', $mk);
+my ($node, $mk) = inbox_setup('inbox_down', topics => ["$topic:1"], max_seconds => 600);
 setup_consumer($node, 'billing', $topic);
 $node->safe_psql('consumer', 'UPDATE app.knobs SET fail = false');
 

@@ -21,14 +21,11 @@ use MockKafka;
 use OutboxTest;
 use InboxTest;
 
-my $dir = $PostgreSQL::Test::Utils::tmp_check;
-mkdir "$dir/mock";
 my $topic = 'outbox.event.rejoin';
 my $topic2 = 'outbox.event.rejoin2';
-my $mk = MockKafka->start(dir => "$dir/mock", brokers => 1,
-	topics => ["$topic:2", "$topic2:1"], max_seconds => 600);
 # The default consumer properties: no short session timeout.
-my $node = inbox_node('inbox_rejoin', $mk, inbox_workers => 2, inbox_kafka_properties => '');
+my ($node, $mk) = inbox_setup('inbox_rejoin', topics => ["$topic:2", "$topic2:1"], max_seconds => 600,
+	inbox_workers => 2, inbox_kafka_properties => '');
 $node->append_conf('postgresql.conf', 'restart_after_crash = on');
 $node->reload;
 setup_consumer($node, 'billing', $topic);
@@ -76,22 +73,11 @@ ok($node->log_contains(qr/consumer "billing" subscribed to \{outbox.event.rejoin
 ok(defined emit_and_time(10, 30), 'and the first topic still is');
 
 # A crash restart: a backend killed, every process restarted.
-sub wait_back
-{
-	for (1 .. 600)
-	{
-		my $ok = eval { $node->safe_psql('consumer', 'SELECT 1') eq '1' };
-		return 1 if $ok;
-		sleep 0.1;
-	}
-	return 0;
-}
-
 for my $round (1 .. 2)
 {
 	my ($bpid) = inbox_pids($node);
 	kill 'KILL', $bpid or die "could not kill $bpid";
-	ok(wait_back(), "round $round: the server is back after the crash");
+	ok(wait_back($node, 'consumer'), "round $round: the server is back after the crash");
 	# The mock ignores static membership: the new members wait for the
 	# killed ones' sessions (10 s) to time out, and a rebalance.  The bound
 	# is three session timeouts; the machine may be busy.

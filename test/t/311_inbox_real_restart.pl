@@ -37,27 +37,7 @@ sub emit_and_time
 	$node->safe_psql('postgres', qq{SELECT outbox_emit('restart', 'r-' || (i % 8), 'E', '{}', topic => '$topic')
 		FROM generate_series(1, $n) i});
 	$emitted += $n;
-	my $t0 = time;
-	while (time - $t0 < $bound)
-	{
-		my ($rc, $out) = (1, '');
-		eval { ($rc, $out) = $node->psql('consumer', 'SELECT count(*) FROM app.applied') };
-		return time - $t0 if $rc == 0 && $out >= $emitted;
-		sleep 0.2;
-	}
-	diag "not all of $emitted applied after $bound s";
-	return undef;
-}
-
-sub wait_back
-{
-	for (1 .. 600)
-	{
-		my $ok = eval { $node->safe_psql('consumer', 'SELECT 1') eq '1' };
-		return 1 if $ok;
-		sleep 0.1;
-	}
-	return 0;
+	return wait_applied_across_restarts($node, $emitted, $bound);
 }
 
 ok(defined emit_and_time(40, 120), 'the first events are applied');
@@ -65,7 +45,7 @@ for my $round (1 .. 2)
 {
 	my ($pid) = inbox_pids($node);
 	kill 'KILL', $pid or die "could not kill $pid";
-	ok(wait_back(), "round $round: the server is back after the crash");
+	ok(wait_back($node, 'consumer'), "round $round: the server is back after the crash");
 	my $t = emit_and_time(40, 5);
 	ok(defined $t, "round $round: the next events are applied within 5 s of the crash restart")
 	  and note sprintf 'round %d: applied in %.1f s', $round, $t;

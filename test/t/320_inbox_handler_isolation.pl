@@ -27,30 +27,9 @@ use MockKafka;
 use OutboxTest;
 use InboxTest;
 
-my $dir = $PostgreSQL::Test::Utils::tmp_check;
-mkdir "$dir/mock";
 my $topic = 'outbox.event.sec';
-my $mk = MockKafka->start(dir => "$dir/mock", brokers => 1,
-	topics => ["$topic:2"], max_seconds => 600);
-my $node = inbox_node('inbox_isolation', $mk, inbox_retry_backoff => '100ms');
-
-# Poll a query of the consumer database until it returns $want.
-sub wait_for
-{
-	my ($sql, $want, $timeout) = @_;
-	my $got;
-	my $t0 = time;
-
-	$timeout //= 60;
-	while (time - $t0 < $timeout)
-	{
-		$got = $node->safe_psql('consumer', $sql);
-		return 1 if $got eq $want;
-		sleep 0.2;
-	}
-	diag "$sql: got '$got', want '$want'";
-	return 0;
-}
+my ($node, $mk) = inbox_setup('inbox_isolation', topics => ["$topic:2"], max_seconds => 600,
+	inbox_retry_backoff => '100ms');
 
 my $worker_defaults = $node->safe_psql('consumer', q{SELECT current_setting('lock_timeout')
 	|| ' ' || current_setting('default_transaction_isolation')});
@@ -184,17 +163,17 @@ SELECT inbox_subscribe('payments', ARRAY['outbox.event.sec'], 'payments.apply(in
 # transaction, so later batches meet whatever the first ones left behind.
 $node->safe_psql('postgres', qq{SELECT outbox_emit('acct', 'a-' || (i % 3), 'E',
 	jsonb_build_object('n', i), topic => '$topic') FROM generate_series(1, 10) i});
-ok(wait_for(q{SELECT count(*) FROM payments.seen}, '10', 120), 'payments applied the first ten');
+ok(poll_until($node, 'consumer', q{SELECT count(*) FROM payments.seen}, '10', 120), 'payments applied the first ten');
 for my $i (11 .. 20)
 {
 	$node->safe_psql('postgres', qq{SELECT outbox_emit('acct', 'a-' || ($i % 3), 'E',
 		jsonb_build_object('n', $i), topic => '$topic')});
 }
-ok(wait_for(q{SELECT count(*) FROM billing.seen}, '20', 120), 'billing handled all twenty');
-ok(wait_for(q{SELECT count(*) FROM payments.seen}, '20', 120), 'payments handled all twenty');
+ok(poll_until($node, 'consumer', q{SELECT count(*) FROM billing.seen}, '20', 120), 'billing handled all twenty');
+ok(poll_until($node, 'consumer', q{SELECT count(*) FROM payments.seen}, '20', 120), 'payments handled all twenty');
 # One more refresh and batch round after the last handler call.
 $node->safe_psql('postgres', qq{SELECT outbox_emit('acct', 'z', 'E', '{}', topic => '$topic')});
-ok(wait_for(q{SELECT count(*) FROM payments.seen}, '21', 120), 'and one more');
+ok(poll_until($node, 'consumer', q{SELECT count(*) FROM payments.seen}, '21', 120), 'and one more');
 
 is($node->safe_psql('consumer', q{SELECT string_agg(DISTINCT what || ' as ' || run_as, ', ')
 	FROM billing.fired WHERE run_as <> 'billing_app'}), '',
@@ -271,7 +250,7 @@ $node->safe_psql('consumer', q{ALTER FUNCTION payments.apply(inbox_message) OWNE
 ok($node->wait_for_log(qr/subscription "payments" is not applied: .*does not own its handler/, $log_pos),
 	'a handler whose owner changed is no longer run');
 $node->safe_psql('postgres', qq{SELECT outbox_emit('acct', 'y', 'E', '{}', topic => '$topic')});
-ok(wait_for(q{SELECT count(*) FROM billing.seen}, '22', 120), 'billing goes on');
+ok(poll_until($node, 'consumer', q{SELECT count(*) FROM billing.seen}, '22', 120), 'billing goes on');
 sleep 2;
 is($node->safe_psql('consumer', q{SELECT count(*) FROM payments.seen}), '21',
 	'payments\' handler, now another role\'s, did not run');

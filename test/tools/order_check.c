@@ -571,6 +571,18 @@ match_event(const rd_kafka_message_t *m, const Agg *a, int64_t version,
 
 /* ---- reading ---- */
 
+/* The message's timestamp and its type (CreateTime or LogAppendTime) for --print. */
+static void
+print_timestamp(const rd_kafka_message_t *m)
+{
+	rd_kafka_timestamp_type_t type;
+	int64_t		ts = rd_kafka_message_timestamp(m, &type);
+
+	printf("    timestamp: %s %" PRId64 "\n",
+		   type == RD_KAFKA_TIMESTAMP_LOG_APPEND_TIME ? "append" :
+		   type == RD_KAFKA_TIMESTAMP_CREATE_TIME ? "create" : "none", ts);
+}
+
 static void
 print_message(const rd_kafka_message_t *m, int64_t version, bool version_ok)
 {
@@ -604,6 +616,7 @@ print_message(const rd_kafka_message_t *m, int64_t version, bool version_ok)
 	printf("\n    payload: ");
 	print_escaped(stdout, m->payload, m->len);
 	printf("\n");
+	print_timestamp(m);
 }
 
 static void
