@@ -19,8 +19,11 @@ my $dir = $PostgreSQL::Test::Utils::tmp_check;
 mkdir "$dir/mock";
 my $mk = MockKafka->start(dir => "$dir/mock", brokers => 1, max_seconds => 300);
 my $node = outbox_node('one_aggregate', $mk, batch_events => 200);
+# A restart, not a reload: once on PostgreSQL 18 the publisher, starting
+# as the reload came, logged none of its reads at DEBUG1 afterwards;
+# started with the setting, every process has it.
 $node->append_conf('postgresql.conf', "log_min_messages = debug1\n");
-$node->reload;
+$node->restart;
 
 sub q1 { $node->safe_psql('postgres', $_[0]) }
 
