@@ -1,8 +1,9 @@
 /*-------------------------------------------------------------------------
  *
  * outbox.c
- *	  Module load: settings, shared memory, worker registration, and the
- *	  commit callback that wakes the publisher.
+ *	  Shared memory, the settings read at server start, the commit
+ *	  callback that wakes the publisher, and helpers every part uses
+ *	  (_PG_init, which calls them, is in init.c).
  *
  *-------------------------------------------------------------------------
  */
@@ -36,10 +37,6 @@
 #include "launcher.h"
 #include "worker.h"
 
-PG_MODULE_MAGIC;
-
-void		_PG_init(void);
-
 OutboxShared *outbox_shared = NULL;
 
 char	   *outbox_database = NULL;
@@ -52,11 +49,6 @@ static bool xact_callback_registered = false;
 /* This transaction is counted in async_emits_committing. */
 static bool async_counted = false;
 
-#if OUTBOX_HAVE_SHMEM_REQUEST_HOOK
-static shmem_request_hook_type prev_shmem_request_hook = NULL;
-#endif
-static shmem_startup_hook_type prev_shmem_startup_hook = NULL;
-
 /* Shared memory the extension needs. */
 static Size
 outbox_shmem_size(void)
@@ -64,25 +56,18 @@ outbox_shmem_size(void)
 	return MAXALIGN(sizeof(OutboxShared));
 }
 
-#if OUTBOX_HAVE_SHMEM_REQUEST_HOOK
-/* Ask for our shared memory (PostgreSQL 15 and later). */
-static void
+/* Ask for our shared memory (from the shmem request hook, or _PG_init). */
+void
 outbox_shmem_request(void)
 {
-	if (prev_shmem_request_hook)
-		prev_shmem_request_hook();
 	RequestAddinShmemSpace(outbox_shmem_size());
 }
-#endif
 
-/* Create or attach to our shared memory. */
-static void
+/* Create or attach to our shared memory (from the shmem startup hook). */
+void
 outbox_shmem_startup(void)
 {
 	bool		found;
-
-	if (prev_shmem_startup_hook)
-		prev_shmem_startup_hook();
 
 	LWLockAcquire(AddinShmemInitLock, LW_EXCLUSIVE);
 	outbox_shared = ShmemInitStruct("outbox", outbox_shmem_size(), &found);
@@ -389,8 +374,8 @@ outbox_keep_plan_options(const char *query, int nargs, Oid *argtypes, int cursor
  * while shared_preload_libraries is processed (FATAL otherwise), and only
  * then do they mean anything: without the preload there is no publisher.
  */
-static void
-define_postmaster_settings(void)
+void
+outbox_postmaster_settings_init(void)
 {
 	DefineCustomStringVariable("outbox.database",
 							   "Serve only this database (empty: outbox.databases decides).",
@@ -427,36 +412,4 @@ define_postmaster_settings(void)
 							 PGC_POSTMASTER,
 							 GUC_NOT_IN_SAMPLE,
 							 NULL, NULL, NULL);
-}
-
-/* Module load: settings, and with the preload, shared memory and the workers. */
-void
-_PG_init(void)
-{
-	inbox_worker_init();
-	inbox_sql_init();
-
-	/*
-	 * Loaded otherwise (CREATE EXTENSION, LOAD, a function call,
-	 * session_preload_libraries), the SQL functions work and no publisher
-	 * runs: outbox_status says so.  The prefix is not reserved then, which
-	 * would remove the start-up settings' placeholders with a WARNING each.
-	 */
-	outbox_kafka_init();
-	outbox_define_emit_settings();
-	outbox_publisher_init();
-	if (!process_shared_preload_libraries_in_progress)
-		return;
-	define_postmaster_settings();
-	outbox_launcher_init();
-	MarkGUCPrefixReserved("outbox");
-
-#if OUTBOX_HAVE_SHMEM_REQUEST_HOOK
-	prev_shmem_request_hook = shmem_request_hook;
-	shmem_request_hook = outbox_shmem_request;
-#else
-	RequestAddinShmemSpace(outbox_shmem_size());
-#endif
-	prev_shmem_startup_hook = shmem_startup_hook;
-	shmem_startup_hook = outbox_shmem_startup;
 }

@@ -193,6 +193,9 @@ typedef struct OutboxColumnDefault
 } OutboxColumnDefault;
 
 /* outbox.c */
+extern void outbox_postmaster_settings_init(void);
+extern void outbox_shmem_request(void);
+extern void outbox_shmem_startup(void);
 extern void outbox_note_emit(void);
 extern void outbox_wake_workers(void);
 extern void outbox_worker_slots_init(OutboxWorkerSlot *slots);
