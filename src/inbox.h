@@ -21,7 +21,8 @@
 #include "utils/hsearch.h"
 #include "utils/timestamp.h"
 
-#include "outbox.h"
+#include "shmem.h"
+#include "util.h"
 
 /* A partition stopped at a message: paused in Kafka until resume_at. */
 typedef struct PausedPartition

@@ -36,7 +36,8 @@
 #include "utils/typcache.h"
 
 #include "compat.h"
-#include "outbox.h"
+#include "shmem.h"
+#include "util.h"
 #include "inbox_worker.h"
 #include "inbox.h"
 

@@ -23,7 +23,8 @@
 #include "inbox_worker.h"
 #include "kafka.h"
 #include "launcher.h"
-#include "outbox.h"
+#include "shmem.h"
+#include "util.h"
 #include "worker.h"
 
 PG_MODULE_MAGIC;
@@ -50,9 +51,12 @@ init_shmem_request(void)
 static void
 init_shmem_startup(void)
 {
+	bool		found;
+
 	if (prev_shmem_startup_hook)
 		prev_shmem_startup_hook();
-	outbox_shmem_startup();
+	found = outbox_shmem_startup();
+	outbox_stats_shmem_startup(found);
 }
 
 /* Module load: settings, and with the preload, shared memory and the workers. */

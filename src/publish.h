@@ -19,7 +19,8 @@
 #include "utils/jsonb.h"
 
 #include "kafka.h"
-#include "outbox.h"
+#include "shmem.h"
+#include "util.h"
 
 /* What a batch does with an event. */
 typedef enum EventAction

@@ -17,7 +17,8 @@
 #include "utils/snapmgr.h"
 
 #include "emit.h"
-#include "outbox.h"
+#include "shmem.h"
+#include "util.h"
 #include "publish.h"
 
 int			outbox_max_attempts = 5;

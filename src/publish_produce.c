@@ -24,7 +24,8 @@
 #include "utils/timestamp.h"
 
 #include "emit.h"
-#include "outbox.h"
+#include "shmem.h"
+#include "util.h"
 #include "publish.h"
 #include "record_headers.h"
 

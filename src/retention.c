@@ -17,7 +17,8 @@
 #include "utils/timestamp.h"
 
 #include "inbox_worker.h"
-#include "outbox.h"
+#include "shmem.h"
+#include "util.h"
 #include "publish.h"
 
 int			outbox_retention_s = 7 * 24 * 3600;

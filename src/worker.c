@@ -89,7 +89,8 @@
 #include "utils/timestamp.h"
 
 #include "compat.h"
-#include "outbox.h"
+#include "shmem.h"
+#include "util.h"
 #include "publish.h"
 #include "worker.h"
 

@@ -1,9 +1,14 @@
 /*-------------------------------------------------------------------------
  *
- * outbox.c
- *	  Shared memory, the settings read at server start, the commit
- *	  callback that wakes the publisher, and helpers every part uses
- *	  (_PG_init, which calls them, is in init.c).
+ * shmem.c
+ *	  The extension's shared memory (OutboxShared, shmem.h, which states
+ *	  its locking rules): its request and start-up, the look-up of a
+ *	  database's entry, and the signals backends send the workers through
+ *	  it (the commit callback that wakes the publishers, the probe that
+ *	  wakes the launcher).
+ *
+ * The bottom of the module graph: calls nothing of the extension's but
+ * util.c.
  *
  *-------------------------------------------------------------------------
  */
@@ -12,42 +17,24 @@
 #include "access/xact.h"
 #include "access/xlog.h"
 #include "commands/trigger.h"
-#include "common/hashfn.h"
-#include "executor/executor.h"
-#include "executor/spi.h"
 #include "fmgr.h"
 #include "miscadmin.h"
-#include "optimizer/optimizer.h"
-#include "parser/parse_relation.h"
-#include "postmaster/bgworker.h"
-#include "replication/walsender.h"
-#include "rewrite/rewriteHandler.h"
 #include "storage/ipc.h"
 #include "storage/lwlock.h"
 #include "storage/shmem.h"
-#include "utils/guc.h"
-#include "utils/memutils.h"
-#include "utils/rel.h"
 
 #include "compat.h"
-#include "outbox.h"
-#include "kafka.h"
-#include "emit.h"
-#include "inbox_worker.h"
-#include "launcher.h"
-#include "worker.h"
+#include "shmem.h"
 
 OutboxShared *outbox_shared = NULL;
-
-char	   *outbox_database = NULL;
-char	   *outbox_role = NULL;
-int			outbox_workers = 1;
-bool		outbox_enable_test_hooks = false;
 
 static bool emitted_in_xact = false;
 static bool xact_callback_registered = false;
 /* This transaction is counted in async_emits_committing. */
 static bool async_counted = false;
+/* CREATE EXTENSION or inbox_subscribe() ran: wake the launcher at commit. */
+static bool probe_at_commit = false;
+static bool probe_callback_registered = false;
 
 /* Shared memory the extension needs. */
 static Size
@@ -63,8 +50,12 @@ outbox_shmem_request(void)
 	RequestAddinShmemSpace(outbox_shmem_size());
 }
 
-/* Create or attach to our shared memory (from the shmem startup hook). */
-void
+/*
+ * Create or attach to our shared memory (from the shmem startup hook).
+ * Returns whether it existed already; the counters in it are stats.c's
+ * (outbox_stats_shmem_startup).
+ */
+bool
 outbox_shmem_startup(void)
 {
 	bool		found;
@@ -80,13 +71,10 @@ outbox_shmem_startup(void)
 		pg_atomic_init_u32(&outbox_shared->async_emits_committing, 0);
 		pg_atomic_init_u64(&outbox_shared->async_emit_lsn, 0);
 	}
-	for (int i = 0; i < OUTBOX_MAX_DATABASES; i++)
-	{
-		outbox_stats_init(&outbox_shared->databases[i].stats, found);
-		if (!found)
-			outbox_worker_slots_init(outbox_shared->databases[i].workers);
-	}
+	for (int i = 0; !found && i < OUTBOX_MAX_DATABASES; i++)
+		outbox_worker_slots_init(outbox_shared->databases[i].workers);
 	LWLockRelease(AddinShmemInitLock);
+	return found;
 }
 
 /* Empty publisher slots (a database's OUTBOX_MAX_WORKERS of them). */
@@ -237,52 +225,6 @@ outbox_wake_workers(void)
 }
 
 /*
- * An executor state for writing rel's rows without a plan, the way logical
- * replication's apply does: its range table holds rel (locked in mode).
- */
-struct EState *
-outbox_simple_estate(Relation rel, LOCKMODE mode)
-{
-	EState	   *estate = CreateExecutorState();
-	RangeTblEntry *rte = makeNode(RangeTblEntry);
-
-	rte->rtekind = RTE_RELATION;
-	rte->relid = RelationGetRelid(rel);
-	rte->relkind = rel->rd_rel->relkind;
-	rte->rellockmode = mode;
-	outbox_init_range_table(estate, rte);
-	return estate;
-}
-
-/*
- * The defaults of rel's columns that are neither dropped nor among set (nset
- * attribute numbers), planned, in the current memory context, into defaults
- * (room for rel's natts).  Returns how many.
- */
-int
-outbox_column_defaults(Relation rel, const AttrNumber *set, int nset,
-					   OutboxColumnDefault *defaults)
-{
-	TupleDesc	desc = RelationGetDescr(rel);
-	int			n = 0;
-
-	for (AttrNumber attnum = 1; attnum <= desc->natts; attnum++)
-	{
-		bool		skip = TupleDescAttr(desc, attnum - 1)->attisdropped;
-		Node	   *expr;
-
-		for (int i = 0; !skip && i < nset; i++)
-			skip = set[i] == attnum;
-		if (skip || (expr = build_column_default(rel, attnum)) == NULL)
-			continue;
-		defaults[n].attnum = attnum;
-		defaults[n].expr = expression_planner((Expr *) expr);
-		n++;
-	}
-	return n;
-}
-
-/*
  * outbox_note_write() RETURNS trigger: a statement wrote rows into the
  * outbox without outbox_emit*() (an INSERT or COPY by its owner), or
  * logical replication's apply a row; its transaction is marked as theirs
@@ -313,103 +255,74 @@ outbox_note_emit(void)
 	emitted_in_xact = true;
 }
 
-/*
- * The lock tag of an aggregate in one of our advisory key spaces.  Two
- * aggregates whose 64-bit hashes collide share a lock: that costs
- * parallelism, never correctness.
- */
+/* ---------- look-ups ---------- */
+
+/* The entry of a database, or NULL if the launcher has none for it. */
+OutboxDatabase *
+outbox_database_entry(Oid dboid)
+{
+	static OutboxDatabase *cached = NULL;
+
+	if (outbox_shared == NULL || !OidIsValid(dboid))
+		return NULL;
+	if (cached != NULL && cached->dboid == dboid)
+		return cached;
+	for (int i = 0; i < OUTBOX_MAX_DATABASES; i++)
+	{
+		if (outbox_shared->databases[i].dboid == dboid)
+		{
+			cached = &outbox_shared->databases[i];
+			return cached;
+		}
+	}
+	return NULL;
+}
+
+/* The counters of a database, or NULL if the launcher has no entry for it. */
+OutboxStats *
+outbox_database_stats(Oid dboid)
+{
+	OutboxDatabase *db = outbox_database_entry(dboid);
+
+	return db ? &db->stats : NULL;
+}
+
+/* ---------- the launcher ---------- */
+
+/* Wake the launcher, if it runs. */
 void
-outbox_aggregate_locktag(LOCKTAG *tag, const char *aggregate_id, int len,
-						 uint16 space)
+outbox_wake_launcher(void)
 {
-	uint64		h = hash_bytes_extended((const unsigned char *) aggregate_id,
-										len, 0);
+	Latch	   *latch = outbox_shared->launcher_latch;
 
-	SET_LOCKTAG_ADVISORY(*tag, MyDatabaseId, (uint32) (h >> 32),
-						 (uint32) h, space);
+	if (latch != NULL)
+		SetLatch(latch);
 }
 
-/*
- * The publisher's lock of the bucket holding an aggregate.  The bucket is
- * hashtext(aggregate_id) modulo OUTBOX_PUBLISH_BUCKETS, the same expression
- * the worker's query uses to split buckets between workers.
- */
+/* CREATE EXTENSION committed: the launcher probes every database again. */
+static void
+probe_xact_callback(XactEvent event, void *arg)
+{
+	if (event == XACT_EVENT_COMMIT && probe_at_commit && outbox_shared != NULL)
+	{
+		pg_atomic_fetch_add_u32(&outbox_shared->probe_generation, 1);
+		outbox_wake_launcher();
+	}
+	if (event == XACT_EVENT_COMMIT || event == XACT_EVENT_ABORT ||
+		event == XACT_EVENT_PREPARE)
+		probe_at_commit = false;
+}
+
+/* Called by CREATE EXTENSION: have this database probed once it commits. */
 void
-outbox_publish_locktag(LOCKTAG *tag, const char *aggregate_id)
+outbox_launcher_probe_at_commit(void)
 {
-	uint32		h = hash_bytes((const unsigned char *) aggregate_id,
-							   strlen(aggregate_id));
-
-	SET_LOCKTAG_ADVISORY(*tag, MyDatabaseId, 0,
-						 OUTBOX_PUBLISH_BUCKET(h),
-						 OUTBOX_LOCKSPACE_PUBLISH);
-}
-
-/* Prepare and keep one plan (the publisher's and the inbox workers'). */
-SPIPlanPtr
-outbox_keep_plan(const char *query, int nargs, Oid *argtypes)
-{
-	return outbox_keep_plan_options(query, nargs, argtypes, 0);
-}
-
-/*
- * The same, with cursor options: CURSOR_OPT_CUSTOM_PLAN plans a statement
- * at every execution, for its parameters' values (plan_cache_mode = auto).
- */
-SPIPlanPtr
-outbox_keep_plan_options(const char *query, int nargs, Oid *argtypes, int cursor_options)
-{
-	SPIPlanPtr	plan = SPI_prepare_cursor(query, nargs, argtypes, cursor_options);
-
-	if (plan == NULL)
-		elog(ERROR, "SPI_prepare failed for \"%s\": %s", query,
-			 SPI_result_code_string(SPI_result));
-	SPI_keepplan(plan);
-	return plan;
-}
-
-/*
- * Settings of the preloaded publisher, most read only at server start.
- * PostgreSQL allows defining PGC_POSTMASTER ones only
- * while shared_preload_libraries is processed (FATAL otherwise), and only
- * then do they mean anything: without the preload there is no publisher.
- */
-void
-outbox_postmaster_settings_init(void)
-{
-	DefineCustomStringVariable("outbox.database",
-							   "Serve only this database (empty: outbox.databases decides).",
-							   "Kept for compatibility: a name here acts as outbox.databases = that name.",
-							   &outbox_database,
-							   "",
-							   PGC_SIGHUP,
-							   0,
-							   NULL, NULL, NULL);
-
-	DefineCustomStringVariable("outbox.role",
-							   "Role the publisher connects as (empty: the bootstrap superuser).",
-							   "The role needs SELECT and UPDATE on outbox and INSERT, SELECT and UPDATE on aggregate_publication.",
-							   &outbox_role,
-							   "",
-							   PGC_POSTMASTER,
-							   0,
-							   NULL, NULL, NULL);
-
-	DefineCustomIntVariable("outbox.workers",
-							"Number of publisher workers per database.",
-							"0 disables publishing.",
-							&outbox_workers,
-							1, 0, OUTBOX_MAX_WORKERS,
-							PGC_POSTMASTER,
-							0,
-							NULL, NULL, NULL);
-
-	DefineCustomBoolVariable("outbox.enable_test_hooks",
-							 "Allows outbox_test_fatal_error() (for fault-injection tests only).",
-							 NULL,
-							 &outbox_enable_test_hooks,
-							 false,
-							 PGC_POSTMASTER,
-							 GUC_NOT_IN_SAMPLE,
-							 NULL, NULL, NULL);
+	if (outbox_shared == NULL)
+		return;
+	if (!probe_callback_registered)
+	{
+		RegisterXactCallback(probe_xact_callback, NULL);
+		probe_callback_registered = true;
+	}
+	probe_at_commit = true;
 }
