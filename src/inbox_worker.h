@@ -47,6 +47,8 @@ extern void inbox_worker_init(void);
 extern PGDLLEXPORT void inbox_launcher_main(Datum main_arg);
 extern PGDLLEXPORT void inbox_worker_main(Datum main_arg);
 extern char *inbox_consumer_properties_check(const char *properties);
+
+/* retention.c: the inbox's retention, run by publisher 0 or an inbox worker */
 extern struct _SPI_plan *inbox_retention_prepare(const char *schema);
 extern uint64 inbox_retention_delete(struct _SPI_plan *plan);
 

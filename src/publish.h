@@ -2,7 +2,7 @@
  *
  * publish.h
  *	  The publisher's private declarations, shared by its modules:
- *	  worker.c (the loop), publish_read.c, publish_stream.c, publish_durable.c,
+ *	  worker.c (the loop), publish_state.c, publish_read.c, publish_stream.c, publish_durable.c,
  *	  publish_produce.c, publish_poison.c, publish_settle.c and
  *	  retention.c.  Nothing outside the publisher includes this.
  *
@@ -153,11 +153,13 @@ typedef struct PendingMarks
 	HTAB	   *busy;			/* ... and those left for a later settling */
 } PendingMarks;
 
-/* worker.c: the loop */
-extern int	outbox_poll_interval_ms;
+/* publish_state.c: this worker's index and slot, below every step */
 extern int	publish_worker_index;
 extern OutboxWorkerSlot *publish_slot;
 extern void publish_set_state(const char *state);
+
+/* worker.c: the loop */
+extern int	outbox_poll_interval_ms;
 extern void publish_process_reload(void);
 extern bool publish_shares_agreed(void);
 extern bool publish_bucket_busy_elsewhere(int bucket);
