@@ -29,7 +29,7 @@ typedef enum InboxHandlerProblem
 	HANDLER_NO_SCHEMA
 } InboxHandlerProblem;
 
-/* Settings (outbox.inbox_*) */
+/* Settings (outbox.inbox_*), in inbox_state.c */
 extern int	inbox_workers;
 extern char *inbox_database;
 extern char *inbox_brokers;
