@@ -321,7 +321,6 @@ extern bool publish_aggregate_ready(BatchAggregate *agg);
 extern bool publish_any_ready(void);
 extern bool publish_flight_reported(void);
 extern int	publish_outstanding(void);
-extern const char *publish_event_destination(BatchEvent *ev);
 extern bool publish_shared_request(Flight *f, int index);
 
 /* publish_poison.c: failures and the poison policy */
@@ -330,6 +329,7 @@ extern int	outbox_poison_policy;
 extern void publish_poison_init(void);
 extern void publish_poison_prepare(const char *schema);
 extern PoisonPolicy publish_poison_policy(BatchEvent *ev);
+extern const char *publish_event_destination(BatchEvent *ev);
 extern void publish_record_failure(BatchEvent *ev, const char *msg);
 extern void publish_note_size_error(BatchEvent *ev, const char *msg);
 extern bool publish_is_size_error(rd_kafka_resp_err_t err);

@@ -139,6 +139,13 @@ publish_poison_policy(BatchEvent *ev)
 	return POISON_BLOCK;
 }
 
+/* Where an event goes: its topic, or the dead-letter topic. */
+const char *
+publish_event_destination(BatchEvent *ev)
+{
+	return ev->action == EV_DEAD_LETTER ? outbox_dead_letter_topic : ev->topic;
+}
+
 /*
  * Record a permanent failure of one event and back its aggregate off; after
  * max_attempts, apply the poison policy.

@@ -429,13 +429,6 @@ build_headers(BatchEvent *ev)
 	return hdrs;
 }
 
-/* Where an event goes: its topic, or the dead-letter topic. */
-const char *
-publish_event_destination(BatchEvent *ev)
-{
-	return ev->action == EV_DEAD_LETTER ? outbox_dead_letter_topic : ev->topic;
-}
-
 /*
  * A new flight to read a batch into, in its own memory context: tracked
  * from the start, so that an error after producing part of it still sees

@@ -7,8 +7,7 @@
  *	  it (the commit callback that wakes the publishers, the probe that
  *	  wakes the launcher).
  *
- * The bottom of the module graph: calls nothing of the extension's but
- * util.c.
+ * The bottom of the module graph: calls no other module of the extension.
  *
  *-------------------------------------------------------------------------
  */

@@ -3,8 +3,8 @@
  * shmem.h
  *	  The extension's shared memory (shmem.c): one struct, OutboxShared,
  *	  its per-database entries and per-worker slots, and the look-ups and
- *	  signals every part uses on it.  The bottom of the module graph with
- *	  util.h and stats.h: shmem.c calls nothing of the extension's above it.
+ *	  signals every part uses on it.  The bottom of the module graph, with
+ *	  util.c: shmem.c calls no other module of the extension.
  *
  * Locking rules.  OutboxShared is created by outbox_shmem_startup() under
  * AddinShmemInitLock and has no lock of its own afterwards: each field has
@@ -14,13 +14,14 @@
  *	- databases[]: entries are assigned (dboid set) and freed only by the
  *	  launcher; held_until by the session running DROP/ALTER DATABASE;
  *	  inbox_pids and inbox_idle_* by the inbox launcher and workers.
- *	  Backends only look entries up (outbox_database_entry), and a stale
- *	  look-up is harmless: an entry freed meanwhile has no live worker.
+ *	  Backends only look entries up (outbox_database_entry, which checks
+ *	  the cached entry's dboid at every call).
  *	- databases[].workers[]: each OutboxWorkerSlot is written by its worker;
  *	  yield by the launcher; commits_unread and read_scheduled are atomics
  *	  that committing emitters also touch (outbox_xact_callback), ordered by
  *	  the barriers documented at the fields.
- *	- databases[].stats: atomics only (stats.c).
+ *	- databases[].stats: atomics only (stats.c), initialized again by the
+ *	  launcher when it takes up a database.
  *	- probe_generation, databases_waiting, async_emits_committing,
  *	  async_emit_lsn, inject_fatal_error: atomics.
  *	- launcher_latch: written by the launcher only (set at start, cleared

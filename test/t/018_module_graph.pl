@@ -74,8 +74,6 @@ my %back_edges = (
 	  'outbox_batch_events: a setting of the read that also bounds a flight',
 	'publish_poison -> publish_read' =>
 	  'publish_listed_changed: a recorded failure makes the next read look at the listed aggregates',
-	'publish_poison -> publish_produce' =>
-	  'publish_event_destination: the flight bookkeeping (produce) and the poison policy call each other',
 	'publish_produce -> publish_stream' =>
 	  'publish_stream_divert: a busy aggregate found while producing is diverted (flight bookkeeping)',
 );
