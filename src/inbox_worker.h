@@ -49,6 +49,9 @@ extern PGDLLEXPORT void inbox_worker_main(Datum main_arg);
 extern char *inbox_consumer_properties_check(const char *properties);
 
 /* retention.c: the inbox's retention, run by publisher 0 or an inbox worker */
+extern int	outbox_retention_s;
+extern int	outbox_inbox_retention_s;
+extern int	outbox_retention_batch;
 extern struct _SPI_plan *inbox_retention_prepare(const char *schema);
 extern uint64 inbox_retention_delete(struct _SPI_plan *plan);
 

@@ -31,11 +31,6 @@ extern char *outbox_role;
 extern int	outbox_workers;
 extern bool outbox_enable_test_hooks;
 
-/* retention.c: the inbox workers run the inbox's where no publisher does */
-extern int	outbox_retention_s;
-extern int	outbox_inbox_retention_s;
-extern int	outbox_retention_batch;
-
 /* What happens to an event that keeps failing (publisher and inbox). */
 typedef enum PoisonPolicy
 {
