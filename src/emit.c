@@ -60,7 +60,8 @@
 #include "kafka.h"
 #include "emit.h"
 #include "emit_check.h"
-#include "outbox.h"
+#include "shmem.h"
+#include "util.h"
 #include "record_headers.h"
 
 PG_FUNCTION_INFO_V1(outbox_emit);

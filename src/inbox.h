@@ -2,10 +2,12 @@
  *
  * inbox.h
  *	  Private to the inbox workers, shared by their parts: the loop
- *	  (inbox_worker.c: settings, launcher, subscriptions, steps), a
- *	  subscription's Kafka consumer (inbox_consumer.c), one batch applied
- *	  through the handler (inbox_apply.c) and the statements on the inbox
- *	  tables (inbox_store.c).  Nothing outside the inbox includes this.
+ *	  (inbox_worker.c: defining the settings, launcher, subscriptions,
+ *	  steps), a subscription's Kafka consumer (inbox_consumer.c), one batch
+ *	  applied through the handler (inbox_apply.c), the statements on the
+ *	  inbox tables (inbox_store.c), and below them all the settings' values
+ *	  and one worker's state (inbox_state.c).  Nothing outside the inbox
+ *	  includes this.
  *
  *-------------------------------------------------------------------------
  */
@@ -21,7 +23,8 @@
 #include "utils/hsearch.h"
 #include "utils/timestamp.h"
 
-#include "outbox.h"
+#include "shmem.h"
+#include "util.h"
 
 /* A partition stopped at a message: paused in Kafka until resume_at. */
 typedef struct PausedPartition
@@ -123,7 +126,7 @@ typedef struct MessageMeta
 /* Settings (outbox.inbox_*) of the consumers */
 extern char *inbox_kafka_credentials_file;
 
-/* inbox_worker.c: the loop */
+/* inbox_state.c: one worker's state, set by the loop */
 extern int	inbox_worker_index;
 extern MemoryContext inbox_subs_context;
 extern MemoryContext inbox_loop_context;

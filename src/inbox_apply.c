@@ -55,7 +55,8 @@
 #include "utils/timestamp.h"
 
 #include "compat.h"
-#include "outbox.h"
+#include "shmem.h"
+#include "util.h"
 #include "inbox_worker.h"
 #include "inbox.h"
 

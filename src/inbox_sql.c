@@ -38,8 +38,8 @@
 
 #include "compat.h"
 #include "emit.h"
-#include "launcher.h"
-#include "outbox.h"
+#include "shmem.h"
+#include "util.h"
 #include "inbox_worker.h"
 
 PG_FUNCTION_INFO_V1(inbox_subscribe);

@@ -2,8 +2,8 @@
  *
  * inbox_store.c
  *	  The inbox workers' statements on the extension's tables: the kept
- *	  plans, a batch's rows of inbox_offset, inbox_aggregate and inbox,
- *	  and inbox retention.
+ *	  plans, a batch's rows of inbox_offset, inbox_aggregate and inbox
+ *	  (inbox retention's statement is retention.c's).
  *
  * The plans are prepared (inbox_prepare_plans) in the transaction of a
  * subscriptions refresh, again whenever the extension's schema changes
@@ -36,7 +36,8 @@
 #include "utils/typcache.h"
 
 #include "compat.h"
-#include "outbox.h"
+#include "shmem.h"
+#include "util.h"
 #include "inbox_worker.h"
 #include "inbox.h"
 
@@ -188,45 +189,6 @@ inbox_prepare_plans(void)
 	inbox_state_prepare(s, inbox_worker_index);
 	inbox_plans_nspid = nspid;
 	return true;
-}
-
-/* ---------- retention ---------- */
-
-/*
- * The inbox retention statement for the extension in schema s (quoted),
- * kept; run by inbox_retention_delete().  The publisher's retention uses it
- * too.  It skips rows locked by others: never waiting, it cannot deadlock.
- */
-SPIPlanPtr
-inbox_retention_prepare(const char *s)
-{
-	Oid			types[2] = {INT4OID, INT4OID};
-
-	return outbox_keep_plan(psprintf("DELETE FROM %s.inbox i USING ("
-									 "SELECT consumer, event_id FROM %s.inbox "
-									 "WHERE processed_at OPERATOR(pg_catalog.<) "
-									 "(pg_catalog.now() OPERATOR(pg_catalog.-) pg_catalog.make_interval(secs => $1)) "
-									 "ORDER BY processed_at LIMIT $2 FOR UPDATE SKIP LOCKED) x "
-									 "WHERE i.consumer OPERATOR(pg_catalog.=) x.consumer "
-									 "AND i.event_id OPERATOR(pg_catalog.=) x.event_id", s, s),
-							2, types);
-}
-
-/*
- * Delete up to outbox.retention_batch inbox claims older than
- * outbox.inbox_retention with a plan of inbox_retention_prepare(); returns
- * how many.  In a transaction, connected to SPI.
- */
-uint64
-inbox_retention_delete(SPIPlanPtr plan)
-{
-	Datum		args[2];
-
-	args[0] = Int32GetDatum(outbox_inbox_retention_s);
-	args[1] = Int32GetDatum(outbox_retention_batch);
-	if (SPI_execute_plan(plan, args, NULL, false, 0) != SPI_OK_DELETE)
-		elog(ERROR, "inbox retention failed");
-	return SPI_processed;
 }
 
 /* ---------- a batch's rows ---------- */

@@ -57,21 +57,10 @@
 #include "utils/timestamp.h"
 
 #include "compat.h"
-#include "launcher.h"
-#include "outbox.h"
+#include "shmem.h"
+#include "util.h"
 #include "inbox_worker.h"
 #include "inbox.h"
-
-int			inbox_workers = 1;
-char	   *inbox_database = NULL;
-char	   *inbox_brokers = NULL;
-char	   *inbox_kafka_properties = NULL;
-int			inbox_batch_size = 1000;
-int			inbox_batch_time_ms = 1000;
-int			inbox_max_attempts = 5;
-int			inbox_retry_backoff_ms = 1000;
-int			inbox_poison_policy = POISON_BLOCK;
-int			inbox_gap_policy = INBOX_GAP_APPLY;
 
 /* Sleep while every consumer's queue is empty (a fetch sets no latch). */
 #define INBOX_IDLE_WAIT_MS 20
@@ -93,9 +82,6 @@ static const struct config_enum_entry gap_options[] = {
 	{NULL, 0, false}
 };
 
-int			inbox_worker_index;
-MemoryContext inbox_subs_context = NULL;	/* the subscriptions, their messages */
-MemoryContext inbox_loop_context = NULL;	/* reset at each pass of the loop */
 static List *subs = NIL;
 static uint32 consumer_fingerprint = 0;
 static bool consumer_configured = false;
@@ -639,31 +625,6 @@ poll_consumer(InboxSub *sub)
 		inbox_drop_messages(sub);
 		sub->rebalanced = false;
 	}
-}
-
-/*
- * Begin a transaction with SPI and a snapshot, for one step.  What the step
- * allocates goes to the loop's context, not SPI's (freed at SPI_finish).
- */
-void
-inbox_begin_step(void)
-{
-	SetCurrentStatementStartTimestamp();
-	StartTransactionCommand();
-	if (SPI_connect() != SPI_OK_CONNECT)
-		elog(ERROR, "SPI_connect failed");
-	PushActiveSnapshot(GetTransactionSnapshot());
-	MemoryContextSwitchTo(inbox_loop_context);
-}
-
-/* Commit the step; back in the loop's context (commit leaves us in Top). */
-void
-inbox_end_step(void)
-{
-	PopActiveSnapshot();
-	SPI_finish();
-	CommitTransactionCommand();
-	MemoryContextSwitchTo(inbox_loop_context);
 }
 
 /*

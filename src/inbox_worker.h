@@ -29,7 +29,7 @@ typedef enum InboxHandlerProblem
 	HANDLER_NO_SCHEMA
 } InboxHandlerProblem;
 
-/* Settings (outbox.inbox_*) */
+/* Settings (outbox.inbox_*), in inbox_state.c */
 extern int	inbox_workers;
 extern char *inbox_database;
 extern char *inbox_brokers;
@@ -47,6 +47,11 @@ extern void inbox_worker_init(void);
 extern PGDLLEXPORT void inbox_launcher_main(Datum main_arg);
 extern PGDLLEXPORT void inbox_worker_main(Datum main_arg);
 extern char *inbox_consumer_properties_check(const char *properties);
+
+/* retention.c: the inbox's retention, run by publisher 0 or an inbox worker */
+extern int	outbox_retention_s;
+extern int	outbox_inbox_retention_s;
+extern int	outbox_retention_batch;
 extern struct _SPI_plan *inbox_retention_prepare(const char *schema);
 extern uint64 inbox_retention_delete(struct _SPI_plan *plan);
 

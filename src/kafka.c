@@ -38,7 +38,8 @@
 #include "utils/timestamp.h"
 
 #include "compat.h"
-#include "outbox.h"
+#include "shmem.h"
+#include "util.h"
 #include "kafka.h"
 
 /* Properties the publisher sets itself; see the file header. */

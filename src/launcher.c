@@ -68,7 +68,8 @@
 
 #include "compat.h"
 #include "launcher.h"
-#include "outbox.h"
+#include "shmem.h"
+#include "util.h"
 
 /* How often the launcher looks at pg_database and its workers. */
 #define LAUNCHER_NAP_MS 1000
@@ -111,8 +112,6 @@ static OutboxDatabase *held_database = NULL;
 
 
 static void outbox_process_utility(OUTBOX_UTILITY_ARGS);
-static bool probe_at_commit = false;
-static bool probe_callback_registered = false;
 
 /* ---------- settings ---------- */
 
@@ -242,54 +241,6 @@ outbox_database_wanted(const char *name, bool istemplate, bool allowconn,
 
 /* ---------- shared state ---------- */
 
-/* The entry of a database, or NULL if the launcher has none for it. */
-OutboxDatabase *
-outbox_database_entry(Oid dboid)
-{
-	static OutboxDatabase *cached = NULL;
-
-	if (outbox_shared == NULL || !OidIsValid(dboid))
-		return NULL;
-	if (cached != NULL && cached->dboid == dboid)
-		return cached;
-	for (int i = 0; i < OUTBOX_MAX_DATABASES; i++)
-	{
-		if (outbox_shared->databases[i].dboid == dboid)
-		{
-			cached = &outbox_shared->databases[i];
-			return cached;
-		}
-	}
-	return NULL;
-}
-
-/*
- * Fill in a background worker of this library that connects to a database:
- * function, type (also its name until the caller sets one) and restart time.
- */
-void
-outbox_bgworker_init(BackgroundWorker *worker, const char *function,
-					 const char *type, int restart_time)
-{
-	memset(worker, 0, sizeof(*worker));
-	worker->bgw_flags = BGWORKER_SHMEM_ACCESS | BGWORKER_BACKEND_DATABASE_CONNECTION;
-	worker->bgw_start_time = BgWorkerStart_RecoveryFinished;
-	worker->bgw_restart_time = restart_time;
-	strlcpy(worker->bgw_library_name, "outbox", BGW_MAXLEN);
-	strlcpy(worker->bgw_function_name, function, BGW_MAXLEN);
-	strlcpy(worker->bgw_type, type, BGW_MAXLEN);
-	strlcpy(worker->bgw_name, type, BGW_MAXLEN);
-}
-
-/* The counters of a database, or NULL if the launcher has no entry for it. */
-OutboxStats *
-outbox_database_stats(Oid dboid)
-{
-	OutboxDatabase *db = outbox_database_entry(dboid);
-
-	return db ? &db->stats : NULL;
-}
-
 /* Ask every worker of a database to exit between two batches. */
 static void
 request_yield(OutboxDatabase *db)
@@ -302,44 +253,6 @@ request_yield(OutboxDatabase *db)
 		if (latch != NULL)
 			SetLatch(latch);
 	}
-}
-
-/* Wake the launcher, if it runs. */
-static void
-wake_launcher(void)
-{
-	Latch	   *latch = outbox_shared->launcher_latch;
-
-	if (latch != NULL)
-		SetLatch(latch);
-}
-
-/* CREATE EXTENSION committed: the launcher probes every database again. */
-static void
-probe_xact_callback(XactEvent event, void *arg)
-{
-	if (event == XACT_EVENT_COMMIT && probe_at_commit && outbox_shared != NULL)
-	{
-		pg_atomic_fetch_add_u32(&outbox_shared->probe_generation, 1);
-		wake_launcher();
-	}
-	if (event == XACT_EVENT_COMMIT || event == XACT_EVENT_ABORT ||
-		event == XACT_EVENT_PREPARE)
-		probe_at_commit = false;
-}
-
-/* Called by CREATE EXTENSION: have this database probed once it commits. */
-void
-outbox_launcher_probe_at_commit(void)
-{
-	if (outbox_shared == NULL)
-		return;
-	if (!probe_callback_registered)
-	{
-		RegisterXactCallback(probe_xact_callback, NULL);
-		probe_callback_registered = true;
-	}
-	probe_at_commit = true;
 }
 
 /* ---------- DROP / ALTER DATABASE ---------- */
@@ -598,7 +511,7 @@ outbox_process_utility(OUTBOX_UTILITY_ARGS)
 		{
 			held_database->held_until = 0;
 			held_database = NULL;
-			wake_launcher();
+			outbox_wake_launcher();
 		}
 	}
 	PG_END_TRY();

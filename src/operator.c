@@ -20,7 +20,8 @@
 
 #include "compat.h"
 #include "launcher.h"
-#include "outbox.h"
+#include "shmem.h"
+#include "util.h"
 
 PG_FUNCTION_INFO_V1(outbox_lock_aggregate);
 PG_FUNCTION_INFO_V1(outbox_wake_on_commit);

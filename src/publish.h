@@ -2,7 +2,7 @@
  *
  * publish.h
  *	  The publisher's private declarations, shared by its modules:
- *	  worker.c (the loop), publish_read.c, publish_stream.c, publish_durable.c,
+ *	  worker.c (the loop), publish_state.c, publish_read.c, publish_stream.c, publish_durable.c,
  *	  publish_produce.c, publish_poison.c, publish_settle.c and
  *	  retention.c.  Nothing outside the publisher includes this.
  *
@@ -19,7 +19,8 @@
 #include "utils/jsonb.h"
 
 #include "kafka.h"
-#include "outbox.h"
+#include "shmem.h"
+#include "util.h"
 
 /* What a batch does with an event. */
 typedef enum EventAction
@@ -152,11 +153,13 @@ typedef struct PendingMarks
 	HTAB	   *busy;			/* ... and those left for a later settling */
 } PendingMarks;
 
-/* worker.c: the loop */
-extern int	outbox_poll_interval_ms;
+/* publish_state.c: this worker's index and slot, below every step */
 extern int	publish_worker_index;
 extern OutboxWorkerSlot *publish_slot;
 extern void publish_set_state(const char *state);
+
+/* worker.c: the loop */
+extern int	outbox_poll_interval_ms;
 extern void publish_process_reload(void);
 extern bool publish_shares_agreed(void);
 extern bool publish_bucket_busy_elsewhere(int bucket);
@@ -318,7 +321,6 @@ extern bool publish_aggregate_ready(BatchAggregate *agg);
 extern bool publish_any_ready(void);
 extern bool publish_flight_reported(void);
 extern int	publish_outstanding(void);
-extern const char *publish_event_destination(BatchEvent *ev);
 extern bool publish_shared_request(Flight *f, int index);
 
 /* publish_poison.c: failures and the poison policy */
@@ -327,6 +329,7 @@ extern int	outbox_poison_policy;
 extern void publish_poison_init(void);
 extern void publish_poison_prepare(const char *schema);
 extern PoisonPolicy publish_poison_policy(BatchEvent *ev);
+extern const char *publish_event_destination(BatchEvent *ev);
 extern void publish_record_failure(BatchEvent *ev, const char *msg);
 extern void publish_note_size_error(BatchEvent *ev, const char *msg);
 extern bool publish_is_size_error(rd_kafka_resp_err_t err);

@@ -23,7 +23,7 @@
  *	  event): a commit made visible with synchronous_commit on was flushed
  *	  before it became visible; an emitting transaction that commits with it
  *	  off is counted in shared memory from its pre-commit until the end of
- *	  its commit record is recorded there (outbox.c), so a read whose
+ *	  its commit record is recorded there (shmem.c), so a read whose
  *	  snapshot sees it flushes that far, or to the end of the WAL while one
  *	  is still counted.  Under a steady load of synchronous emitters the
  *	  publisher then does not flush at all.
@@ -62,7 +62,8 @@
 #include "utils/xid8.h"
 
 #include "compat.h"
-#include "outbox.h"
+#include "shmem.h"
+#include "util.h"
 #include "publish.h"
 
 /* The columns a delta reads, and where they are in the outbox (0-based). */
@@ -163,7 +164,7 @@ delta_row_qsort_cmp(const void *a, const void *b)
  * Raise commits_lsn for the asynchronous emitters the read's snapshot (taken
  * before) may see: the highest end of their commit records, or the end of
  * the WAL now while one is between its pre-commit and that record's end
- * being noted (see outbox.c's count_async_commit).
+ * being noted (see shmem.c's count_async_commit).
  */
 static void
 note_async_emits(void)

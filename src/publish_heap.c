@@ -27,7 +27,8 @@
 #include "utils/rls.h"
 #include "utils/snapmgr.h"
 
-#include "outbox.h"
+#include "shmem.h"
+#include "util.h"
 #include "publish.h"
 
 /* After the event's columns: the one a row read must have NULL. */

@@ -17,7 +17,8 @@
 #include "utils/snapmgr.h"
 
 #include "emit.h"
-#include "outbox.h"
+#include "shmem.h"
+#include "util.h"
 #include "publish.h"
 
 int			outbox_max_attempts = 5;
@@ -136,6 +137,13 @@ publish_poison_policy(BatchEvent *ev)
 	if (strcmp(policy, "skip") == 0)
 		return POISON_SKIP;
 	return POISON_BLOCK;
+}
+
+/* Where an event goes: its topic, or the dead-letter topic. */
+const char *
+publish_event_destination(BatchEvent *ev)
+{
+	return ev->action == EV_DEAD_LETTER ? outbox_dead_letter_topic : ev->topic;
 }
 
 /*

@@ -24,7 +24,8 @@
 #include "utils/timestamp.h"
 
 #include "emit.h"
-#include "outbox.h"
+#include "shmem.h"
+#include "util.h"
 #include "publish.h"
 #include "record_headers.h"
 
@@ -426,13 +427,6 @@ build_headers(BatchEvent *ev)
 		rd_kafka_header_add(hdrs, OUTBOX_HEADER_DEAD_LETTER_ATTEMPTS, -1, attempts, -1);
 	}
 	return hdrs;
-}
-
-/* Where an event goes: its topic, or the dead-letter topic. */
-const char *
-publish_event_destination(BatchEvent *ev)
-{
-	return ev->action == EV_DEAD_LETTER ? outbox_dead_letter_topic : ev->topic;
 }
 
 /*

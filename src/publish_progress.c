@@ -50,7 +50,8 @@
 #include "utils/snapmgr.h"
 
 #include "compat.h"
-#include "outbox.h"
+#include "shmem.h"
+#include "util.h"
 #include "publish.h"
 
 /* The columns of aggregate_publication written or read here. */

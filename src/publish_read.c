@@ -24,7 +24,8 @@
 #include "utils/jsonb.h"
 #include "utils/memutils.h"
 
-#include "outbox.h"
+#include "shmem.h"
+#include "util.h"
 #include "publish.h"
 
 int			outbox_batch_events = 20000;

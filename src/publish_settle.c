@@ -22,7 +22,8 @@
 #include "utils/snapmgr.h"
 #include "utils/timestamp.h"
 
-#include "outbox.h"
+#include "shmem.h"
+#include "util.h"
 #include "publish.h"
 
 static const char *const action_disposition[] = {

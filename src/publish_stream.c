@@ -52,7 +52,8 @@
 #include "utils/memutils.h"
 #include "utils/timestamp.h"
 
-#include "outbox.h"
+#include "shmem.h"
+#include "util.h"
 #include "publish.h"
 
 /* A delta read from the stream, and what it still owes. */

@@ -2,7 +2,10 @@
  *
  * retention.c
  *	  Deleting settled outbox rows past outbox.retention and inbox entries
- *	  past outbox.inbox_retention, in small transactions, by publisher 0.
+ *	  past outbox.inbox_retention, in small transactions, by publisher 0:
+ *	  the settings, the statements and their runs.  Where no publisher
+ *	  runs, inbox worker 0 runs the inbox's (inbox_worker.c schedules it,
+ *	  with inbox_retention_delete).
  *
  *-------------------------------------------------------------------------
  */
@@ -17,7 +20,8 @@
 #include "utils/timestamp.h"
 
 #include "inbox_worker.h"
-#include "outbox.h"
+#include "shmem.h"
+#include "util.h"
 #include "publish.h"
 
 int			outbox_retention_s = 7 * 24 * 3600;
@@ -103,6 +107,45 @@ publish_retention_prepare(const char *s)
 								  3, retention_types);
 
 	inbox_retention_plan = inbox_retention_prepare(s);
+}
+
+/* ---------- the inbox (also run by the inbox workers) ---------- */
+
+/*
+ * The inbox retention statement for the extension in schema s (quoted),
+ * kept; run by inbox_retention_delete().  The publisher's retention uses it
+ * too.  It skips rows locked by others: never waiting, it cannot deadlock.
+ */
+SPIPlanPtr
+inbox_retention_prepare(const char *s)
+{
+	Oid			types[2] = {INT4OID, INT4OID};
+
+	return outbox_keep_plan(psprintf("DELETE FROM %s.inbox i USING ("
+									 "SELECT consumer, event_id FROM %s.inbox "
+									 "WHERE processed_at OPERATOR(pg_catalog.<) "
+									 "(pg_catalog.now() OPERATOR(pg_catalog.-) pg_catalog.make_interval(secs => $1)) "
+									 "ORDER BY processed_at LIMIT $2 FOR UPDATE SKIP LOCKED) x "
+									 "WHERE i.consumer OPERATOR(pg_catalog.=) x.consumer "
+									 "AND i.event_id OPERATOR(pg_catalog.=) x.event_id", s, s),
+							2, types);
+}
+
+/*
+ * Delete up to outbox.retention_batch inbox claims older than
+ * outbox.inbox_retention with a plan of inbox_retention_prepare(); returns
+ * how many.  In a transaction, connected to SPI.
+ */
+uint64
+inbox_retention_delete(SPIPlanPtr plan)
+{
+	Datum		args[2];
+
+	args[0] = Int32GetDatum(outbox_inbox_retention_s);
+	args[1] = Int32GetDatum(outbox_retention_batch);
+	if (SPI_execute_plan(plan, args, NULL, false, 0) != SPI_OK_DELETE)
+		elog(ERROR, "inbox retention failed");
+	return SPI_processed;
 }
 
 /*

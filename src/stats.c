@@ -11,11 +11,12 @@
 #include "fmgr.h"
 #include "funcapi.h"
 #include "miscadmin.h"
+#include "storage/lwlock.h"
 #include "utils/builtins.h"
 #include "utils/float.h"
 
 #include "compat.h"
-#include "launcher.h"
+#include "shmem.h"
 #include "stats.h"
 
 PG_FUNCTION_INFO_V1(outbox_counters);
@@ -85,6 +86,20 @@ outbox_stats_init(OutboxStats *stats, bool found)
 	for (int i = 0; i <= OUTBOX_LATENCY_BUCKETS; i++)
 		pg_atomic_init_u64(&stats->latency[i], 0);
 	pg_atomic_init_u64(&stats->latency_sum_us, 0);
+}
+
+/*
+ * Attach to every database's counters in shared memory (from the shmem
+ * startup hook, after outbox_shmem_startup, found telling whether the
+ * memory existed already).
+ */
+void
+outbox_stats_shmem_startup(bool found)
+{
+	LWLockAcquire(AddinShmemInitLock, LW_EXCLUSIVE);
+	for (int i = 0; i < OUTBOX_MAX_DATABASES; i++)
+		outbox_stats_init(&outbox_shared->databases[i].stats, found);
+	LWLockRelease(AddinShmemInitLock);
 }
 
 /* The counters of this database, or NULL if no publisher serves it. */

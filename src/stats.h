@@ -63,6 +63,7 @@ extern const char *const outbox_counter_names[OC_NUM_COUNTERS];
 extern const double outbox_latency_bounds_ms[OUTBOX_LATENCY_BUCKETS];
 
 extern void outbox_stats_init(OutboxStats *stats, bool found);
+extern void outbox_stats_shmem_startup(bool found);
 extern void outbox_count(OutboxCounter c, uint64 n);
 extern void outbox_observe_latency(int64 usec);
 

@@ -89,7 +89,8 @@
 #include "utils/timestamp.h"
 
 #include "compat.h"
-#include "outbox.h"
+#include "shmem.h"
+#include "util.h"
 #include "publish.h"
 #include "worker.h"
 
@@ -103,8 +104,6 @@
 int			outbox_poll_interval_ms = 1000;
 /* Longest a SIGTERM waits for acknowledgements to settle before dying. */
 int			outbox_shutdown_timeout_ms = 5000;
-int			publish_worker_index;	/* among its database's workers */
-OutboxWorkerSlot *publish_slot;
 
 /* This worker's database entry, from the launcher. */
 static OutboxDatabase *my_database;
@@ -180,16 +179,6 @@ publish_process_reload(void)
 		ProcessConfigFile(PGC_SIGHUP);
 		reloaded_in_batch = true;
 	}
-}
-
-/* Show what this worker does, in outbox_workers() and pg_stat_activity. */
-void
-publish_set_state(const char *state)
-{
-	OutboxWorkerSlot *slot = publish_slot;
-
-	strlcpy(slot->state, state, sizeof(slot->state));
-	pgstat_report_activity(STATE_RUNNING, state);
 }
 
 /*

@@ -24,7 +24,9 @@
 #                          settings and librdkafka's log lines, multiple
 #                          databases, broker outage, crash, fatal producer
 #                          error, leaderless partition, inbox end to end)
-#   OUTBOX_MATRIX_TIMEOUT  seconds a lane may take (default 2400)
+#   OUTBOX_MATRIX_TIMEOUT  seconds a lane may take, packages, build and tests
+#                          (default 720: three times what one takes, so that
+#                          a hung lane cannot hold .ci/run for long)
 #   OUTBOX_APT_MIRROR      Debian mirror (default: this machine's apt's, read
 #                          by test/apt_mirror.sh)
 #
@@ -61,7 +63,7 @@ done
 src=$(cd "$(dirname "$0")/.." && pwd)
 cache=${OUTBOX_MATRIX_CACHE:-/var/cache/outbox-matrix}
 base_cache=${OUTBOX_FRESH_CACHE:-/var/cache/outbox-fresh}
-budget=${OUTBOX_MATRIX_TIMEOUT:-2400}
+budget=${OUTBOX_MATRIX_TIMEOUT:-720}
 tests=${OUTBOX_MATRIX_TESTS:-test/t/001_publish.pl test/t/002_poison.pl test/t/010_kafka_settings.pl test/t/014_multidb.pl test/t/101_brokers_down.pl test/t/104_crash.pl test/t/105_fatal_error.pl test/t/108_leaderless_partition.pl test/t/301_inbox_end_to_end.pl}
 mirror=$("$src/test/apt_mirror.sh") ||
 	{ echo "matrix: no Debian mirror in /etc/apt/sources.list*; set OUTBOX_APT_MIRROR" >&2; exit 2; }

@@ -31,7 +31,8 @@ sub top_used
 	while (time - $t0 < 30)
 	{
 		my $log = slurp_file($node->logfile, $offset);
-		return $1 if $log =~ /\[$pid\] LOG:\s+level: 0; TopMemoryContext: \d+ total in \d+ blocks; \d+ free \(\d+ chunks\); (\d+) used/;
+		# The top context's level is 0 before PostgreSQL 18, 1 from 18.
+		return $1 if $log =~ /\[$pid\] LOG:\s+level: [01]; TopMemoryContext: \d+ total in \d+ blocks; \d+ free \(\d+ chunks\); (\d+) used/;
 		sleep 0.1;
 	}
 	die 'the worker did not log its memory contexts';

@@ -1,19 +1,43 @@
 /*-------------------------------------------------------------------------
  *
- * outbox.h
- *	  Module load (outbox.c): shared memory, advisory lock tags, the
- *	  settings read at server start, and a few helpers every part uses.
+ * shmem.h
+ *	  The extension's shared memory (shmem.c): one struct, OutboxShared,
+ *	  its per-database entries and per-worker slots, and the look-ups and
+ *	  signals every part uses on it.  The bottom of the module graph, with
+ *	  util.c: shmem.c calls no other module of the extension.
+ *
+ * Locking rules.  OutboxShared is created by outbox_shmem_startup() under
+ * AddinShmemInitLock and has no lock of its own afterwards: each field has
+ * one writer, or is an atomic (pg_atomic_*), and readers accept a value
+ * that is a moment old.
+ *
+ *	- databases[]: entries are assigned (dboid set) and freed only by the
+ *	  launcher; held_until by the session running DROP/ALTER DATABASE;
+ *	  inbox_pids and inbox_idle_* by the inbox launcher and workers.
+ *	  Backends only look entries up (outbox_database_entry, which checks
+ *	  the cached entry's dboid at every call).
+ *	- databases[].workers[]: each OutboxWorkerSlot is written by its worker;
+ *	  yield by the launcher; commits_unread and read_scheduled are atomics
+ *	  that committing emitters also touch (outbox_xact_callback), ordered by
+ *	  the barriers documented at the fields.
+ *	- databases[].stats: atomics only (stats.c), initialized again by the
+ *	  launcher when it takes up a database.
+ *	- probe_generation, databases_waiting, async_emits_committing,
+ *	  async_emit_lsn, inject_fatal_error: atomics.
+ *	- launcher_latch: written by the launcher only (set at start, cleared
+ *	  at exit).
+ *
+ * Heavyweight locks are advisory tags in key spaces of our own (util.h).
  *
  *-------------------------------------------------------------------------
  */
-#ifndef OUTBOX_H
-#define OUTBOX_H
+#ifndef OUTBOX_SHMEM_H
+#define OUTBOX_SHMEM_H
 
 #include "postgres.h"
 
 #include "port/atomics.h"
 #include "storage/latch.h"
-#include "storage/lock.h"
 
 #include "stats.h"
 
@@ -24,16 +48,6 @@
 
 /* Inbox workers per database (INBOX_MAX_WORKERS, inbox_worker.h). */
 #define OUTBOX_MAX_INBOX_WORKERS 16
-
-/*
- * Advisory lock key spaces of our own: the fourth field of an advisory
- * LOCKTAG, which the SQL-level advisory lock functions set to 1 or 2 only,
- * so these can never collide with an application's advisory locks.
- * Emitters and the publisher lock the same aggregate in different spaces,
- * so a publisher never makes an emitter wait.
- */
-#define OUTBOX_LOCKSPACE_EMIT		0x4f45	/* "OE" */
-#define OUTBOX_LOCKSPACE_PUBLISH	0x4f50	/* "OP" */
 
 /*
  * The publisher locks buckets of aggregates, not single aggregates, so that
@@ -166,45 +180,15 @@ typedef struct OutboxShared
 
 extern OutboxShared *outbox_shared;
 
-/* Settings of the preloaded publisher (outbox.c) */
-extern char *outbox_database;
-extern char *outbox_role;
-extern int	outbox_workers;
-extern bool outbox_enable_test_hooks;
-
-/* retention.c: the inbox workers run the inbox's where no publisher does */
-extern int	outbox_retention_s;
-extern int	outbox_inbox_retention_s;
-extern int	outbox_retention_batch;
-
-/* What happens to an event that keeps failing (publisher and inbox). */
-typedef enum PoisonPolicy
-{
-	POISON_BLOCK,
-	POISON_DEAD_LETTER,
-	POISON_SKIP
-} PoisonPolicy;
-
-/* A column an insert leaves to its default, and that default (planned). */
-typedef struct OutboxColumnDefault
-{
-	AttrNumber	attnum;
-	struct Expr *expr;
-} OutboxColumnDefault;
-
-/* outbox.c */
+/* shmem.c */
+extern void outbox_shmem_request(void);
+extern bool outbox_shmem_startup(void);
+extern void outbox_worker_slots_init(OutboxWorkerSlot *slots);
+extern OutboxDatabase *outbox_database_entry(Oid dboid);
+extern OutboxStats *outbox_database_stats(Oid dboid);
+extern void outbox_wake_launcher(void);
+extern void outbox_launcher_probe_at_commit(void);
 extern void outbox_note_emit(void);
 extern void outbox_wake_workers(void);
-extern void outbox_worker_slots_init(OutboxWorkerSlot *slots);
-extern struct EState *outbox_simple_estate(struct RelationData *rel, LOCKMODE mode);
-extern int	outbox_column_defaults(struct RelationData *rel, const AttrNumber *set, int nset,
-								   OutboxColumnDefault *defaults);
-extern void outbox_aggregate_locktag(LOCKTAG *tag, const char *aggregate_id,
-									 int len, uint16 space);
-extern void outbox_publish_locktag(LOCKTAG *tag, const char *aggregate_id);
-extern struct _SPI_plan *outbox_keep_plan(const char *query, int nargs,
-										  Oid *argtypes);
-extern struct _SPI_plan *outbox_keep_plan_options(const char *query, int nargs,
-												  Oid *argtypes, int cursor_options);
 
-#endif							/* OUTBOX_H */
+#endif							/* OUTBOX_SHMEM_H */
