@@ -9,14 +9,12 @@
 -- better-matching num_nonnulls(text, text) or =(text, text) that a
 -- superuser's inserts would then run.  So every function, aggregate and
 -- operator in constraints, defaults, index predicates and views is
--- schema-qualified, and so is every function call and operator in function
--- bodies, although bodies are bound at run time under their pinned
--- search_path (pg_catalog, pg_temp), where operators can only resolve to
--- pg_catalog's (pg_temp is never searched for functions and operators): a
--- body stays safe if its pin is ever lost.  Built-in type names need no
--- qualification: a type name matches exactly, and pg_catalog is searched
--- before the target schema (and before pg_temp when bodies run).
--- test/tools/sql_qualified.pl checks all of this (TAP 007).
+-- schema-qualified, and so is every function call in function bodies.
+-- Bodies are also bound at run time under their pinned search_path
+-- (pg_catalog, pg_temp), where operators can only resolve to pg_catalog's
+-- (pg_temp is never searched for functions and operators).  Built-in type
+-- names need no qualification: a type name matches exactly, and pg_catalog
+-- is searched before the target schema.
 
 --
 -- Events written by outbox_emit() in the caller's transaction.
@@ -49,7 +47,7 @@ CREATE TABLE @extschema@.outbox (
 	created_at timestamptz NOT NULL DEFAULT pg_catalog.clock_timestamp(),
 	-- The emitting top-level transaction: the publisher reads the events
 	-- committed since its last read as PgQ does, by the transactions a
-	-- snapshot sees that the previous one did not (docs/architecture.md).
+	-- snapshot sees that the previous one did not (docs/settling.md).
 	txid xid8 NOT NULL DEFAULT pg_catalog.pg_current_xact_id(),
 	-- Whether an event is published is not written per event: its
 	-- aggregate's last_published_version says it (see outbox_pending).
@@ -357,9 +355,10 @@ AS 'MODULE_PATHNAME', 'outbox_check_arg'
 LANGUAGE C IMMUTABLE;
 
 -- Who may claim for a consumer: a consumer listed here only members of its
--- role (checked against current_user, as privileges are: in an inbox
--- handler, the subscribing role).  An unlisted consumer name may be claimed
--- for by any role with EXECUTE on inbox_claim().
+-- role (checked against session_user: a session can always return to it
+-- with RESET ROLE, so SET ROLE neither gains nor loses anything here).  An
+-- unlisted consumer name may be claimed for by any role with EXECUTE on
+-- inbox_claim().
 CREATE TABLE @extschema@.inbox_consumer (
 	consumer text PRIMARY KEY,
 	role name NOT NULL
@@ -371,15 +370,33 @@ COMMENT ON TABLE @extschema@.inbox_consumer IS
 REVOKE ALL ON @extschema@.inbox_consumer FROM PUBLIC;
 SELECT pg_catalog.pg_extension_config_dump('@extschema@.inbox_consumer', '');
 
--- Not SECURITY DEFINER: the claimant is the calling role (current_user; in
--- a handler, the role the inbox worker runs it as), which the C function
--- checks against inbox_consumer before it writes the inbox as the
--- function's owner.
 CREATE FUNCTION @extschema@.inbox_claim(consumer text, event_id text)
 RETURNS boolean
-AS 'MODULE_PATHNAME', 'inbox_claim'
-LANGUAGE C VOLATILE
-SET search_path = pg_catalog, pg_temp;
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	owner name;
+BEGIN
+	PERFORM @extschema@.outbox_check_arg('inbox_claim: consumer', consumer);
+	PERFORM @extschema@.outbox_check_arg('inbox_claim: event_id', event_id);
+	SELECT c.role INTO owner FROM @extschema@.inbox_consumer c WHERE c.consumer = inbox_claim.consumer;
+	IF FOUND AND NOT (EXISTS (SELECT 1 FROM pg_catalog.pg_roles r WHERE r.rolname = owner)
+					  AND pg_catalog.pg_has_role(session_user, owner, 'MEMBER')) THEN
+		RAISE EXCEPTION 'inbox_claim: permission denied to claim for consumer "%"', consumer
+			USING ERRCODE = 'insufficient_privilege',
+			DETAIL = 'Only members of the role it is registered to in inbox_consumer may claim for it.';
+	END IF;
+	-- A concurrent uncommitted claim of the same pair makes this wait: false
+	-- if that transaction commits, true if it aborts.  Under REPEATABLE READ
+	-- or SERIALIZABLE a claim committed after this transaction's snapshot
+	-- is a serialization failure (40001): retry the transaction.
+	INSERT INTO @extschema@.inbox AS i (consumer, event_id)
+		VALUES (inbox_claim.consumer, inbox_claim.event_id)
+		ON CONFLICT DO NOTHING;
+	RETURN FOUND;
+END
+$$;
 
 COMMENT ON FUNCTION @extschema@.inbox_claim(text, text) IS
 'true if this transaction claimed the event for the consumer, false if it was already processed';
@@ -507,8 +524,8 @@ BEGIN
 	PERFORM @extschema@.outbox_lock_aggregate(agg);
 	SELECT p.blocked_version, p.next_attempt_at IS NOT NULL
 	  INTO was_blocked, was_backing_off
-	  FROM @extschema@.aggregate_publication p WHERE p.aggregate_id OPERATOR(pg_catalog.=) agg FOR UPDATE;
-	IF NOT FOUND AND NOT EXISTS (SELECT 1 FROM @extschema@.outbox o WHERE o.aggregate_id OPERATOR(pg_catalog.=) agg) THEN
+	  FROM @extschema@.aggregate_publication p WHERE p.aggregate_id = agg FOR UPDATE;
+	IF NOT FOUND AND NOT EXISTS (SELECT 1 FROM @extschema@.outbox o WHERE o.aggregate_id = agg) THEN
 		RAISE EXCEPTION 'aggregate "%" has no events', agg USING ERRCODE = 'no_data_found';
 	END IF;
 	IF was_blocked IS NULL AND NOT coalesce(was_backing_off, false) THEN
@@ -518,15 +535,15 @@ BEGIN
 	UPDATE @extschema@.aggregate_publication p
 	   SET blocked_version = NULL, blocked_at = NULL, next_attempt_at = NULL,
 		   attempts = 0, catch_up = true, updated_at = pg_catalog.clock_timestamp()
-	 WHERE p.aggregate_id OPERATOR(pg_catalog.=) agg;
+	 WHERE p.aggregate_id = agg;
 	-- A fresh count of attempts before the poison policy applies again.
 	UPDATE @extschema@.outbox o SET attempts = 0
-	 WHERE o.aggregate_id OPERATOR(pg_catalog.=) agg AND o.disposition IS NULL AND o.attempts OPERATOR(pg_catalog.>) 0
-	   AND o.aggregate_version OPERATOR(pg_catalog.>) coalesce((SELECT p.last_published_version
+	 WHERE o.aggregate_id = agg AND o.disposition IS NULL AND o.attempts > 0
+	   AND o.aggregate_version > coalesce((SELECT p.last_published_version
 											 FROM @extschema@.aggregate_publication p
-											WHERE p.aggregate_id OPERATOR(pg_catalog.=) agg), 0);
+											WHERE p.aggregate_id = agg), 0);
 	RAISE LOG 'outbox: % retried aggregate "%"%', session_user, agg,
-		coalesce(' (was blocked at version ' OPERATOR(pg_catalog.||) was_blocked OPERATOR(pg_catalog.||) ')', '');
+		coalesce(' (was blocked at version ' || was_blocked || ')', '');
 	RETURN true;
 END
 $$;
@@ -549,7 +566,7 @@ DECLARE
 	action text := pg_catalog.replace(wanted::text, '_', '-');
 BEGIN
 	PERFORM @extschema@.outbox_check_arg('event_id', event_id);
-	SELECT o.aggregate_id INTO agg FROM @extschema@.outbox o WHERE o.event_id OPERATOR(pg_catalog.=) outbox_pending_event.event_id;
+	SELECT o.aggregate_id INTO agg FROM @extschema@.outbox o WHERE o.event_id = outbox_pending_event.event_id;
 	IF NOT FOUND THEN
 		RAISE EXCEPTION 'event "%" does not exist', event_id USING ERRCODE = 'no_data_found',
 			HINT = 'It may have been deleted by retention (outbox.retention).';
@@ -558,13 +575,13 @@ BEGIN
 	-- Published: at or below its aggregate's last published version.
 	SELECT o.id, o.aggregate_id, o.aggregate_version,
 		   CASE WHEN o.disposition IS NOT NULL THEN o.disposition
-				WHEN o.aggregate_version OPERATOR(pg_catalog.<=) coalesce((SELECT p.last_published_version
+				WHEN o.aggregate_version <= coalesce((SELECT p.last_published_version
 														FROM @extschema@.aggregate_publication p
-													   WHERE p.aggregate_id OPERATOR(pg_catalog.=) o.aggregate_id), 0)
+													   WHERE p.aggregate_id = o.aggregate_id), 0)
 				THEN 'published'::@extschema@.outbox_disposition END
 	  INTO id, aggregate_id, aggregate_version, disposition
-	  FROM @extschema@.outbox o WHERE o.event_id OPERATOR(pg_catalog.=) outbox_pending_event.event_id FOR UPDATE OF o;
-	already := coalesce(disposition OPERATOR(pg_catalog.=) wanted, disposition IS NULL AND wanted IS NULL);
+	  FROM @extschema@.outbox o WHERE o.event_id = outbox_pending_event.event_id FOR UPDATE OF o;
+	already := disposition IS NOT DISTINCT FROM wanted;
 	IF already THEN
 		RAISE NOTICE 'event "%" is already %', event_id, action;
 	ELSIF disposition IS NOT NULL THEN
@@ -621,11 +638,11 @@ BEGIN
 	END IF;
 	UPDATE @extschema@.outbox o
 	   SET disposed_at = pg_catalog.clock_timestamp(), disposition = 'skipped',
-		   last_error = coalesce('skipped by ' OPERATOR(pg_catalog.||) session_user OPERATOR(pg_catalog.||) coalesce(': ' OPERATOR(pg_catalog.||) reason, ''), o.last_error)
-	 WHERE o.id OPERATOR(pg_catalog.=) ev.id;
+		   last_error = coalesce('skipped by ' || session_user || coalesce(': ' || reason, ''), o.last_error)
+	 WHERE o.id = ev.id;
 	PERFORM @extschema@.outbox_settled(ev.aggregate_id, ev.aggregate_version);
 	RAISE LOG 'outbox: % skipped event "%" (aggregate "%" version %)%', session_user,
-		event_id, ev.aggregate_id, ev.aggregate_version, coalesce(': ' OPERATOR(pg_catalog.||) reason, '');
+		event_id, ev.aggregate_id, ev.aggregate_version, coalesce(': ' || reason, '');
 	RETURN true;
 END
 $$;
@@ -645,17 +662,17 @@ BEGIN
 	IF ev.already THEN
 		RETURN false;
 	END IF;
-	IF (SELECT o.dead_letter_requested FROM @extschema@.outbox o WHERE o.id OPERATOR(pg_catalog.=) ev.id) THEN
+	IF (SELECT o.dead_letter_requested FROM @extschema@.outbox o WHERE o.id = ev.id) THEN
 		RAISE NOTICE 'event "%" is already queued for the dead-letter topic', event_id;
 		RETURN false;
 	END IF;
-	UPDATE @extschema@.outbox o SET dead_letter_requested = true WHERE o.id OPERATOR(pg_catalog.=) ev.id;
+	UPDATE @extschema@.outbox o SET dead_letter_requested = true WHERE o.id = ev.id;
 	-- The publisher sends it to the dead-letter topic next, then goes on.
 	PERFORM @extschema@.outbox_catch_up(ev.aggregate_id);
 	UPDATE @extschema@.aggregate_publication p
 	   SET blocked_version = NULL, blocked_at = NULL, next_attempt_at = NULL,
 		   updated_at = pg_catalog.clock_timestamp()
-	 WHERE p.aggregate_id OPERATOR(pg_catalog.=) ev.aggregate_id AND p.blocked_version OPERATOR(pg_catalog.=) ev.aggregate_version;
+	 WHERE p.aggregate_id = ev.aggregate_id AND p.blocked_version = ev.aggregate_version;
 	RAISE LOG 'outbox: % sent event "%" (aggregate "%" version %) to the dead-letter topic',
 		session_user, event_id, ev.aggregate_id, ev.aggregate_version;
 	RETURN true;
@@ -677,24 +694,24 @@ DECLARE
 	n bigint;
 BEGIN
 	PERFORM @extschema@.outbox_check_arg('aggregate_id', agg);
-	IF from_version IS NULL OR from_version OPERATOR(pg_catalog.<) 1 THEN
+	IF from_version IS NULL OR from_version < 1 THEN
 		RAISE EXCEPTION 'from_version must be a version, 1 or more' USING ERRCODE = 'invalid_parameter_value';
 	END IF;
 	PERFORM @extschema@.outbox_lock_aggregate(agg);
 	SELECT pg_catalog.min(o.aggregate_version), pg_catalog.max(o.aggregate_version) INTO lo, hi
-	  FROM @extschema@.outbox o WHERE o.aggregate_id OPERATOR(pg_catalog.=) agg;
+	  FROM @extschema@.outbox o WHERE o.aggregate_id = agg;
 	IF hi IS NULL THEN
 		RAISE EXCEPTION 'aggregate "%" has no events', agg USING ERRCODE = 'no_data_found';
-	ELSIF from_version OPERATOR(pg_catalog.>) hi THEN
+	ELSIF from_version > hi THEN
 		RAISE EXCEPTION 'aggregate "%" has no version % (its last is %)', agg, from_version, hi
 			USING ERRCODE = 'invalid_parameter_value';
-	ELSIF from_version OPERATOR(pg_catalog.<) lo AND EXISTS (SELECT 1 FROM @extschema@.aggregate_publication p
-										 WHERE p.aggregate_id OPERATOR(pg_catalog.=) agg AND p.last_published_version OPERATOR(pg_catalog.>=) from_version) THEN
+	ELSIF from_version < lo AND EXISTS (SELECT 1 FROM @extschema@.aggregate_publication p
+										 WHERE p.aggregate_id = agg AND p.last_published_version >= from_version) THEN
 		-- Retention may have deleted them, or they never existed (explicit
 		-- versions may start anywhere and leave gaps): nothing tells which.
 		RAISE EXCEPTION 'aggregate "%" has no % in the outbox', agg,
-			CASE WHEN from_version OPERATOR(pg_catalog.=) (lo OPERATOR(pg_catalog.-) 1) THEN 'version ' OPERATOR(pg_catalog.||) from_version
-				 ELSE 'versions ' OPERATOR(pg_catalog.||) from_version OPERATOR(pg_catalog.||) ' to ' OPERATOR(pg_catalog.||) (lo OPERATOR(pg_catalog.-) 1) END
+			CASE WHEN from_version = lo - 1 THEN 'version ' || from_version
+				 ELSE 'versions ' || from_version || ' to ' || (lo - 1) END
 			USING ERRCODE = 'object_not_in_prerequisite_state',
 			DETAIL = pg_catalog.format('Its first retained version is %s; earlier versions were deleted by retention or never emitted.', lo),
 			HINT = pg_catalog.format('Replay from version %s to publish every retained version again.', lo);
@@ -702,20 +719,20 @@ BEGIN
 	-- The settled events from that version on: published ones (at or below
 	-- last_published_version) and disposed ones.
 	SELECT pg_catalog.count(*) INTO n FROM @extschema@.outbox o
-	 WHERE o.aggregate_id OPERATOR(pg_catalog.=) agg AND o.aggregate_version OPERATOR(pg_catalog.>=) from_version
+	 WHERE o.aggregate_id = agg AND o.aggregate_version >= from_version
 	   AND (o.disposition IS NOT NULL
-			OR o.aggregate_version OPERATOR(pg_catalog.<=) coalesce((SELECT p.last_published_version
+			OR o.aggregate_version <= coalesce((SELECT p.last_published_version
 												  FROM @extschema@.aggregate_publication p
-												 WHERE p.aggregate_id OPERATOR(pg_catalog.=) agg), 0));
+												 WHERE p.aggregate_id = agg), 0));
 	UPDATE @extschema@.outbox o
 	   SET disposition = NULL, disposed_at = NULL, attempts = 0, dead_letter_requested = false
-	 WHERE o.aggregate_id OPERATOR(pg_catalog.=) agg AND o.aggregate_version OPERATOR(pg_catalog.>=) from_version
-	   AND (o.disposition IS NOT NULL OR o.attempts OPERATOR(pg_catalog.<>) 0 OR o.dead_letter_requested);
+	 WHERE o.aggregate_id = agg AND o.aggregate_version >= from_version
+	   AND (o.disposition IS NOT NULL OR o.attempts <> 0 OR o.dead_letter_requested);
 	UPDATE @extschema@.aggregate_publication p
-	   SET last_published_version = LEAST(p.last_published_version, from_version OPERATOR(pg_catalog.-) 1),
+	   SET last_published_version = LEAST(p.last_published_version, from_version - 1),
 		   blocked_version = NULL, blocked_at = NULL, next_attempt_at = NULL, attempts = 0,
 		   catch_up = true, updated_at = pg_catalog.clock_timestamp()
-	 WHERE p.aggregate_id OPERATOR(pg_catalog.=) agg;
+	 WHERE p.aggregate_id = agg;
 	RAISE LOG 'outbox: % replays aggregate "%" from version % (% events queued again)',
 		session_user, agg, from_version, n;
 	RETURN n;
@@ -746,8 +763,8 @@ BEGIN
 	END IF;
 	PERFORM @extschema@.outbox_check_arg('aggregate_id', agg);
 	PERFORM @extschema@.outbox_lock_aggregate(agg);
-	IF NOT EXISTS (SELECT 1 FROM @extschema@.outbox o WHERE o.aggregate_id OPERATOR(pg_catalog.=) agg)
-	   AND NOT EXISTS (SELECT 1 FROM @extschema@.aggregate_publication p WHERE p.aggregate_id OPERATOR(pg_catalog.=) agg) THEN
+	IF NOT EXISTS (SELECT 1 FROM @extschema@.outbox o WHERE o.aggregate_id = agg)
+	   AND NOT EXISTS (SELECT 1 FROM @extschema@.aggregate_publication p WHERE p.aggregate_id = agg) THEN
 		RAISE EXCEPTION 'aggregate "%" has no events', agg USING ERRCODE = 'no_data_found';
 	END IF;
 	INSERT INTO @extschema@.aggregate_publication AS p (aggregate_id, paused, updated_at)
@@ -791,12 +808,12 @@ BEGIN
 	-- What it emitted while paused is read by index.
 	UPDATE @extschema@.aggregate_publication p
 	   SET paused = false, catch_up = true, updated_at = pg_catalog.clock_timestamp()
-	 WHERE p.aggregate_id OPERATOR(pg_catalog.=) agg AND p.paused;
+	 WHERE p.aggregate_id = agg AND p.paused;
 	changed := FOUND;
 	IF changed THEN
 		RAISE LOG 'outbox: % resumed aggregate "%"', session_user, agg;
-	ELSIF NOT EXISTS (SELECT 1 FROM @extschema@.aggregate_publication p WHERE p.aggregate_id OPERATOR(pg_catalog.=) agg)
-		  AND NOT EXISTS (SELECT 1 FROM @extschema@.outbox o WHERE o.aggregate_id OPERATOR(pg_catalog.=) agg) THEN
+	ELSIF NOT EXISTS (SELECT 1 FROM @extschema@.aggregate_publication p WHERE p.aggregate_id = agg)
+		  AND NOT EXISTS (SELECT 1 FROM @extschema@.outbox o WHERE o.aggregate_id = agg) THEN
 		RAISE EXCEPTION 'aggregate "%" has no events', agg USING ERRCODE = 'no_data_found';
 	END IF;
 	RETURN changed;
@@ -973,15 +990,14 @@ CREATE TYPE @extschema@.inbox_message AS (
 	kafka_timestamp timestamptz
 );
 
--- One row per consumer: a Kafka consumer group, 'outbox.inbox.<system
--- identifier>.<database oid>.<consumer>' (unique to this cluster and database).
+-- One row per consumer: a Kafka consumer group ('outbox.inbox.' || consumer).
 CREATE TABLE @extschema@.inbox_subscription (
 	consumer text PRIMARY KEY,
 	topics text[] NOT NULL,
 	handler regprocedure NOT NULL,
 	-- The role that subscribed: the handler runs as this role.
 	owner regrole NOT NULL,
-	created_at timestamptz NOT NULL DEFAULT pg_catalog.now()
+	created_at timestamptz NOT NULL DEFAULT now()
 );
 
 -- Per consumer and partition: where to resume, and what happened there.
@@ -1012,7 +1028,7 @@ CREATE TABLE @extschema@.inbox_offset (
 	accept_gap boolean NOT NULL DEFAULT false,
 	-- Set by inbox_skip(): the worker drops the message at next_offset.
 	skip_requested boolean NOT NULL DEFAULT false,
-	updated_at timestamptz NOT NULL DEFAULT pg_catalog.clock_timestamp(),
+	updated_at timestamptz NOT NULL DEFAULT clock_timestamp(),
 	PRIMARY KEY (consumer, topic, "partition")
 );
 
@@ -1028,7 +1044,7 @@ CREATE TABLE @extschema@.inbox_aggregate (
 	consumer text NOT NULL,
 	aggregate_id text NOT NULL,
 	last_version bigint NOT NULL,
-	updated_at timestamptz NOT NULL DEFAULT pg_catalog.clock_timestamp(),
+	updated_at timestamptz NOT NULL DEFAULT clock_timestamp(),
 	PRIMARY KEY (consumer, aggregate_id)
 );
 
@@ -1044,25 +1060,11 @@ CREATE TABLE @extschema@.inbox_dead_letter (
 	message @extschema@.inbox_message NOT NULL,
 	error text,
 	attempts integer NOT NULL,
-	dead_lettered_at timestamptz NOT NULL DEFAULT pg_catalog.clock_timestamp()
+	dead_lettered_at timestamptz NOT NULL DEFAULT clock_timestamp()
 );
 
 REVOKE ALL ON @extschema@.inbox_subscription, @extschema@.inbox_offset,
 	@extschema@.inbox_aggregate, @extschema@.inbox_dead_letter FROM PUBLIC;
-
--- Per consumer and inbox worker: its Kafka connection (running,
--- disconnected or error), written by the worker when it changes
--- (src/inbox_consumer.c).  Unlogged: a crash restart forgets it.
-CREATE UNLOGGED TABLE @extschema@.inbox_consumer_state (
-	consumer text NOT NULL,
-	worker integer NOT NULL,
-	state text NOT NULL,
-	last_error text,
-	since timestamptz NOT NULL,
-	PRIMARY KEY (consumer, worker)
-);
-
-REVOKE ALL ON @extschema@.inbox_consumer_state FROM PUBLIC;
 
 SELECT pg_catalog.pg_extension_config_dump('@extschema@.inbox_subscription', '');
 SELECT pg_catalog.pg_extension_config_dump('@extschema@.inbox_offset', '');
@@ -1104,9 +1106,8 @@ BEGIN
 	PERFORM @extschema@.outbox_check_arg('consumer', consumer);
 	PERFORM @extschema@.outbox_check_arg('topic', topic);
 	SELECT * INTO r FROM @extschema@.inbox_offset o
-	 WHERE o.consumer OPERATOR(pg_catalog.=) inbox_partition.consumer
-	   AND o.topic OPERATOR(pg_catalog.=) inbox_partition.topic
-	   AND o."partition" OPERATOR(pg_catalog.=) inbox_partition."partition"
+	 WHERE o.consumer = inbox_partition.consumer AND o.topic = inbox_partition.topic
+	   AND o."partition" = inbox_partition."partition"
 	   FOR UPDATE;
 	IF NOT FOUND THEN
 		RAISE EXCEPTION 'consumer "%" has no partition % of topic "%"', consumer, "partition", topic
@@ -1131,9 +1132,8 @@ BEGIN
 	END IF;
 	UPDATE @extschema@.inbox_offset o
 	   SET attempts = 0, next_attempt_at = NULL, blocked_at = NULL, blocked_reason = NULL,
-		   accept_gap = coalesce(r.blocked_reason OPERATOR(pg_catalog.~~) 'gap:%', false),
-		   updated_at = pg_catalog.clock_timestamp()
-	 WHERE (o.consumer, o.topic, o."partition") OPERATOR(pg_catalog.=) (r.consumer, r.topic, r."partition");
+		   accept_gap = r.blocked_reason LIKE 'gap:%', updated_at = clock_timestamp()
+	 WHERE (o.consumer, o.topic, o."partition") = (r.consumer, r.topic, r."partition");
 	RAISE LOG 'outbox: % retried partition % of topic "%" for consumer "%" at offset %',
 		session_user, "partition", topic, consumer, r.next_offset;
 	RETURN true;
@@ -1158,8 +1158,8 @@ BEGIN
 	END IF;
 	UPDATE @extschema@.inbox_offset o
 	   SET attempts = 0, next_attempt_at = NULL, blocked_at = NULL, blocked_reason = NULL,
-		   skip_requested = true, updated_at = pg_catalog.clock_timestamp()
-	 WHERE (o.consumer, o.topic, o."partition") OPERATOR(pg_catalog.=) (r.consumer, r.topic, r."partition");
+		   skip_requested = true, updated_at = clock_timestamp()
+	 WHERE (o.consumer, o.topic, o."partition") = (r.consumer, r.topic, r."partition");
 	RAISE LOG 'outbox: % skipped offset % of partition % of topic "%" for consumer "%"',
 		session_user, r.next_offset, "partition", topic, consumer;
 	RETURN true;
@@ -1171,30 +1171,21 @@ COMMENT ON FUNCTION @extschema@.inbox_skip(text, text, integer) IS
 
 CREATE VIEW @extschema@.inbox_status AS
 SELECT o.consumer, o.topic, o."partition",
-	   o.high_watermark OPERATOR(pg_catalog.-) o.next_offset AS lag,
+	   o.high_watermark - o.next_offset AS lag,
 	   o.next_offset, o.high_watermark,
 	   o.last_applied_offset, o.last_applied_at,
 	   o.applied, o.duplicates, o.gaps, o.errors, o.dead_lettered, o.skipped,
 	   CASE WHEN s.consumer IS NULL THEN 'unsubscribed'
 			WHEN o.blocked_at IS NOT NULL THEN 'blocked'
-			WHEN k.state IS NOT NULL THEN k.state
 			WHEN o.next_attempt_at IS NOT NULL THEN 'backing_off'
 			ELSE 'running' END AS state,
 	   o.attempts, o.last_error, o.blocked_at, o.blocked_reason, o.next_attempt_at,
-	   o.updated_at,
-	   k.last_error AS kafka_error, k.since AS kafka_error_since
+	   o.updated_at
   FROM @extschema@.inbox_offset o
-  LEFT JOIN @extschema@.inbox_subscription s ON s.consumer OPERATOR(pg_catalog.=) o.consumer
-  -- The consumer's worst Kafka condition, if any worker has one.
-  LEFT JOIN LATERAL (
-	SELECT c.state, c.last_error, c.since FROM @extschema@.inbox_consumer_state c
-	 WHERE c.consumer OPERATOR(pg_catalog.=) o.consumer
-	   AND c.state OPERATOR(pg_catalog.<>) 'running'
-	 ORDER BY c.state OPERATOR(pg_catalog.=) 'error' DESC, c.since
-	 LIMIT 1) k ON s.consumer IS NOT NULL;
+  LEFT JOIN @extschema@.inbox_subscription s USING (consumer);
 
 COMMENT ON VIEW @extschema@.inbox_status IS
-'per consumer and partition: lag to the high watermark, last applied, duplicates, gaps, errors, state (including the consumer''s Kafka connection: disconnected, error)';
+'per consumer and partition: lag to the high watermark, last applied, duplicates, gaps, errors, state';
 
 REVOKE ALL ON FUNCTION
 	@extschema@.inbox_subscribe(text, text[], regprocedure),

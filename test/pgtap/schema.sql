@@ -10,12 +10,12 @@ SELECT plan(193);
 -- Extension
 
 SELECT has_extension('ob', 'outbox', 'outbox is installed in schema ob');
-SELECT is((SELECT extversion FROM pg_extension WHERE extname = 'outbox'), '0.1.0',
-          'the installed version is 0.1.0');
+SELECT is((SELECT extversion FROM pg_extension WHERE extname = 'outbox'), '0.2.0',
+          'the installed version is 0.2.0');
 SELECT is((SELECT extrelocatable FROM pg_extension WHERE extname = 'outbox'), false,
           'the extension is not relocatable');
 SELECT is((SELECT superuser FROM pg_available_extension_versions
-            WHERE name = 'outbox' AND version = '0.1.0'), true,
+            WHERE name = 'outbox' AND version = '0.2.0'), true,
           'installing the extension requires a superuser');
 SELECT throws_ok('ALTER EXTENSION outbox SET SCHEMA public', '0A000',
                  'extension "outbox" does not support SET SCHEMA',
