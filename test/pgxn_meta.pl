@@ -1,7 +1,7 @@
 #!/usr/bin/perl
 #
 # test/pgxn_meta.pl [META.json]: checks a META.json against the PGXN Meta
-# Spec 1.0 (https://pgxn.org/spec/: the required keys, each key's type and
+# Spec 1.0 (the required keys, each key's type and
 # form, SemVer versions, the license names, terms and tags, custom keys only
 # as x_*), and against this tree: the versions equal outbox.control's
 # default_version, each provided extension's file and docfile exist.
