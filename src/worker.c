@@ -103,7 +103,7 @@
 
 int			outbox_poll_interval_ms = 1000;
 /* Longest a SIGTERM waits for acknowledgements to settle before dying. */
-int			outbox_shutdown_timeout_ms = 5000;
+static int	outbox_shutdown_timeout_ms = 5000;
 
 /* This worker's database entry, from the launcher. */
 static OutboxDatabase *my_database;
