@@ -24,6 +24,11 @@
 #                          settings and librdkafka's log lines, multiple
 #                          databases, broker outage, crash, fatal producer
 #                          error, leaderless partition, inbox end to end)
+#   OUTBOX_MATRIX_SUITES   the suites (default: regress isolation pgtap tap)
+#   OUTBOX_MATRIX_REAL_KAFKA  set: install Java and Maven in the chroot too, for
+#                          the real-Kafka TAP files (test/t/2*_real_*.pl,
+#                          304_inbox_real.pl, 311_inbox_real_restart.pl)
+#   OUTBOX_MATRIX_KEEP     set: keep the logs of a lane that passed
 #   OUTBOX_MATRIX_TIMEOUT  seconds a lane may take, packages, build and tests
 #                          (default 720: three times what one takes, so that
 #                          a hung lane cannot hold .ci/run for long)
@@ -64,6 +69,9 @@ src=$(cd "$(dirname "$0")/.." && pwd)
 cache=${OUTBOX_MATRIX_CACHE:-/var/cache/outbox-matrix}
 base_cache=${OUTBOX_FRESH_CACHE:-/var/cache/outbox-fresh}
 budget=${OUTBOX_MATRIX_TIMEOUT:-720}
+suites=${OUTBOX_MATRIX_SUITES:-regress isolation pgtap tap}
+deps_flag=--mock-only
+[ -n "${OUTBOX_MATRIX_REAL_KAFKA:-}" ] && deps_flag=
 tests=${OUTBOX_MATRIX_TESTS:-test/t/001_publish.pl test/t/002_poison.pl test/t/010_kafka_settings.pl test/t/014_multidb.pl test/t/101_brokers_down.pl test/t/104_crash.pl test/t/105_fatal_error.pl test/t/108_leaderless_partition.pl test/t/301_inbox_end_to_end.pl}
 mirror=$("$src/test/apt_mirror.sh") ||
 	{ echo "matrix: no Debian mirror in /etc/apt/sources.list*; set OUTBOX_APT_MIRROR" >&2; exit 2; }
@@ -174,16 +182,17 @@ run_lane() {	# run_lane SUITE MAJOR
 	say "lane $suite: PostgreSQL $major, $what, TAP: $tests"
 	timeout --kill-after=30 "$budget" chroot "$dir" /usr/bin/env -i HOME=/root TERM=dumb \
 		PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
-		PROVE_TESTS="$tests" MAJOR="$major" bash -c '
+		PROVE_TESTS="$tests" MAJOR="$major" SUITES="$suites" DEPS_FLAG="$deps_flag" \
+		MAKEFLAGS="PROVE_FLAGS=--timer" bash -c '
 			set -e
 			cd /root/outbox
-			bash .ci/install-deps --mock-only "$MAJOR"
+			bash .ci/install-deps $DEPS_FLAG "$MAJOR"
 			export PATH=/usr/lib/postgresql/$MAJOR/bin:$PATH
 			echo "build: $(pg_config --version), $(gcc --version | head -n 1), librdkafka $(dpkg-query -W -f="\${Version}" librdkafka1)"
 			make -s clean >/dev/null
 			make -s COPT=-Werror
 			make -s install
-			bash test/run_tests.sh regress isolation pgtap tap
+			bash test/run_tests.sh $SUITES
 		' >"$logs/$suite.log" 2>&1
 	rc=$?
 	versions="$(chroot "$dir" dpkg-query -W -f='PostgreSQL ${Version}, ' "postgresql-$major" 2>/dev/null)"
@@ -206,7 +215,7 @@ for lane in "${lanes[@]}"; do
 	rc=$?
 	took=$(($(date +%s) - t0))
 	if [ "$rc" = 0 ]; then
-		line="lane $lane ($versions): PASS ($took s; regress, isolation, pgTAP, $(wc -w <<<"$tests") TAP files)"
+		line="lane $lane ($versions): PASS ($took s; suites: $suites; $(wc -w <<<"$tests") TAP files)"
 	else
 		verdict=1
 		[ -f "$logs/$lane.log" ] && tail -n 80 "$logs/$lane.log"
@@ -218,6 +227,6 @@ for lane in "${lanes[@]}"; do
 done
 echo
 printf '%s\n' "${summary[@]}"
-[ "$verdict" = 0 ] && rm -rf "$logs"
+[ "$verdict" = 0 ] && [ -z "${OUTBOX_MATRIX_KEEP:-}" ] && rm -rf "$logs"
 exit "$verdict"
 }
