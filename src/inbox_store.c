@@ -60,6 +60,11 @@ static SPIPlanPtr offset_lock_plan,
 
 /* ---------- plans ---------- */
 
+/* The row of inbox_offset of partition ($1 consumer, $2 topic, $3 partition). */
+#define PARTITION_ROW \
+	"WHERE o.consumer OPERATOR(pg_catalog.=) $1 AND o.topic OPERATOR(pg_catalog.=) $2 " \
+	"AND o.\"partition\" OPERATOR(pg_catalog.=) $3"
+
 /*
  * Find the extension and prepare the plans (again if it moved); false if it
  * is not installed.  Called inside a transaction, connected to SPI.
@@ -110,18 +115,14 @@ inbox_prepare_plans(void)
 	offset_lock_plan = outbox_keep_plan(psprintf(
 										  "SELECT o.next_offset, o.attempts, o.last_error, o.next_attempt_at, "
 										  "o.blocked_at, o.blocked_reason, o.accept_gap, o.skip_requested "
-										  "FROM %s.inbox_offset o WHERE o.consumer OPERATOR(pg_catalog.=) $1 "
-										  "AND o.topic OPERATOR(pg_catalog.=) $2 "
-										  "AND o.\"partition\" OPERATOR(pg_catalog.=) $3 FOR UPDATE", s), 3, t3);
+										  "FROM %s.inbox_offset o " PARTITION_ROW " FOR UPDATE", s), 3, t3);
 	offset_insert_plan = outbox_keep_plan(psprintf(
 											"INSERT INTO %s.inbox_offset (consumer, topic, \"partition\") "
 											"VALUES ($1, $2, $3) ON CONFLICT DO NOTHING", s), 3, t3);
 	inbox_offset_read_plan = outbox_keep_plan(psprintf(
 										  "SELECT o.next_offset, o.blocked_at IS NULL AND "
 										  "(o.next_attempt_at IS NULL OR o.next_attempt_at OPERATOR(pg_catalog.<=) pg_catalog.now()) "
-										  "FROM %s.inbox_offset o WHERE o.consumer OPERATOR(pg_catalog.=) $1 "
-										  "AND o.topic OPERATOR(pg_catalog.=) $2 "
-										  "AND o.\"partition\" OPERATOR(pg_catalog.=) $3", s), 3, t3);
+										  "FROM %s.inbox_offset o " PARTITION_ROW, s), 3, t3);
 	offset_update_plan = outbox_keep_plan(psprintf(
 											"UPDATE %s.inbox_offset o SET next_offset = $4, high_watermark = $5, "
 											"last_applied_offset = coalesce($6, o.last_applied_offset), "
@@ -134,8 +135,7 @@ inbox_prepare_plans(void)
 											"skipped = o.skipped OPERATOR(pg_catalog.+) $12, attempts = $13, last_error = $14, "
 											"next_attempt_at = $15, blocked_at = $16, blocked_reason = $17, "
 											"accept_gap = $18, skip_requested = $19, updated_at = pg_catalog.clock_timestamp() "
-											"WHERE o.consumer OPERATOR(pg_catalog.=) $1 AND o.topic OPERATOR(pg_catalog.=) $2 "
-											"AND o.\"partition\" OPERATOR(pg_catalog.=) $3",
+											PARTITION_ROW,
 											s), lengthof(tupd), tupd);
 	agg_read_plan = outbox_keep_plan(psprintf(
 									   "SELECT a.aggregate_id, a.last_version, a.ctid FROM %s.inbox_aggregate a "
@@ -148,7 +148,7 @@ inbox_prepare_plans(void)
 	 * the generic plan.  A row updated meanwhile is followed to its new
 	 * version, or not returned (then upserted).
 	 */
-	agg_update_plan = SPI_prepare_cursor(psprintf(
+	agg_update_plan = outbox_keep_plan_options(psprintf(
 												  "UPDATE %s.inbox_aggregate a SET last_version = GREATEST(a.last_version, u.v), "
 												  "updated_at = pg_catalog.clock_timestamp() "
 												  "FROM ROWS FROM (pg_catalog.unnest($2), pg_catalog.unnest($3), pg_catalog.unnest($4)) AS u(t, id, v) "
@@ -156,9 +156,6 @@ inbox_prepare_plans(void)
 												  "AND a.aggregate_id OPERATOR(pg_catalog.=) u.id "
 												  "RETURNING a.aggregate_id", s),
 										 lengthof(tupdagg), tupdagg, CURSOR_OPT_GENERIC_PLAN);
-	if (agg_update_plan == NULL)
-		elog(ERROR, "SPI_prepare_cursor failed: %s", SPI_result_code_string(SPI_result));
-	SPI_keepplan(agg_update_plan);
 	/*
 	 * No ON CONFLICT: the version check has dropped the duplicates of
 	 * published events, those within the batch are dropped before, and a
