@@ -120,23 +120,43 @@ sub mock_setup
 	return $mk;
 }
 
-# The usual start of a test: a mock cluster (options brokers, topics,
-# max_seconds, mock_cmds as for mock_setup) and a node on it made by
+# The usual start of a test: a Kafka cluster and a node on it made by
 # make_node (default outbox_node) with every other option as its settings.
-# Returns ($node, $mk).
+# The cluster is the mock (options brokers, topics, max_seconds, mock_cmds
+# as for mock_setup) or, with kafka => 'real', a real one (RealTest's
+# real_cluster: options brokers, topics, max_seconds; sasl => MECHANISM
+# starts it with SASL and logs the publisher in with that mechanism's user).
+# Returns ($node, $cluster).
 sub outbox_setup
 {
 	my ($name, %opts) = @_;
-	my %mock = (name => $name);
+	my $kafka = delete $opts{kafka} // 'mock';
+	my %cluster;
 
-	for my $k (qw(brokers topics max_seconds mock_cmds))
+	for my $k (qw(brokers topics max_seconds mock_cmds sasl))
 	{
-		$mock{$k} = delete $opts{$k} if exists $opts{$k};
+		$cluster{$k} = delete $opts{$k} if exists $opts{$k};
 	}
 	my $make_node = delete $opts{make_node} // \&outbox_node;
-	my $mk = mock_setup(%mock);
-	my $node = $make_node->($name, $mk, %opts);
-	return ($node, $mk);
+	my ($cl, %conf);
+	if ($kafka eq 'real')
+	{
+		require RealTest;
+		my $sasl = delete $cluster{sasl};
+		$cl = RealTest::real_cluster(%cluster, $sasl ? (sasl => 1) : ());
+		%conf = $cl->outbox_conf($sasl ? (sasl => $sasl) : ());
+	}
+	elsif ($kafka eq 'mock')
+	{
+		die "outbox_setup: sasl needs kafka => 'real'" if exists $cluster{sasl};
+		$cl = mock_setup(name => $name, %cluster);
+	}
+	else
+	{
+		die "outbox_setup: kafka must be 'mock' or 'real', not '$kafka'";
+	}
+	my $node = $make_node->($name, $cl, %conf, %opts);
+	return ($node, $cl);
 }
 
 # One query's result in database "postgres" of the node outbox_node made

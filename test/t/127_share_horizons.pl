@@ -22,13 +22,10 @@ use PostgreSQL::Test::Utils;
 use Test::More;
 use Time::HiRes qw(time sleep);
 
-use MockKafka;
 use OutboxTest;
 
 my $dir = $PostgreSQL::Test::Utils::tmp_check;
-mkdir "$dir/mock";
-my $mk = MockKafka->start(dir => "$dir/mock", brokers => 1, max_seconds => 300);
-my $node = outbox_node('shares', $mk, workers => 2);
+my ($node, $mk) = outbox_setup('shares', workers => 2);
 
 # The pid of publisher $w, once it runs.
 sub worker_pid

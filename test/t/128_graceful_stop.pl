@@ -15,14 +15,11 @@ use PostgreSQL::Test::Utils;
 use Test::More;
 use Time::HiRes qw(time sleep);
 
-use MockKafka;
 use OutboxTest;
 
-my $dir = $PostgreSQL::Test::Utils::tmp_check;
-mkdir "$dir/mock";
-my $mk = MockKafka->start(dir => "$dir/mock", brokers => 3, max_seconds => 300);
 my $topic = 'outbox.event.stop';
-my $node = outbox_node('stop', $mk, shutdown_timeout => '2s');
+my $dir = $PostgreSQL::Test::Utils::tmp_check;
+my ($node, $mk) = outbox_setup('stop', brokers => 3, shutdown_timeout => '2s');
 
 # The running publisher's pid (waits for one other than $not, if given).
 sub worker_pid

@@ -19,15 +19,11 @@ use Test::More;
 use Time::HiRes qw(time sleep);
 
 use FaultTest;
-use MockKafka;
 use OutboxTest;
 
 my $restarts = $ENV{OUTBOX_FAULT_RESTARTS} // 5;
 
-my $dir = $PostgreSQL::Test::Utils::tmp_check;
-mkdir "$dir/mock";
-my $mk = MockKafka->start(dir => "$dir/mock", brokers => 3, max_seconds => 300);
-my $node = outbox_node('fastrestart', $mk, fault_conf(), workers => 2);
+my ($node, $mk) = outbox_setup('fastrestart', brokers => 3, fault_conf(), workers => 2);
 quiet_statements($node);
 $mk->cmd('rtt all 20');
 

@@ -26,15 +26,13 @@ use Time::HiRes qw(time sleep);
 
 use FaultTest;
 use InboxTest;
-use MockKafka;
 use OutboxTest;
 
-my $dir = $PostgreSQL::Test::Utils::tmp_check;
-mkdir "$dir/mock";
-my $mk = MockKafka->start(dir => "$dir/mock", brokers => 3, max_seconds => 600);
 # (OUTBOX_FAILOVER_CONFIRMATIONS=0 shows what the setting prevents.)
 my $confirmations = $ENV{OUTBOX_FAILOVER_CONFIRMATIONS} // -1;
-my $old = inbox_node('old_primary', $mk, fault_conf(), standby_confirmations => $confirmations);
+my $dir = $PostgreSQL::Test::Utils::tmp_check;
+my ($old, $mk) = inbox_setup('old_primary', brokers => 3, max_seconds => 600,
+	fault_conf(), standby_confirmations => $confirmations);
 $old->append_conf('postgresql.conf', q{
 wal_level = replica
 max_wal_senders = 4

@@ -23,9 +23,9 @@ use RealTest;
 my $hot = 8;
 my @topics = ('outbox.event.load', 'outbox.event.hot');
 
-my $rk = real_cluster(topics => ['outbox.event.load:6', 'outbox.event.hot:3']);
-my %conf = ($rk->outbox_conf, workers => 2, poll_interval => '60s');
-my $node = outbox_node('real_e2e', $rk, %conf);
+my ($node, $rk) = outbox_setup('real_e2e', kafka => 'real',
+	topics => [ 'outbox.event.load:6', 'outbox.event.hot:3' ],
+	workers => 2, poll_interval => '60s');
 $node->append_conf('postgresql.conf', "deadlock_timeout = '100ms'\n");
 quiet_statements($node);
 ok(defined wait_publisher($node, 2, 30), 'two publisher workers running');

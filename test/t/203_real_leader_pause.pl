@@ -43,10 +43,9 @@ my $pause_s = $ENV{OUTBOX_REAL_PAUSE_S} // 15;
 my $rounds = $ENV{OUTBOX_REAL_ROUNDS} // 2;
 my $props = $ENV{OUTBOX_FAULT_KAFKA_PROPERTIES} // 'request.timeout.ms=1000;socket.timeout.ms=2000';
 
-my $rk = real_cluster(topics => ["$topic:6"]);
 # outbox.delivery_timeout at its default (10 s), not the tests' 5 s
-my $node = outbox_node('real_pause', $rk, $rk->outbox_conf(properties => $props),
-	delivery_timeout => '10s');
+my ($node, $rk) = outbox_setup('real_pause', kafka => 'real', topics => ["$topic:6"],
+	kafka_properties => $props, delivery_timeout => '10s');
 quiet_statements($node);
 note "kafka_properties: $props; pause ${pause_s} s x $rounds";
 

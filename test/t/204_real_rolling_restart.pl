@@ -21,8 +21,7 @@ use RealKafka;
 use RealTest;
 
 my $topic = 'outbox.event.load';
-my $rk = real_cluster(topics => ["$topic:6"]);
-my $node = outbox_node('real_rolling', $rk, $rk->outbox_conf);
+my ($node, $rk) = outbox_setup('real_rolling', kafka => 'real', topics => ["$topic:6"]);
 quiet_statements($node);
 
 my $t_start = time;

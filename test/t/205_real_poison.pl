@@ -33,10 +33,10 @@ my $ok_topic = 'real.ok';
 my $dlq = 'outbox.dead_letter';
 my $props = $ENV{OUTBOX_FAULT_KAFKA_PROPERTIES} // 'topic.metadata.propagation.max.ms=3000';
 
-my $rk = real_cluster(topics => ["$load_topic:4", "$ok_topic:2", "$dlq:2"]);
+my ($node, $rk) = outbox_setup('real_poison', kafka => 'real',
+	topics => [ "$load_topic:4", "$ok_topic:2", "$dlq:2" ],
+	kafka_properties => $props, max_attempts => 2, poison_policy => 'block');
 $rk->topic($small, 1, configs => { 'max.message.bytes' => 5000 });
-my $node = outbox_node('real_poison', $rk, $rk->outbox_conf(properties => $props),
-	max_attempts => 2, poison_policy => 'block');
 quiet_statements($node);
 
 my %type = (block => 'blk', dead_letter => 'dl', skip => 'skp');

@@ -21,8 +21,8 @@ use RealTest;
 
 my $topic = 'outbox.event.load';
 my $wrong = 'not-the-password-4711';
-my $rk = real_cluster(sasl => 1, topics => ["$topic:4"]);
-my $node = outbox_node('real_sasl', $rk, $rk->outbox_conf(sasl => 'SCRAM-SHA-256'));
+my ($node, $rk) = outbox_setup('real_sasl', kafka => 'real', sasl => 'SCRAM-SHA-256',
+	topics => ["$topic:4"]);
 quiet_statements($node);
 
 # Point the publisher at the cluster with other credentials (a reload).

@@ -29,9 +29,8 @@ my $topic = 'outbox.event.load';
 my $rounds = $ENV{OUTBOX_REAL_ROUNDS} // 6;
 my $props = $ENV{OUTBOX_FAULT_KAFKA_PROPERTIES} // 'socket.timeout.ms=500';
 
-my $rk = real_cluster(topics => ["$topic:6"]);
-my $node = outbox_node('real_lostacks', $rk, $rk->outbox_conf(properties => $props),
-	delivery_timeout => '30s');
+my ($node, $rk) = outbox_setup('real_lostacks', kafka => 'real', topics => ["$topic:6"],
+	kafka_properties => $props, delivery_timeout => '30s');
 quiet_statements($node);
 note "kafka_properties: $props; $rounds pauses of 2 s";
 

@@ -12,8 +12,8 @@ use OutboxTest;
 use RealKafka;
 use RealTest;
 
-my $rk = real_cluster(topics => ['outbox.event.order:3']);
-my $node = outbox_node('real_shape', $rk, $rk->outbox_conf);
+my ($node, $rk) = outbox_setup('real_shape', kafka => 'real',
+	topics => ['outbox.event.order:3']);
 
 check_message_shape($node, $rk->bootstrap);
 

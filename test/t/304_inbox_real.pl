@@ -32,8 +32,7 @@ use RealKafka;
 use RealTest;
 
 my $topic = 'outbox.event.load';
-my $rk = real_cluster(topics => ["$topic:6"]);
-my $node = inbox_node('inbox_real', $rk, $rk->outbox_conf,
+my ($node, $rk) = inbox_setup('inbox_real', kafka => 'real', topics => ["$topic:6"],
 	inbox_workers => 2, inbox_batch_size => 200,
 	inbox_kafka_properties =>
 	  'session.timeout.ms=6000;heartbeat.interval.ms=500;max.poll.interval.ms=8000');

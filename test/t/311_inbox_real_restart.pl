@@ -20,8 +20,8 @@ use RealKafka;
 use RealTest;
 
 my $topic = 'outbox.event.restart';
-my $rk = real_cluster(brokers => 1, topics => ["$topic:4"]);
-my $node = inbox_node('inbox_real_restart', $rk, $rk->outbox_conf,
+my ($node, $rk) = inbox_setup('inbox_real_restart', kafka => 'real', brokers => 1,
+	topics => ["$topic:4"],
 	inbox_workers => 2, inbox_kafka_properties => '');
 $node->append_conf('postgresql.conf', 'restart_after_crash = on');
 $node->reload;
