@@ -59,61 +59,23 @@ san_flags="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-re
 # checks it anyway (the production build wraps).
 extra_cflags=${OUTBOX_SANITIZE_CFLAGS:-}
 
-case $root in
-	/ | /tmp | /tmp/ | "") echo "sanitize: refusing OUTBOX_SANITIZE_ROOT=$root" >&2; exit 2 ;;
-esac
-
-passed=0
-failed=0
-check() {	# check NAME RC
-	if [ "$2" = 0 ]; then
-		passed=$((passed + 1)); echo "== sanitize $1: ok"
-	else
-		failed=$((failed + 1)); echo "== sanitize $1: FAILED"
-	fi
-}
-finish() {
-	echo "sanitize: work directory and logs in $root"
-	echo "sanitize: $passed passed, $failed failed"
-	[ "$failed" = 0 ]
-	exit
-}
-die() {	# a step that everything after it needs
-	echo "sanitize: $*" >&2
-	failed=$((failed + 1))
-	finish
-}
+tally=sanitize
+# shellcheck source=test/private_pg.sh
+. "$src/test/private_pg.sh"
+refuse_root
 as_pg() {
 	if [ "$(id -u)" = 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi
 }
 
-# One run at a time per work directory.
-mkdir -p "$(dirname "$root")"
-exec 9>"$root.lock"
-flock -n 9 || { echo "sanitize: another run holds $root.lock" >&2; exit 2; }
+lock_root
 
 t_start=$(date +%s)
 
 # ---------------------------------------------------------------------
 # 1. private PostgreSQL tree
 # ---------------------------------------------------------------------
-sys_bindir=$("$pg_config" --bindir) || die "pg_config not found"
-sys_prefix=$(dirname "$sys_bindir")		# /usr/lib/postgresql/15
-sys_sharedir=$("$pg_config" --sharedir)	# /usr/share/postgresql/15
-rm -rf "$root"
-mkdir -p "$root$(dirname "$sys_prefix")" "$root$(dirname "$sys_sharedir")" "$root/logs"
-cp -a "$sys_prefix" "$root$(dirname "$sys_prefix")/" || die "cannot copy $sys_prefix"
-cp -a "$sys_sharedir" "$root$(dirname "$sys_sharedir")/" || die "cannot copy $sys_sharedir"
-bindir=$root$sys_bindir
-priv_config=$bindir/pg_config
-pkglibdir=$("$priv_config" --pkglibdir)
-sharedir=$("$priv_config" --sharedir)
-if [ "$pkglibdir" != "$root$("$pg_config" --pkglibdir)" ] || [ "$sharedir" != "$root$sys_sharedir" ]; then
-	die "the copied pg_config does not point into the copy (pkglibdir=$pkglibdir sharedir=$sharedir)"
-fi
-# Nothing of the system's extension build may be picked up by mistake.
-rm -f "$pkglibdir/outbox.so" "$sharedir"/extension/outbox[.-]*
-rm -rf "$pkglibdir/bitcode/outbox" "$pkglibdir/bitcode/outbox.index.bc"
+private_pg "$pg_config"
+mkdir -p "$root/logs"
 
 # ---------------------------------------------------------------------
 # 2. sanitized build of the extension and the tools

@@ -43,30 +43,10 @@ root=${OUTBOX_VALGRIND_ROOT:-/tmp/outbox-valgrind}
 pg_config=${PG_CONFIG:-pg_config}
 events=${OUTBOX_VALGRIND_EVENTS:-3000}
 
-case $root in
-	/ | /tmp | /tmp/ | "") echo "valgrind: refusing OUTBOX_VALGRIND_ROOT=$root" >&2; exit 2 ;;
-esac
-
-passed=0
-failed=0
-check() {	# check NAME RC
-	if [ "$2" = 0 ]; then
-		passed=$((passed + 1)); echo "== valgrind $1: ok"
-	else
-		failed=$((failed + 1)); echo "== valgrind $1: FAILED"
-	fi
-}
-finish() {
-	echo "valgrind: work directory and logs in $root"
-	echo "valgrind: $passed passed, $failed failed"
-	[ "$failed" = 0 ]
-	exit
-}
-die() {
-	echo "valgrind: $*" >&2
-	failed=$((failed + 1))
-	finish
-}
+tally=valgrind
+# shellcheck source=test/private_pg.sh
+. "$src/test/private_pg.sh"
+refuse_root
 
 # ---------------------------------------------------------------------
 # As root (or any user): private PostgreSQL tree and build, then the run
@@ -74,22 +54,9 @@ die() {
 # ---------------------------------------------------------------------
 if [ "${OUTBOX_VALGRIND_STAGE:-}" != run ]; then
 	command -v valgrind >/dev/null || die "valgrind is not installed (apt-get install valgrind)"
-	mkdir -p "$(dirname "$root")"
-	exec 9>"$root.lock"
-	flock -n 9 || { echo "valgrind: another run holds $root.lock" >&2; exit 2; }
+	lock_root
 	t0=$(date +%s)
-	sys_bindir=$("$pg_config" --bindir) || die "pg_config not found"
-	sys_prefix=$(dirname "$sys_bindir")
-	sys_sharedir=$("$pg_config" --sharedir)
-	rm -rf "$root"
-	mkdir -p "$root$(dirname "$sys_prefix")" "$root$(dirname "$sys_sharedir")"
-	cp -a "$sys_prefix" "$root$(dirname "$sys_prefix")/" || die "cannot copy $sys_prefix"
-	cp -a "$sys_sharedir" "$root$(dirname "$sys_sharedir")/" || die "cannot copy $sys_sharedir"
-	bindir=$root$sys_bindir
-	pkglibdir=$("$bindir/pg_config" --pkglibdir)
-	[ "$pkglibdir" = "$root$("$pg_config" --pkglibdir)" ] ||
-		die "the copied pg_config does not point into the copy ($pkglibdir)"
-	rm -f "$pkglibdir/outbox.so"
+	private_pg "$pg_config"
 	mkdir -p "$root/build"
 	tar -C "$src" --exclude=.git -cf - . | tar -C "$root/build" -xf -
 	rc=0
