@@ -418,10 +418,14 @@ hole_fill(Agg *a, int i, int64_t v)
 	}
 }
 
-/* ---- expect file ---- */
+/* ---- expect and events files ---- */
 
+/* One line of a file, without its line end; a file's line handler. */
+typedef void (*LineFn) (char *line, const char *path, int lineno);
+
+/* Call fn for each line of path that is neither empty nor a # comment. */
 static void
-load_expect(const char *path)
+read_lines(const char *path, const char *what, LineFn fn)
 {
 	FILE	   *f = fopen(path, "r");
 	char	   *line = NULL;
@@ -430,44 +434,79 @@ load_expect(const char *path)
 	int			lineno = 0;
 
 	if (f == NULL)
-		fatal("could not open expect file \"%s\": %s", path, strerror(errno));
-
+		fatal("could not open %s file \"%s\": %s", what, path, strerror(errno));
 	while ((len = getline(&line, &cap, f)) >= 0)
 	{
-		char	   *sep;
-		int64_t		last;
-		uint32_t	idx;
-
 		lineno++;
 		while (len > 0 && (line[len - 1] == '\n' || line[len - 1] == '\r'))
 			line[--len] = '\0';
 		if (len == 0 || line[0] == '#')
 			continue;
-
-		/* aggregate ids may contain blanks, so prefer the TAB */
-		sep = strchr(line, '\t');
-		if (sep == NULL)
-			sep = strrchr(line, ' ');
-		if (sep == NULL || sep == line)
-			fatal("%s:%d: expected \"aggregate_id<TAB>last_version\"",
-				  path, lineno);
-		if (!parse_int64(sep + 1, strlen(sep + 1), 0, MAX_VERSION, &last))
-			fatal("%s:%d: invalid last_version \"%s\"", path, lineno, sep + 1);
-
-		idx = agg_lookup(line, (size_t) (sep - line));
-		if (aggs[idx].expected >= 0)
-			fprintf(stderr, "order_check: %s:%d: aggregate %s listed twice, "
-					"using the larger version\n", path, lineno, aggs[idx].id);
-		if (last > aggs[idx].expected)
-			aggs[idx].expected = last;
+		fn(line, path, lineno);
 	}
 	if (ferror(f))
-		fatal("could not read expect file \"%s\": %s", path, strerror(errno));
+		fatal("could not read %s file \"%s\": %s", what, path, strerror(errno));
 	free(line);
 	fclose(f);
 }
 
-/* ---- events file ---- */
+/* An expect file's line: aggregate_id<TAB>last_version. */
+static void
+expect_line(char *line, const char *path, int lineno)
+{
+	char	   *sep;
+	int64_t		last;
+	uint32_t	idx;
+
+	/* aggregate ids may contain blanks, so prefer the TAB */
+	sep = strchr(line, '\t');
+	if (sep == NULL)
+		sep = strrchr(line, ' ');
+	if (sep == NULL || sep == line)
+		fatal("%s:%d: expected \"aggregate_id<TAB>last_version\"",
+			  path, lineno);
+	if (!parse_int64(sep + 1, strlen(sep + 1), 0, MAX_VERSION, &last))
+		fatal("%s:%d: invalid last_version \"%s\"", path, lineno, sep + 1);
+
+	idx = agg_lookup(line, (size_t) (sep - line));
+	if (aggs[idx].expected >= 0)
+		fprintf(stderr, "order_check: %s:%d: aggregate %s listed twice, "
+				"using the larger version\n", path, lineno, aggs[idx].id);
+	if (last > aggs[idx].expected)
+		aggs[idx].expected = last;
+}
+
+/* An events file's line: aggregate_id<TAB>version<TAB>event_id. */
+static void
+events_line(char *line, const char *path, int lineno)
+{
+	char	   *sep1;
+	char	   *sep2;
+	int64_t		version;
+	uint32_t	idx;
+	Agg		   *a;
+
+	sep1 = strchr(line, '\t');
+	sep2 = sep1 ? strchr(sep1 + 1, '\t') : NULL;
+	if (sep1 == NULL || sep1 == line || sep2 == NULL)
+		fatal("%s:%d: expected \"aggregate_id<TAB>version<TAB>event_id\"",
+			  path, lineno);
+	if (!parse_int64(sep1 + 1, (size_t) (sep2 - sep1 - 1), 1, MAX_VERSION, &version))
+		fatal("%s:%d: invalid version", path, lineno);
+
+	idx = agg_lookup(line, (size_t) (sep1 - line));	/* may move aggs */
+	a = &aggs[idx];
+	if (a->nevents == a->maxevents)
+	{
+		a->maxevents = a->maxevents ? a->maxevents * 2 : 4;
+		a->events = xrealloc(a->events, (size_t) a->maxevents * sizeof(DbEvent));
+	}
+	a->events[a->nevents].version = version;
+	a->events[a->nevents].event_id = strdup(sep2 + 1);
+	if (a->events[a->nevents].event_id == NULL)
+		fatal("out of memory");
+	a->nevents++;
+}
 
 static int
 dbevent_cmp(const void *a, const void *b)
@@ -478,56 +517,18 @@ dbevent_cmp(const void *a, const void *b)
 	return va < vb ? -1 : va > vb;
 }
 
+/* Read the last version expected of each aggregate. */
+static void
+load_expect(const char *path)
+{
+	read_lines(path, "expect", expect_line);
+}
+
+/* Read the database's events, each aggregate's sorted by version. */
 static void
 load_events(const char *path)
 {
-	FILE	   *f = fopen(path, "r");
-	char	   *line = NULL;
-	size_t		cap = 0;
-	ssize_t		len;
-	int			lineno = 0;
-
-	if (f == NULL)
-		fatal("could not open events file \"%s\": %s", path, strerror(errno));
-
-	while ((len = getline(&line, &cap, f)) >= 0)
-	{
-		char	   *sep1;
-		char	   *sep2;
-		int64_t		version;
-		uint32_t	idx;
-		Agg		   *a;
-
-		lineno++;
-		while (len > 0 && (line[len - 1] == '\n' || line[len - 1] == '\r'))
-			line[--len] = '\0';
-		if (len == 0 || line[0] == '#')
-			continue;
-		sep1 = strchr(line, '\t');
-		sep2 = sep1 ? strchr(sep1 + 1, '\t') : NULL;
-		if (sep1 == NULL || sep1 == line || sep2 == NULL)
-			fatal("%s:%d: expected \"aggregate_id<TAB>version<TAB>event_id\"",
-				  path, lineno);
-		if (!parse_int64(sep1 + 1, (size_t) (sep2 - sep1 - 1), 1, MAX_VERSION, &version))
-			fatal("%s:%d: invalid version", path, lineno);
-
-		idx = agg_lookup(line, (size_t) (sep1 - line));	/* may move aggs */
-		a = &aggs[idx];
-		if (a->nevents == a->maxevents)
-		{
-			a->maxevents = a->maxevents ? a->maxevents * 2 : 4;
-			a->events = xrealloc(a->events, (size_t) a->maxevents * sizeof(DbEvent));
-		}
-		a->events[a->nevents].version = version;
-		a->events[a->nevents].event_id = strdup(sep2 + 1);
-		if (a->events[a->nevents].event_id == NULL)
-			fatal("out of memory");
-		a->nevents++;
-	}
-	if (ferror(f))
-		fatal("could not read events file \"%s\": %s", path, strerror(errno));
-	free(line);
-	fclose(f);
+	read_lines(path, "events", events_line);
 	for (uint32_t i = 0; i < naggs; i++)
 		qsort(aggs[i].events, (size_t) aggs[i].nevents, sizeof(DbEvent), dbevent_cmp);
 }
