@@ -30,6 +30,7 @@ use OutboxTest;
 our @EXPORT = qw(start_load stop_load pending max_id wait_backlog
   db_versions_contiguous judge verdict figures publisher_pids wait_publisher
   kill_publisher_in_batch install_phase_probe quiet_statements fault_conf
+  stall_aggregates
   note_counters start_publish_sampler publish_delays savepoint_script);
 
 # A pgbench script for start_load(script => ...): two of $hot aggregates a
@@ -500,6 +501,25 @@ sub fault_conf
 	$conf{kafka_properties} = $ENV{OUTBOX_FAULT_KAFKA_PROPERTIES}
 	  if $ENV{OUTBOX_FAULT_KAFKA_PROPERTIES};
 	return %conf;
+}
+
+# Publisher 0 idle with $n aggregates of type $type awaiting Kafka: one
+# event published first (the producer is connected, so the outage is what
+# delays delivery), then every broker down and $n events emitted, until
+# their batch timed out.  Two test results.
+sub stall_aggregates
+{
+	my ($node, $mk, $type, $n) = @_;
+
+	$node->safe_psql('postgres', qq{SELECT outbox_emit('$type', 'warm', 'E', '{}')});
+	ok(defined wait_published($node, 30), 'warm-up event published');
+	$mk->cmd('all_down');
+	$node->safe_psql('postgres',
+		qq{SELECT outbox_emit('$type', '$type-' || g, 'E', '{}') FROM generate_series(1, $n) g});
+	ok($node->poll_query_until('postgres',
+		q{SELECT state LIKE 'idle, % aggregates awaiting Kafka' FROM outbox_workers() WHERE worker = 0}),
+		"the batch timed out and its $n aggregates are stalled");
+	return;
 }
 
 # The run's duration and every non-zero publisher counter, for the log.

@@ -20,16 +20,7 @@ use OutboxTest;
 my ($node, $mk) = outbox_setup('late', poll_interval => '10min', delivery_timeout => '1s');
 ok(defined wait_publisher($node, 1, 60), 'publisher running');
 
-# Connect the producer first, so that the outage is what delays delivery.
-$node->safe_psql('postgres', q{SELECT outbox_emit('late', 'warm', 'E', '{}')});
-ok(defined wait_published($node, 30), 'warm-up event published');
-
-$mk->cmd('all_down');
-$node->safe_psql('postgres',
-	q{SELECT outbox_emit('late', 'l-' || g, 'E', '{}') FROM generate_series(1, 20) g});
-ok($node->poll_query_until('postgres',
-	q{SELECT state LIKE 'idle, % aggregates awaiting Kafka' FROM outbox_workers() WHERE worker = 0}),
-	'the batch timed out and its aggregates are stalled');
+stall_aggregates($node, $mk, 'late', 20);
 my $t_up = time;
 $mk->cmd('all_up');
 my $took = wait_published($node, 60);

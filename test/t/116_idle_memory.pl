@@ -38,14 +38,7 @@ sub top_used
 	die 'the worker did not log its memory contexts';
 }
 
-$node->safe_psql('postgres', q{SELECT outbox_emit('mem', 'warm', 'E', '{}')});
-ok(defined wait_published($node, 30), 'warm-up event published');
-$mk->cmd('all_down');
-$node->safe_psql('postgres',
-	q{SELECT outbox_emit('mem', 'm-' || g, 'E', '{}') FROM generate_series(1, 20) g});
-ok($node->poll_query_until('postgres',
-	q{SELECT state LIKE 'idle, % aggregates awaiting Kafka' FROM outbox_workers() WHERE worker = 0}),
-	'aggregates stalled');
+stall_aggregates($node, $mk, 'mem', 20);
 sleep 1;
 my $before = top_used();
 my $polls0 = counter($node, 'polls');
