@@ -2,9 +2,10 @@
  *
  * publish.h
  *	  The publisher's private declarations, shared by its modules:
- *	  worker.c (the loop), publish_state.c, publish_read.c, publish_stream.c, publish_durable.c,
- *	  publish_produce.c, publish_poison.c, publish_settle.c and
- *	  retention.c.  Nothing outside the publisher includes this.
+ *	  worker.c (the loop), publish_read.c, publish_durable.c,
+ *	  publish_settle.c, publish_stream.c, publish_produce.c,
+ *	  publish_poison.c, publish_delta.c, publish_progress.c,
+ *	  publish_heap.c, retention.c, publish_shares.c and publish_state.c.  Nothing outside the publisher includes this.
  *
  *-------------------------------------------------------------------------
  */
@@ -153,18 +154,27 @@ typedef struct PendingMarks
 	HTAB	   *busy;			/* ... and those left for a later settling */
 } PendingMarks;
 
-/* publish_state.c: this worker's index and slot, below every step */
+/* publish_state.c: this worker's entry, index and slot, reload and stop; below every step */
+extern OutboxDatabase *publish_database;
 extern int	publish_worker_index;
 extern OutboxWorkerSlot *publish_slot;
+extern bool publish_reloaded;
+extern void publish_state_init(void);
 extern void publish_set_state(const char *state);
+extern void publish_process_reload(void);
+extern void publish_stop_setup(void);
+extern bool publish_stop_requested(void);
+extern void publish_stop_bound(bool holding);
+
+/* publish_shares.c: the buckets shared out between the database's workers */
+extern uint32 publish_reading_workers(Oid ext);
+extern void publish_bucket_share(uint32 members, int *nshares, int *share);
+extern void publish_note_peer_buckets(void);
+extern bool publish_bucket_busy_elsewhere(int bucket);
+extern bool publish_shares_agreed(void);
 
 /* worker.c: the loop */
 extern int	outbox_poll_interval_ms;
-extern void publish_process_reload(void);
-extern bool publish_shares_agreed(void);
-extern bool publish_bucket_busy_elsewhere(int bucket);
-extern bool publish_stop_requested(void);
-extern void publish_stop_bound(void);
 
 /*
  * Keep a plan of the publisher's, planned once: with only nested loops over

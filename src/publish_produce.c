@@ -857,7 +857,7 @@ produce_event(Flight *f, BatchAggregate *agg, int index, TimestampTz deadline)
 		/* Let delivery reports drain the queue, then try again. */
 		rd_kafka_poll(publish_producer, 10);
 		CHECK_FOR_INTERRUPTS();
-		publish_stop_bound();
+		publish_stop_bound(true);	/* this flight is out */
 	}
 }
 
@@ -875,7 +875,7 @@ await_flight(Flight *f, TimestampTz deadline)
 		/* rd_kafka_poll returns as soon as a report arrives. */
 		rd_kafka_poll(publish_producer, (int) Min(remaining, 100));
 		CHECK_FOR_INTERRUPTS();
-		publish_stop_bound();
+		publish_stop_bound(true);	/* this flight is out */
 	}
 	return true;
 }

@@ -48,6 +48,7 @@ my @layers = qw(
   inbox_sql
   inbox_state
   retention
+  publish_shares
   publish_state
   emit
   emit_check
@@ -60,12 +61,6 @@ my @layers = qw(
 # The back edges that remain (a ratchet: delete an entry once its edge is
 # gone; never add one), and why each is still there.
 my %back_edges = (
-	'publish_durable -> worker' =>
-	  'publish_process_reload, publish_stop_requested: the reload and stop state of the loop (graceful stop, being reworked)',
-	'publish_produce -> worker' =>
-	  'publish_stop_bound (graceful stop) and publish_bucket_busy_elsewhere (bucket shares): per-worker state still in worker.c',
-	'publish_stream -> worker' =>
-	  'publish_shares_agreed: the bucket shares between workers, still in worker.c',
 	'publish_settle -> publish_read' =>
 	  'publish_lookup_extension: one look-up prepares every step\'s plans when the extension (re)appears',
 	'retention -> publish_read' =>
