@@ -5,7 +5,8 @@
  *	  worker.c (the loop), publish_read.c, publish_durable.c,
  *	  publish_settle.c, publish_stream.c, publish_produce.c,
  *	  publish_poison.c, publish_delta.c, publish_progress.c,
- *	  publish_heap.c, retention.c, publish_shares.c and publish_state.c.  Nothing outside the publisher includes this.
+ *	  publish_heap.c, retention.c, publish_extension.c, publish_shares.c
+ *	  and publish_state.c.  Nothing outside the publisher includes this.
  *
  *-------------------------------------------------------------------------
  */
@@ -166,6 +167,20 @@ extern void publish_stop_setup(void);
 extern bool publish_stop_requested(void);
 extern void publish_stop_bound(bool holding);
 
+/*
+ * publish_extension.c: the extension's look-up, and the steps' hooks it
+ * runs: plans when the extension (re)appears (schema quoted), columns at
+ * every look-up, and a table whose invalidation means looking up again.
+ */
+typedef struct PublishExtensionHook
+{
+	void		(*plans) (const char *schema);
+	void		(*columns) (Oid nsp);
+	Oid			(*relid) (void);
+} PublishExtensionHook;
+extern void publish_extension_hooks(const PublishExtensionHook *hooks, int n);
+extern Oid	publish_lookup_extension(void);
+
 /* publish_shares.c: the buckets shared out between the database's workers */
 extern uint32 publish_reading_workers(Oid ext);
 extern void publish_bucket_share(uint32 members, int *nshares, int *share);
@@ -193,7 +208,9 @@ extern int	outbox_read_interval_ms;
 extern int	outbox_read_commits;
 extern void publish_read_init(void);
 extern long publish_read_gap_ms(void);
-extern Oid	publish_lookup_extension(void);
+extern void publish_read_prepare(const char *s);
+extern void publish_read_columns(Oid nsp);
+extern Oid	publish_read_control_relid(void);
 extern int	publish_fetch(Flight *f, int nshares, int share, int max_events, int64 max_bytes);
 extern void publish_listed_changed(void);
 extern XLogRecPtr publish_read_flush_upto(XLogRecPtr upto);

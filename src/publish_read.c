@@ -1,7 +1,7 @@
 /*-------------------------------------------------------------------------
  *
  * publish_read.c
- *	  Reading pending events: the extension's plans, and the fetch of the
+ *	  Reading pending events: the read's plans, and the fetch of the
  *	  oldest pending events of this worker's share, within the batch bounds.
  *
  *-------------------------------------------------------------------------
@@ -13,14 +13,11 @@
 #include "executor/tuptable.h"
 #include "utils/fmgrprotos.h"
 #include "utils/snapmgr.h"
-#include "catalog/namespace.h"
 #include "catalog/pg_type.h"
-#include "commands/extension.h"
 #include "executor/spi.h"
 #include "utils/array.h"
 #include "utils/builtins.h"
 #include "utils/guc.h"
-#include "utils/inval.h"
 #include "utils/jsonb.h"
 #include "utils/memutils.h"
 
@@ -46,8 +43,6 @@ static bool last_read_full = false;
 static bool manifest_unchecked = false;
 static bool last_read_unchecked = false;
 
-static Oid	plans_extoid = InvalidOid;	/* the extension the plans are for */
-static bool extension_stale = true; /* look it up before trusting plans_extoid */
 static SPIPlanPtr unsettled_plan = NULL;
 static SPIPlanPtr fetch_id_plan = NULL;
 static SPIPlanPtr listed_plan = NULL;
@@ -129,22 +124,6 @@ publish_read_gap_ms(void)
 		return 0;
 	age = TimestampDifferenceMilliseconds(last_read_at, GetCurrentTimestamp());
 	return age < outbox_read_interval_ms ? outbox_read_interval_ms - age : 0;
-}
-
-/* Schema of the extension in this database, or NULL if not installed. */
-static char *
-extension_schema(void)
-{
-	int			rc;
-
-	rc = SPI_execute("SELECT n.nspname FROM pg_catalog.pg_extension e "
-					 "JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) e.extnamespace "
-					 "WHERE e.extname OPERATOR(pg_catalog.=) 'outbox'", true, 1);
-	if (rc != SPI_OK_SELECT)
-		elog(ERROR, "could not look up the outbox extension");
-	if (SPI_processed == 0)
-		return NULL;
-	return SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1);
 }
 
 /* The columns of an event as copy_row() reads them. */
@@ -306,74 +285,30 @@ read_snapshot_text(void)
 	return DatumGetCString(DirectFunctionCall1(pg_snapshot_out, snap));
 }
 
-/* Prepare every module's plans for the extension in schema. */
-static void
-prepare_plans(const char *schema)
-{
-	const char *s = quote_identifier(schema);
-
-	free_read_plans();
-	plans_extoid = InvalidOid;
-	prepare_read_plans(s);
-	publish_stream_prepare(s);
-	publish_settle_prepare(s);
-	publish_poison_prepare(s);
-	publish_retention_prepare(s);
-}
-
-/* A relcache invalidation of the outbox or of everything: look up again. */
-static void
-extension_relcache_callback(Datum arg, Oid relid)
-{
-	if (!OidIsValid(relid) || relid == publish_heap_relid() || relid == publish_progress_relid() ||
-		relid == control_relid)
-		extension_stale = true;
-}
-
 /*
- * In a transaction with a snapshot: find the extension and (re)prepare the
- * plans if it moved.  Returns its OID, or InvalidOid if it is not
- * installed.  Looked up in the catalog only after the outbox table had a
- * relcache invalidation (DROP EXTENSION drops it): a catalog scan per read
- * was 3.5% of the worker's CPU under a steady load.
+ * The extension (re)appeared in schema s (quoted): free the plans of the
+ * previous one, prepare this one's (publish_extension.c calls it).
  */
-Oid
-publish_lookup_extension(void)
+void
+publish_read_prepare(const char *s)
 {
-	static bool callback_registered = false;
-	static bool columns_found = false;	/* by the last look-up, completely */
-	Oid			extoid;
-	Oid			nsp;
-	char	   *schema;
+	free_read_plans();
+	prepare_read_plans(s);
+}
 
-	if (!callback_registered)
-	{
-		CacheRegisterRelcacheCallback(extension_relcache_callback, (Datum) 0);
-		callback_registered = true;
-	}
-	if (!extension_stale && columns_found && OidIsValid(plans_extoid))
-		return plans_extoid;
-	/* Cleared first: an invalidation during the look-up marks it again. */
-	extension_stale = false;
-	columns_found = false;
-	extoid = get_extension_oid("outbox", true);
-	if (!OidIsValid(extoid))
-		return InvalidOid;
-	schema = extension_schema();
-	if (schema == NULL)
-		return InvalidOid;
-	/* Not relocatable: the same extension keeps its schema and plans. */
-	if (extoid != plans_extoid)
-		prepare_plans(schema);
-	plans_extoid = extoid;
-	/* Its tables' columns again (cheap): an ALTER EXTENSION UPDATE may move them. */
-	nsp = get_namespace_oid(schema, false);
-	publish_heap_prepare(nsp);
-	publish_progress_prepare(nsp);
+/* Where publisher_control's column is, in the extension's schema nsp. */
+void
+publish_read_columns(Oid nsp)
+{
 	control_relid = publish_table_columns(nsp, "publisher_control", control_names, 1,
 										  control_columns);
-	columns_found = true;
-	return extoid;
+}
+
+/* publisher_control: its invalidation means looking the extension up again. */
+Oid
+publish_read_control_relid(void)
+{
+	return control_relid;
 }
 
 

@@ -706,6 +706,22 @@ join_database(Datum main_arg)
 	}
 }
 
+/*
+ * What each step does when the extension (re)appears (its plans) and at
+ * every look-up (its tables' columns), in this order, and the tables whose
+ * invalidation means looking it up again (publish_extension.c).
+ */
+static const PublishExtensionHook extension_hooks[] = {
+	{publish_read_prepare, NULL, NULL},
+	{publish_stream_prepare, NULL, NULL},
+	{publish_settle_prepare, NULL, NULL},
+	{publish_poison_prepare, NULL, NULL},
+	{publish_retention_prepare, NULL, NULL},
+	{NULL, publish_heap_prepare, publish_heap_relid},
+	{NULL, publish_progress_prepare, publish_progress_relid},
+	{NULL, publish_read_columns, publish_read_control_relid},
+};
+
 /* The session settings and memory of a publisher, and its slot. */
 static void
 worker_setup(void)
@@ -759,6 +775,7 @@ worker_setup(void)
 	publish_settle_start();
 	publish_stream_start();
 	publish_produce_start();
+	publish_extension_hooks(extension_hooks, lengthof(extension_hooks));
 	slot->latch = MyLatch;
 	/* The others shrink their shares of the buckets. */
 	outbox_wake_workers();

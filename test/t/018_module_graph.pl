@@ -48,6 +48,7 @@ my @layers = qw(
   inbox_sql
   inbox_state
   retention
+  publish_extension
   publish_shares
   publish_state
   emit
@@ -61,10 +62,6 @@ my @layers = qw(
 # The back edges that remain (a ratchet: delete an entry once its edge is
 # gone; never add one), and why each is still there.
 my %back_edges = (
-	'publish_settle -> publish_read' =>
-	  'publish_lookup_extension: one look-up prepares every step\'s plans when the extension (re)appears',
-	'retention -> publish_read' =>
-	  'publish_lookup_extension, as above',
 	'publish_produce -> publish_read' =>
 	  'outbox_batch_events: a setting of the read that also bounds a flight',
 	'publish_poison -> publish_read' =>
