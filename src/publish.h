@@ -160,6 +160,9 @@ extern OutboxDatabase *publish_database;
 extern int	publish_worker_index;
 extern OutboxWorkerSlot *publish_slot;
 extern bool publish_reloaded;
+extern int	outbox_batch_events;
+extern int	outbox_batch_bytes;
+extern bool publish_listed_changed;
 extern void publish_state_init(void);
 extern void publish_set_state(const char *state);
 extern void publish_process_reload(void);
@@ -202,8 +205,6 @@ publish_keep_plan(const char *query, int nargs, Oid *argtypes)
 }
 
 /* publish_read.c: plans, and reading pending events */
-extern int	outbox_batch_events;
-extern int	outbox_batch_bytes;
 extern int	outbox_read_interval_ms;
 extern int	outbox_read_commits;
 extern void publish_read_init(void);
@@ -212,7 +213,6 @@ extern void publish_read_prepare(const char *s);
 extern void publish_read_columns(Oid nsp);
 extern Oid	publish_read_control_relid(void);
 extern int	publish_fetch(Flight *f, int nshares, int share, int max_events, int64 max_bytes);
-extern void publish_listed_changed(void);
 extern XLogRecPtr publish_read_flush_upto(XLogRecPtr upto);
 
 /* One event of a delta's manifest: where to fetch it, and what it must be. */

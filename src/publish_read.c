@@ -25,8 +25,6 @@
 #include "util.h"
 #include "publish.h"
 
-int			outbox_batch_events = 20000;
-int			outbox_batch_bytes = 16 * 1024 * 1024;
 int			outbox_read_interval_ms = 10;
 int			outbox_read_commits = 4;
 
@@ -61,30 +59,11 @@ static SPIPlanPtr clear_plan = NULL;
 #define LISTED_POLL_MS 100
 
 static TimestampTz listed_read_at = 0;
-static bool listed_changed = true;
 
 /* Define this module's settings (from _PG_init). */
 void
 publish_read_init(void)
 {
-	DefineCustomIntVariable("outbox.batch_events",
-							"Most events one publisher has read and not yet settled.",
-							"Bounds the events in flight (produced, awaiting acknowledgement or marking); one batch reads at most half of it.",
-							&outbox_batch_events,
-							20000, 1, 1000000,
-							PGC_SIGHUP,
-							0,
-							NULL, NULL, NULL);
-
-	DefineCustomIntVariable("outbox.batch_bytes",
-							"Most bytes of events one publisher has read and not yet settled.",
-							"Counts payloads, headers and ids; a batch holds at least one event, however large.",
-							&outbox_batch_bytes,
-							16 * 1024 * 1024, 1024, MaxAllocSize / 2,
-							PGC_SIGHUP,
-							GUC_UNIT_BYTE,
-							NULL, NULL, NULL);
-
 	DefineCustomIntVariable("outbox.read_interval",
 							"Shortest time between two reads of a publisher that is not behind.",
 							"After a read that found less than a full batch, commits wait this long to be "
@@ -161,7 +140,7 @@ prepare_read_plans(const char *s)
 	Oid			catch_up_types[2] = {TEXTARRAYOID, INT4OID};
 	Oid			clear_types[2] = {TEXTARRAYOID, XIDARRAYOID};
 
-	listed_changed = true;
+	publish_listed_changed = true;
 
 	/* Without a horizon (first start, after a restore): every unsettled event. */
 	unsettled_plan = publish_keep_plan(psprintf(
@@ -552,7 +531,7 @@ catch_up_candidates(int nshares, int share, HTAB *set, HTAB *listed_xmins)
 				n++;
 	}
 
-	if (!listed_changed &&
+	if (!publish_listed_changed &&
 		!TimestampDifferenceExceeds(listed_read_at, GetCurrentTimestamp(), LISTED_POLL_MS))
 		return n;
 	listed_read_at = GetCurrentTimestamp();
@@ -565,7 +544,7 @@ catch_up_candidates(int nshares, int share, HTAB *set, HTAB *listed_xmins)
 	 * Any found: look again next time (the read that finds one with nothing
 	 * more pending returns it to the stream); only none waits the poll.
 	 */
-	listed_changed = SPI_processed > 0;
+	publish_listed_changed = SPI_processed > 0;
 	for (uint64 r = 0; r < SPI_processed; r++)
 	{
 		HeapTuple	tup = SPI_tuptable->vals[r];
@@ -979,13 +958,6 @@ XLogRecPtr
 publish_read_flush_upto(XLogRecPtr upto)
 {
 	return last_read_unchecked ? upto : publish_delta_flush_upto(upto);
-}
-
-/* The database lists new aggregates (a failure recorded): look at once. */
-void
-publish_listed_changed(void)
-{
-	listed_changed = true;
 }
 
 /*

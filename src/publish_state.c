@@ -4,7 +4,8 @@
  *	  The publisher's own state that its steps share: which worker this is
  *	  (its database's entry, its index among the database's workers and its
  *	  slot in shared memory), what it shows it is doing, whether a reload
- *	  was processed, and its graceful stop.
+ *	  was processed, its graceful stop, the flight window (outbox.batch_events,
+ *	  outbox.batch_bytes) and whether the database lists new aggregates.
  *
  * Set by the loop (worker.c) when the worker starts or a signal comes; read
  * by every step (publish_*.c, retention.c).  Kept apart from the loop so
@@ -27,6 +28,7 @@
 #include "storage/latch.h"
 #include "tcop/tcopprot.h"
 #include "utils/guc.h"
+#include "utils/memutils.h"
 #include "utils/timeout.h"
 #include "utils/timestamp.h"
 
@@ -39,6 +41,19 @@ OutboxWorkerSlot *publish_slot;
 
 /* A reload was processed since the producer settings were last compared. */
 bool		publish_reloaded = false;
+
+/*
+ * The flight window: what one publisher has read and not yet settled (the
+ * read fills it, a flight's wait for its reports is judged against it).
+ */
+int			outbox_batch_events = 20000;
+int			outbox_batch_bytes = 16 * 1024 * 1024;
+
+/*
+ * The database lists new aggregates (a failure recorded, or new plans): the
+ * next read looks at them at once.  Set by the steps, consumed by the read.
+ */
+bool		publish_listed_changed = true;
 
 /* Longest a SIGTERM waits for acknowledgements to settle before dying. */
 static int	outbox_shutdown_timeout_ms = 5000;
@@ -66,6 +81,24 @@ publish_state_init(void)
 							5000, 0, 600 * 1000,
 							PGC_SIGHUP,
 							GUC_UNIT_MS,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("outbox.batch_events",
+							"Most events one publisher has read and not yet settled.",
+							"Bounds the events in flight (produced, awaiting acknowledgement or marking); one batch reads at most half of it.",
+							&outbox_batch_events,
+							20000, 1, 1000000,
+							PGC_SIGHUP,
+							0,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("outbox.batch_bytes",
+							"Most bytes of events one publisher has read and not yet settled.",
+							"Counts payloads, headers and ids; a batch holds at least one event, however large.",
+							&outbox_batch_bytes,
+							16 * 1024 * 1024, 1024, MaxAllocSize / 2,
+							PGC_SIGHUP,
+							GUC_UNIT_BYTE,
 							NULL, NULL, NULL);
 }
 

@@ -62,10 +62,6 @@ my @layers = qw(
 # The back edges that remain (a ratchet: delete an entry once its edge is
 # gone; never add one), and why each is still there.
 my %back_edges = (
-	'publish_produce -> publish_read' =>
-	  'outbox_batch_events: a setting of the read that also bounds a flight',
-	'publish_poison -> publish_read' =>
-	  'publish_listed_changed: a recorded failure makes the next read look at the listed aggregates',
 	'publish_produce -> publish_stream' =>
 	  'publish_stream_divert: a busy aggregate found while producing is diverted (flight bookkeeping)',
 );
