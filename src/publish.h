@@ -165,6 +165,8 @@ extern int	outbox_batch_bytes;
 extern bool publish_listed_changed;
 extern void publish_state_init(void);
 extern void publish_set_state(const char *state);
+extern HTAB *publish_aggregate_table(const char *name, Size entrysize, long nelem,
+									 MemoryContext cxt);
 extern void publish_process_reload(void);
 extern void publish_stop_setup(void);
 extern bool publish_stop_requested(void);
@@ -301,7 +303,8 @@ extern void publish_stream_ids_done(void);
 extern void publish_stream_owe(int64 seq);
 extern bool publish_stream_is_diverted(const char *aggregate_id);
 extern void publish_stream_divert(const char *aggregate_id, int64 seq);
-extern int	publish_stream_diverted_ready(char ***ids, int max);
+extern int	publish_stream_diverted_ready(char ***ids, int max,
+										  bool (*busy) (const char *aggregate_id));
 extern int64 publish_stream_undivert(const char *aggregate_id, bool release);
 extern void publish_stream_settled(const char *aggregate_id, int64 seq, bool covered);
 extern long publish_stream_diverted_count(void);
@@ -327,8 +330,6 @@ extern void publish_drop_producer(void);
 extern void publish_check_fatal(void);
 typedef bool (*AggregateVisitor) (Flight *f, BatchAggregate *agg, void *arg);
 extern bool publish_walk_aggregates(bool unsettled_only, AggregateVisitor visit, void *arg);
-extern HTAB *publish_aggregate_table(const char *name, Size entrysize, long nelem,
-									 MemoryContext cxt);
 extern Flight *publish_flight_begin(void);
 extern int	publish_produce_flight(Flight *f, TimestampTz deadline);
 extern void publish_flight_end(Flight *f);

@@ -514,7 +514,8 @@ static int
 catch_up_candidates(int nshares, int share, HTAB *set, HTAB *listed_xmins)
 {
 	char	  **div;
-	int			ndiv = publish_stream_diverted_ready(&div, CATCH_UP_AGGREGATES);
+	int			ndiv = publish_stream_diverted_ready(&div, CATCH_UP_AGGREGATES,
+													 publish_aggregate_busy);
 	Datum		args[3];
 	int			n = 0;
 
