@@ -7,9 +7,10 @@
  *	  was processed, its graceful stop, the flight window (outbox.batch_events,
  *	  outbox.batch_bytes) and whether the database lists new aggregates.
  *
- * Set by the loop (worker.c) when the worker starts or a signal comes; read
- * by every step (publish_*.c, retention.c).  Kept apart from the loop so
- * that the steps call down into it, never up into worker.c.
+ * Set by the loop (worker.c) when the worker starts, and by this module's
+ * SIGTERM handler; read by every step (publish_*.c, retention.c).  Kept
+ * apart from the loop so that the steps call down into it, never up into
+ * worker.c.
  *
  * The graceful stop: the first SIGTERM asks for it (publish_sigterm); the
  * loop then reads nothing more and drains, and the waits inside a step
