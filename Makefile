@@ -3,7 +3,7 @@ EXTENSION = outbox
 MODULE_big = outbox
 OBJS = src/init.o src/shmem.o src/util.o src/emit.o src/emit_check.o src/kafka.o src/operator.o src/stats.o src/worker.o \
 	src/publish_read.o src/publish_heap.o src/publish_delta.o src/publish_progress.o src/publish_stream.o src/publish_durable.o src/publish_produce.o src/publish_poison.o \
-	src/publish_settle.o src/publish_state.o src/retention.o src/launcher.o src/inbox_worker.o src/inbox_apply.o src/inbox_store.o src/inbox_state.o src/inbox_consumer.o src/inbox_sql.o
+	src/publish_settle.o src/publish_extension.o src/publish_shares.o src/publish_state.o src/retention.o src/launcher.o src/inbox_worker.o src/inbox_apply.o src/inbox_store.o src/inbox_state.o src/inbox_consumer.o src/inbox_sql.o
 DATA = sql/outbox--0.1.0.sql sql/outbox--0.2.0.sql sql/outbox--0.1.0--0.2.0.sql
 PGFILEDESC = "outbox - transactional outbox published to Kafka"
 

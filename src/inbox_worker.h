@@ -10,7 +10,10 @@
 
 #include "postgres.h"
 
-#define INBOX_MAX_WORKERS 16
+#include "shmem.h"
+
+/* Most inbox workers per database: as many as shared memory has slots for. */
+#define INBOX_MAX_WORKERS OUTBOX_MAX_INBOX_WORKERS
 
 /* What a partition does with a message above the aggregate's next version. */
 typedef enum InboxGapPolicy

@@ -2,9 +2,11 @@
  *
  * publish.h
  *	  The publisher's private declarations, shared by its modules:
- *	  worker.c (the loop), publish_state.c, publish_read.c, publish_stream.c, publish_durable.c,
- *	  publish_produce.c, publish_poison.c, publish_settle.c and
- *	  retention.c.  Nothing outside the publisher includes this.
+ *	  worker.c (the loop), publish_read.c, publish_durable.c,
+ *	  publish_settle.c, publish_stream.c, publish_produce.c,
+ *	  publish_poison.c, publish_delta.c, publish_progress.c,
+ *	  publish_heap.c, retention.c, publish_extension.c, publish_shares.c
+ *	  and publish_state.c.  Nothing outside the publisher includes this.
  *
  *-------------------------------------------------------------------------
  */
@@ -153,18 +155,46 @@ typedef struct PendingMarks
 	HTAB	   *busy;			/* ... and those left for a later settling */
 } PendingMarks;
 
-/* publish_state.c: this worker's index and slot, below every step */
+/* publish_state.c: this worker's entry, index and slot, reload and stop; below every step */
+extern OutboxDatabase *publish_database;
 extern int	publish_worker_index;
 extern OutboxWorkerSlot *publish_slot;
+extern bool publish_reloaded;
+extern int	outbox_batch_events;
+extern int	outbox_batch_bytes;
+extern bool publish_listed_changed;
+extern void publish_state_init(void);
 extern void publish_set_state(const char *state);
+extern HTAB *publish_aggregate_table(const char *name, Size entrysize, long nelem,
+									 MemoryContext cxt);
+extern void publish_process_reload(void);
+extern void publish_stop_setup(void);
+extern bool publish_stop_requested(void);
+extern void publish_stop_bound(bool holding);
+
+/*
+ * publish_extension.c: the extension's look-up, and the steps' hooks it
+ * runs: plans when the extension (re)appears (schema quoted), columns at
+ * every look-up, and a table whose invalidation means looking up again.
+ */
+typedef struct PublishExtensionHook
+{
+	void		(*plans) (const char *schema);
+	void		(*columns) (Oid nsp);
+	Oid			(*relid) (void);
+} PublishExtensionHook;
+extern void publish_extension_hooks(const PublishExtensionHook *hooks, int n);
+extern Oid	publish_lookup_extension(void);
+
+/* publish_shares.c: the buckets shared out between the database's workers */
+extern uint32 publish_reading_workers(Oid ext);
+extern void publish_bucket_share(uint32 members, int *nshares, int *share);
+extern void publish_note_peer_buckets(void);
+extern bool publish_bucket_busy_elsewhere(int bucket);
+extern bool publish_shares_agreed(void);
 
 /* worker.c: the loop */
 extern int	outbox_poll_interval_ms;
-extern void publish_process_reload(void);
-extern bool publish_shares_agreed(void);
-extern bool publish_bucket_busy_elsewhere(int bucket);
-extern bool publish_stop_requested(void);
-extern void publish_stop_bound(void);
 
 /*
  * Keep a plan of the publisher's, planned once: with only nested loops over
@@ -177,15 +207,14 @@ publish_keep_plan(const char *query, int nargs, Oid *argtypes)
 }
 
 /* publish_read.c: plans, and reading pending events */
-extern int	outbox_batch_events;
-extern int	outbox_batch_bytes;
 extern int	outbox_read_interval_ms;
 extern int	outbox_read_commits;
 extern void publish_read_init(void);
 extern long publish_read_gap_ms(void);
-extern Oid	publish_lookup_extension(void);
+extern void publish_read_prepare(const char *s);
+extern void publish_read_columns(Oid nsp);
+extern Oid	publish_read_control_relid(void);
 extern int	publish_fetch(Flight *f, int nshares, int share, int max_events, int64 max_bytes);
-extern void publish_listed_changed(void);
 extern XLogRecPtr publish_read_flush_upto(XLogRecPtr upto);
 
 /* One event of a delta's manifest: where to fetch it, and what it must be. */
@@ -274,7 +303,8 @@ extern void publish_stream_ids_done(void);
 extern void publish_stream_owe(int64 seq);
 extern bool publish_stream_is_diverted(const char *aggregate_id);
 extern void publish_stream_divert(const char *aggregate_id, int64 seq);
-extern int	publish_stream_diverted_ready(char ***ids, int max);
+extern int	publish_stream_diverted_ready(char ***ids, int max,
+										  bool (*busy) (const char *aggregate_id));
 extern int64 publish_stream_undivert(const char *aggregate_id, bool release);
 extern void publish_stream_settled(const char *aggregate_id, int64 seq, bool covered);
 extern long publish_stream_diverted_count(void);
@@ -300,8 +330,6 @@ extern void publish_drop_producer(void);
 extern void publish_check_fatal(void);
 typedef bool (*AggregateVisitor) (Flight *f, BatchAggregate *agg, void *arg);
 extern bool publish_walk_aggregates(bool unsettled_only, AggregateVisitor visit, void *arg);
-extern HTAB *publish_aggregate_table(const char *name, Size entrysize, long nelem,
-									 MemoryContext cxt);
 extern Flight *publish_flight_begin(void);
 extern int	publish_produce_flight(Flight *f, TimestampTz deadline);
 extern void publish_flight_end(Flight *f);

@@ -176,7 +176,7 @@ publish_record_failure(BatchEvent *ev, const char *msg)
 	agg_args[5] = BoolGetDatum(policy == POISON_BLOCK);
 	if (SPI_execute_plan(fail_aggregate_plan, agg_args, NULL, false, 0) != SPI_OK_INSERT)
 		elog(ERROR, "could not record the failure of aggregate \"%s\"", ev->aggregate_id);
-	publish_listed_changed();
+	publish_listed_changed = true;
 
 	if (attempts < outbox_max_attempts)
 		ereport(LOG,

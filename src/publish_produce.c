@@ -103,38 +103,6 @@ publish_produce_init(void)
 							NULL, NULL, NULL);
 }
 
-/* Hash of an aggregate id key (a char *). */
-static uint32
-aggregate_hash(const void *key, Size keysize)
-{
-	const char *s = *(const char *const *) key;
-
-	return hash_bytes((const unsigned char *) s, strlen(s));
-}
-
-/* Compare two aggregate id keys. */
-static int
-aggregate_match(const void *key1, const void *key2, Size keysize)
-{
-	return strcmp(*(const char *const *) key1, *(const char *const *) key2);
-}
-
-/* A hash table keyed by aggregate id (a char * as the entry's first field). */
-HTAB *
-publish_aggregate_table(const char *name, Size entrysize, long nelem, MemoryContext cxt)
-{
-	HASHCTL		hctl;
-
-	memset(&hctl, 0, sizeof(hctl));
-	hctl.keysize = sizeof(char *);
-	hctl.entrysize = entrysize;
-	hctl.hash = aggregate_hash;
-	hctl.match = aggregate_match;
-	hctl.hcxt = cxt;
-	return hash_create(name, nelem, &hctl,
-					   HASH_ELEM | HASH_FUNCTION | HASH_COMPARE | HASH_CONTEXT);
-}
-
 /* The flight of a generation, or NULL. */
 static Flight *
 find_flight(uint32 generation)
@@ -219,18 +187,10 @@ delivered(uint32 generation, int index)
 void
 publish_produce_start(void)
 {
-	HASHCTL		hctl;
-
 	flights_context = AllocSetContextCreate(TopMemoryContext, "outbox flights",
 											ALLOCSET_DEFAULT_SIZES);
-	memset(&hctl, 0, sizeof(hctl));
-	hctl.keysize = sizeof(char *);
-	hctl.entrysize = sizeof(char *);
-	hctl.hash = aggregate_hash;
-	hctl.match = aggregate_match;
-	hctl.hcxt = flights_context;
-	busy_aggregates = hash_create("outbox busy aggregates", 1024, &hctl,
-								  HASH_ELEM | HASH_FUNCTION | HASH_COMPARE | HASH_CONTEXT);
+	busy_aggregates = publish_aggregate_table("outbox busy aggregates", sizeof(char *), 1024,
+											  flights_context);
 	tracker.result_slot = result_slot;
 	tracker.delivered = delivered;
 }
@@ -857,7 +817,7 @@ produce_event(Flight *f, BatchAggregate *agg, int index, TimestampTz deadline)
 		/* Let delivery reports drain the queue, then try again. */
 		rd_kafka_poll(publish_producer, 10);
 		CHECK_FOR_INTERRUPTS();
-		publish_stop_bound();
+		publish_stop_bound(true);	/* this flight is out */
 	}
 }
 
@@ -875,7 +835,7 @@ await_flight(Flight *f, TimestampTz deadline)
 		/* rd_kafka_poll returns as soon as a report arrives. */
 		rd_kafka_poll(publish_producer, (int) Min(remaining, 100));
 		CHECK_FOR_INTERRUPTS();
-		publish_stop_bound();
+		publish_stop_bound(true);	/* this flight is out */
 	}
 	return true;
 }

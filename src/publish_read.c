@@ -1,7 +1,7 @@
 /*-------------------------------------------------------------------------
  *
  * publish_read.c
- *	  Reading pending events: the extension's plans, and the fetch of the
+ *	  Reading pending events: the read's plans, and the fetch of the
  *	  oldest pending events of this worker's share, within the batch bounds.
  *
  *-------------------------------------------------------------------------
@@ -13,14 +13,11 @@
 #include "executor/tuptable.h"
 #include "utils/fmgrprotos.h"
 #include "utils/snapmgr.h"
-#include "catalog/namespace.h"
 #include "catalog/pg_type.h"
-#include "commands/extension.h"
 #include "executor/spi.h"
 #include "utils/array.h"
 #include "utils/builtins.h"
 #include "utils/guc.h"
-#include "utils/inval.h"
 #include "utils/jsonb.h"
 #include "utils/memutils.h"
 
@@ -28,8 +25,6 @@
 #include "util.h"
 #include "publish.h"
 
-int			outbox_batch_events = 20000;
-int			outbox_batch_bytes = 16 * 1024 * 1024;
 int			outbox_read_interval_ms = 10;
 int			outbox_read_commits = 4;
 
@@ -46,8 +41,6 @@ static bool last_read_full = false;
 static bool manifest_unchecked = false;
 static bool last_read_unchecked = false;
 
-static Oid	plans_extoid = InvalidOid;	/* the extension the plans are for */
-static bool extension_stale = true; /* look it up before trusting plans_extoid */
 static SPIPlanPtr unsettled_plan = NULL;
 static SPIPlanPtr fetch_id_plan = NULL;
 static SPIPlanPtr listed_plan = NULL;
@@ -66,30 +59,11 @@ static SPIPlanPtr clear_plan = NULL;
 #define LISTED_POLL_MS 100
 
 static TimestampTz listed_read_at = 0;
-static bool listed_changed = true;
 
 /* Define this module's settings (from _PG_init). */
 void
 publish_read_init(void)
 {
-	DefineCustomIntVariable("outbox.batch_events",
-							"Most events one publisher has read and not yet settled.",
-							"Bounds the events in flight (produced, awaiting acknowledgement or marking); one batch reads at most half of it.",
-							&outbox_batch_events,
-							20000, 1, 1000000,
-							PGC_SIGHUP,
-							0,
-							NULL, NULL, NULL);
-
-	DefineCustomIntVariable("outbox.batch_bytes",
-							"Most bytes of events one publisher has read and not yet settled.",
-							"Counts payloads, headers and ids; a batch holds at least one event, however large.",
-							&outbox_batch_bytes,
-							16 * 1024 * 1024, 1024, MaxAllocSize / 2,
-							PGC_SIGHUP,
-							GUC_UNIT_BYTE,
-							NULL, NULL, NULL);
-
 	DefineCustomIntVariable("outbox.read_interval",
 							"Shortest time between two reads of a publisher that is not behind.",
 							"After a read that found less than a full batch, commits wait this long to be "
@@ -131,22 +105,6 @@ publish_read_gap_ms(void)
 	return age < outbox_read_interval_ms ? outbox_read_interval_ms - age : 0;
 }
 
-/* Schema of the extension in this database, or NULL if not installed. */
-static char *
-extension_schema(void)
-{
-	int			rc;
-
-	rc = SPI_execute("SELECT n.nspname FROM pg_catalog.pg_extension e "
-					 "JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) e.extnamespace "
-					 "WHERE e.extname OPERATOR(pg_catalog.=) 'outbox'", true, 1);
-	if (rc != SPI_OK_SELECT)
-		elog(ERROR, "could not look up the outbox extension");
-	if (SPI_processed == 0)
-		return NULL;
-	return SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1);
-}
-
 /* The columns of an event as copy_row() reads them. */
 #define EVENT_COLUMNS \
 	"o.id, o.event_id, o.aggregate_type, o.aggregate_id, o.aggregate_version, " \
@@ -182,7 +140,7 @@ prepare_read_plans(const char *s)
 	Oid			catch_up_types[2] = {TEXTARRAYOID, INT4OID};
 	Oid			clear_types[2] = {TEXTARRAYOID, XIDARRAYOID};
 
-	listed_changed = true;
+	publish_listed_changed = true;
 
 	/* Without a horizon (first start, after a restore): every unsettled event. */
 	unsettled_plan = publish_keep_plan(psprintf(
@@ -306,74 +264,30 @@ read_snapshot_text(void)
 	return DatumGetCString(DirectFunctionCall1(pg_snapshot_out, snap));
 }
 
-/* Prepare every module's plans for the extension in schema. */
-static void
-prepare_plans(const char *schema)
-{
-	const char *s = quote_identifier(schema);
-
-	free_read_plans();
-	plans_extoid = InvalidOid;
-	prepare_read_plans(s);
-	publish_stream_prepare(s);
-	publish_settle_prepare(s);
-	publish_poison_prepare(s);
-	publish_retention_prepare(s);
-}
-
-/* A relcache invalidation of the outbox or of everything: look up again. */
-static void
-extension_relcache_callback(Datum arg, Oid relid)
-{
-	if (!OidIsValid(relid) || relid == publish_heap_relid() || relid == publish_progress_relid() ||
-		relid == control_relid)
-		extension_stale = true;
-}
-
 /*
- * In a transaction with a snapshot: find the extension and (re)prepare the
- * plans if it moved.  Returns its OID, or InvalidOid if it is not
- * installed.  Looked up in the catalog only after the outbox table had a
- * relcache invalidation (DROP EXTENSION drops it): a catalog scan per read
- * was 3.5% of the worker's CPU under a steady load.
+ * The extension (re)appeared in schema s (quoted): free the plans of the
+ * previous one, prepare this one's (publish_extension.c calls it).
  */
-Oid
-publish_lookup_extension(void)
+void
+publish_read_prepare(const char *s)
 {
-	static bool callback_registered = false;
-	static bool columns_found = false;	/* by the last look-up, completely */
-	Oid			extoid;
-	Oid			nsp;
-	char	   *schema;
+	free_read_plans();
+	prepare_read_plans(s);
+}
 
-	if (!callback_registered)
-	{
-		CacheRegisterRelcacheCallback(extension_relcache_callback, (Datum) 0);
-		callback_registered = true;
-	}
-	if (!extension_stale && columns_found && OidIsValid(plans_extoid))
-		return plans_extoid;
-	/* Cleared first: an invalidation during the look-up marks it again. */
-	extension_stale = false;
-	columns_found = false;
-	extoid = get_extension_oid("outbox", true);
-	if (!OidIsValid(extoid))
-		return InvalidOid;
-	schema = extension_schema();
-	if (schema == NULL)
-		return InvalidOid;
-	/* Not relocatable: the same extension keeps its schema and plans. */
-	if (extoid != plans_extoid)
-		prepare_plans(schema);
-	plans_extoid = extoid;
-	/* Its tables' columns again (cheap): an ALTER EXTENSION UPDATE may move them. */
-	nsp = get_namespace_oid(schema, false);
-	publish_heap_prepare(nsp);
-	publish_progress_prepare(nsp);
+/* Where publisher_control's column is, in the extension's schema nsp. */
+void
+publish_read_columns(Oid nsp)
+{
 	control_relid = publish_table_columns(nsp, "publisher_control", control_names, 1,
 										  control_columns);
-	columns_found = true;
-	return extoid;
+}
+
+/* publisher_control: its invalidation means looking the extension up again. */
+Oid
+publish_read_control_relid(void)
+{
+	return control_relid;
 }
 
 
@@ -600,7 +514,8 @@ static int
 catch_up_candidates(int nshares, int share, HTAB *set, HTAB *listed_xmins)
 {
 	char	  **div;
-	int			ndiv = publish_stream_diverted_ready(&div, CATCH_UP_AGGREGATES);
+	int			ndiv = publish_stream_diverted_ready(&div, CATCH_UP_AGGREGATES,
+													 publish_aggregate_busy);
 	Datum		args[3];
 	int			n = 0;
 
@@ -617,7 +532,7 @@ catch_up_candidates(int nshares, int share, HTAB *set, HTAB *listed_xmins)
 				n++;
 	}
 
-	if (!listed_changed &&
+	if (!publish_listed_changed &&
 		!TimestampDifferenceExceeds(listed_read_at, GetCurrentTimestamp(), LISTED_POLL_MS))
 		return n;
 	listed_read_at = GetCurrentTimestamp();
@@ -630,7 +545,7 @@ catch_up_candidates(int nshares, int share, HTAB *set, HTAB *listed_xmins)
 	 * Any found: look again next time (the read that finds one with nothing
 	 * more pending returns it to the stream); only none waits the poll.
 	 */
-	listed_changed = SPI_processed > 0;
+	publish_listed_changed = SPI_processed > 0;
 	for (uint64 r = 0; r < SPI_processed; r++)
 	{
 		HeapTuple	tup = SPI_tuptable->vals[r];
@@ -1044,13 +959,6 @@ XLogRecPtr
 publish_read_flush_upto(XLogRecPtr upto)
 {
 	return last_read_unchecked ? upto : publish_delta_flush_upto(upto);
-}
-
-/* The database lists new aggregates (a failure recorded): look at once. */
-void
-publish_listed_changed(void)
-{
-	listed_changed = true;
 }
 
 /*

@@ -500,11 +500,12 @@ publish_stream_divert(const char *aggregate_id, int64 seq)
 }
 
 /*
- * The diverted aggregates to read now (not in flight), at most max, as a
- * palloc'd array in the current context.  Returns their number.
+ * The diverted aggregates to read now (not busy: in flight, as the caller
+ * knows), at most max, as a palloc'd array in the current context.  Returns
+ * their number.
  */
 int
-publish_stream_diverted_ready(char ***ids, int max)
+publish_stream_diverted_ready(char ***ids, int max, bool (*busy) (const char *aggregate_id))
 {
 	HASH_SEQ_STATUS seq;
 	Diverted   *d;
@@ -519,7 +520,7 @@ publish_stream_diverted_ready(char ***ids, int max)
 			hash_seq_term(&seq);
 			break;
 		}
-		if (!publish_aggregate_busy(d->aggregate_id))
+		if (!busy(d->aggregate_id))
 			(*ids)[n++] = d->aggregate_id;
 	}
 	return n;

@@ -46,7 +46,10 @@
 /* Databases the launcher can keep track of at once (served or probed). */
 #define OUTBOX_MAX_DATABASES 64
 
-/* Inbox workers per database (INBOX_MAX_WORKERS, inbox_worker.h). */
+/*
+ * Inbox workers per database: the maximum of outbox.inbox_workers
+ * (inbox_worker.h defines INBOX_MAX_WORKERS as this).
+ */
 #define OUTBOX_MAX_INBOX_WORKERS 16
 
 /*

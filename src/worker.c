@@ -61,11 +61,11 @@
  * Dying with flights out re-sent every acknowledged but unsettled event
  * after the restart.
  *
- * A bucket that moves to another worker (the shares changed) is left by its
- * new owner while the old one has aggregates of it in flight or unsettled
- * (busy_buckets in the slot): the new owner reads them once they are
- * settled, from their new last published version, instead of sending again
- * what the old owner has out.
+ * Each read is of this worker's share of the publish buckets
+ * (publish_shares.c); a bucket another worker still has busy is left to
+ * it.  The state the steps share with the loop (this worker's slot, a
+ * reload processed, the stop asked for) is in publish_state.c: the loop
+ * sets and drives it, the steps only read it.
  *
  *-------------------------------------------------------------------------
  */
@@ -102,11 +102,6 @@
 #define STALLED_POLL_MS 100
 
 int			outbox_poll_interval_ms = 1000;
-/* Longest a SIGTERM waits for acknowledgements to settle before dying. */
-static int	outbox_shutdown_timeout_ms = 5000;
-
-/* This worker's database entry, from the launcher. */
-static OutboxDatabase *my_database;
 
 /* Reset every turn of the loop: what a turn allocates between transactions. */
 static MemoryContext loop_context = NULL;
@@ -114,25 +109,10 @@ static MemoryContext loop_context = NULL;
 /* When the broker-level condition was last probed. */
 static TimestampTz last_probe_at = 0;
 
-/* The buckets the other workers had busy when the current read began. */
-static uint32 peer_buckets_at_read[OUTBOX_PUBLISH_BUCKETS / 32];
-
-/* A reload was processed since the producer settings were last compared. */
-static bool reloaded_in_batch = false;
-
 /* A read was due but came too soon after the previous one (outbox.read_interval). */
 static bool read_wanted = false;
 /* A read is held for the newest flight's reports (and said so: read_scheduled). */
 static bool read_held = false;
-
-/*
- * A SIGTERM asked the worker to stop, and when; whether it drains (its
- * timeout set).
- */
-static volatile sig_atomic_t stop_requested = false;
-static volatile TimestampTz stop_requested_at = 0;
-static bool stop_draining = false;
-static TimeoutId stop_timeout = MAX_TIMEOUTS;
 
 static char last_logged_error[256];
 
@@ -151,34 +131,12 @@ outbox_publisher_init(void)
 							PGC_SIGHUP,
 							GUC_UNIT_MS,
 							NULL, NULL, NULL);
-	DefineCustomIntVariable("outbox.shutdown_timeout",
-							"Longest a stopping publisher waits for Kafka to acknowledge what it sent.",
-							"On SIGTERM (a fast shutdown, a restart, pg_terminate_backend) a publisher reads "
-							"nothing more and settles what Kafka acknowledges of its messages out, so that "
-							"they are not sent again after the restart; after this long it exits anyway. "
-							"0 exits at once.",
-							&outbox_shutdown_timeout_ms,
-							5000, 0, 600 * 1000,
-							PGC_SIGHUP,
-							GUC_UNIT_MS,
-							NULL, NULL, NULL);
+	publish_state_init();
 	publish_read_init();
 	publish_durable_init();
 	publish_produce_init();
 	publish_poison_init();
 	publish_retention_init();
-}
-
-/* Process a pending reload; the loop compares the producer settings next. */
-void
-publish_process_reload(void)
-{
-	if (ConfigReloadPending)
-	{
-		ConfigReloadPending = false;
-		ProcessConfigFile(PGC_SIGHUP);
-		reloaded_in_batch = true;
-	}
 }
 
 /*
@@ -224,111 +182,6 @@ worker_exit(int code, Datum arg)
 	outbox_wake_workers();
 	outbox_producer_destroy(publish_producer);
 	publish_producer = NULL;
-}
-
-/*
- * The workers (a bit per index) alive now that read the stream of extension
- * ext (their horizon row is committed there), this one included.  A
- * configured worker that never started (max_worker_processes too low), is
- * dead until its restart, or has not committed its horizon row yet is not
- * among them, so no bucket waits for it and none is skipped by all.
- */
-static uint32
-reading_workers(Oid ext)
-{
-	uint32		members = 0;
-
-	for (int i = 0; i < outbox_workers; i++)
-	{
-		OutboxWorkerSlot *peer = &my_database->workers[i];
-		pid_t		pid = peer->pid;
-
-		if (i == publish_worker_index ||
-			(pid != 0 && pg_atomic_read_u32(&peer->reading_extension) == ext &&
-			 (kill(pid, 0) == 0 || errno != ESRCH)))
-			members |= (uint32) 1 << i;
-	}
-	return members;
-}
-
-/*
- * This worker's share of the publish buckets among members: its rank
- * among them, and their number.  While membership changes, two workers may
- * both fetch a bucket for a moment, and its try-lock decides.
- */
-static void
-bucket_share(uint32 members, int *nshares, int *share)
-{
-	*share = pg_popcount32(members & (((uint32) 1 << publish_worker_index) - 1));
-	*nshares = pg_popcount32(members);
-}
-
-/*
- * Note the buckets the other workers have busy, before a read's snapshot
- * is taken: a bucket one of them settles after that is busy for this read
- * too, whose snapshot may not see the settling (and would send again what
- * the settling recorded).
- */
-static void
-note_peer_buckets(void)
-{
-	memset(peer_buckets_at_read, 0, sizeof(peer_buckets_at_read));
-	for (int i = 0; i < outbox_workers; i++)
-	{
-		OutboxWorkerSlot *peer = &my_database->workers[i];
-
-		if (i == publish_worker_index || peer->pid == 0)
-			continue;
-		for (int b = 0; b < OUTBOX_PUBLISH_BUCKETS / 32; b++)
-			peer_buckets_at_read[b] |= pg_atomic_read_u32(&peer->busy_buckets[b]);
-	}
-	pg_memory_barrier();
-}
-
-/*
- * Does another running worker have aggregates of this bucket in flight or
- * acknowledged but unsettled, or had it when this read began?  (Its former
- * owner, until the shares agree.)
- */
-bool
-publish_bucket_busy_elsewhere(int bucket)
-{
-	uint32		bit = (uint32) 1 << (bucket % 32);
-
-	if ((peer_buckets_at_read[bucket / 32] & bit) != 0)
-		return true;
-	for (int i = 0; i < outbox_workers; i++)
-	{
-		OutboxWorkerSlot *peer = &my_database->workers[i];
-
-		if (i != publish_worker_index && peer->pid != 0 &&
-			(pg_atomic_read_u32(&peer->busy_buckets[bucket / 32]) & bit) != 0)
-			return true;
-	}
-	return false;
-}
-
-/*
- * May this worker store its horizon?  Only while every worker reading
- * reads by the same shares, each having read again from the oldest horizon
- * for them: a bucket moved from one to another is then covered by its new
- * owner from below the old owner's stored horizon, which the old owner,
- * having skipped the bucket since, must not move past before that (with
- * three or more workers, buckets move between workers that stay).
- */
-bool
-publish_shares_agreed(void)
-{
-	uint32		view = pg_atomic_read_u32(&publish_slot->shares_view);
-	Oid			ext = pg_atomic_read_u32(&publish_slot->reading_extension);
-
-	if (view == 0 || !OidIsValid(ext) || reading_workers(ext) != view)
-		return false;
-	for (int i = 0; i < outbox_workers; i++)
-		if (i != publish_worker_index && (view & ((uint32) 1 << i)) != 0 &&
-			pg_atomic_read_u32(&my_database->workers[i].shares_view) != view)
-			return false;
-	return true;
 }
 
 /* Start a transaction of the loop, with SPI and a snapshot. */
@@ -386,7 +239,7 @@ run_flight(int max_events, int64 max_bytes)
 	Oid			ext;
 
 	if (outbox_workers > 1)
-		note_peer_buckets();
+		publish_note_peer_buckets();
 	begin_step("reading pending events");
 	ext = publish_lookup_extension();
 	if (!OidIsValid(ext))
@@ -398,8 +251,8 @@ run_flight(int max_events, int64 max_bytes)
 	/* Every commit this snapshot sees ends before this WAL position. */
 	visible_upto = publish_wal_insert_end();
 
-	members = reading_workers(ext);
-	bucket_share(members, &nshares, &share);
+	members = publish_reading_workers(ext);
+	publish_bucket_share(members, &nshares, &share);
 	/*
 	 * About to read again for other shares: until that read is done, our
 	 * view says nothing (no store here or elsewhere may pass for it).
@@ -482,7 +335,7 @@ pipeline_step(void)
 	 * exits) or whose producer waits to be replaced (see
 	 * publish_check_producer_settings).
 	 */
-	can_read = !publish_slot->yield && !stop_requested && !publish_producer_outdated() &&
+	can_read = !publish_slot->yield && !publish_stop_requested() && !publish_producer_outdated() &&
 		nevents < outbox_batch_events && nbytes < outbox_batch_bytes && !kafka_unreachable();
 	/*
 	 * A backlog (the newest delta has more to read) is read on without
@@ -691,7 +544,7 @@ static void
 connect_error_context(void *arg)
 {
 	errcontext("outbox publisher connecting to database \"%s\" as %s (outbox.role)",
-			   NameStr(my_database->name),
+			   NameStr(publish_database->name),
 			   outbox_role[0] ? psprintf("role \"%s\"", outbox_role) : "the bootstrap superuser");
 }
 
@@ -761,7 +614,7 @@ connect_to_database(void)
 	prev_emit_log_hook = emit_log_hook;
 	emit_log_hook = connect_log_hook;
 
-	BackgroundWorkerInitializeConnection(NameStr(my_database->name),
+	BackgroundWorkerInitializeConnection(NameStr(publish_database->name),
 										 outbox_role[0] ? outbox_role : NULL,
 										 BGWORKER_BYPASS_ALLOWCONN);
 
@@ -791,11 +644,11 @@ extension_installed(void)
 static void
 exit_extension_absent(void)
 {
-	if (my_database->state == ODB_SERVED)
+	if (publish_database->state == ODB_SERVED)
 		ereport(LOG,
 				(errmsg("outbox publisher %d: extension \"outbox\" is no longer installed in database \"%s\"; stopping",
-						publish_worker_index, NameStr(my_database->name))));
-	my_database->state = ODB_ABSENT;
+						publish_worker_index, NameStr(publish_database->name))));
+	publish_database->state = ODB_ABSENT;
 	proc_exit(0);
 }
 
@@ -813,7 +666,7 @@ should_yield(bool idle)
 	if (publish_slot->yield)
 		return true;
 	return idle && pg_atomic_read_u32(&outbox_shared->databases_waiting) > 0 &&
-		TimestampDifferenceExceeds(my_database->turn_started, GetCurrentTimestamp(), 1000);
+		TimestampDifferenceExceeds(publish_database->turn_started, GetCurrentTimestamp(), 1000);
 }
 
 /*
@@ -825,9 +678,9 @@ should_yield(bool idle)
 static void
 join_database(Datum main_arg)
 {
-	my_database = &outbox_shared->databases[DatumGetUInt32(main_arg) >> 16];
+	publish_database = &outbox_shared->databases[DatumGetUInt32(main_arg) >> 16];
 	publish_worker_index = DatumGetUInt32(main_arg) & 0xffff;
-	publish_slot = &my_database->workers[publish_worker_index];
+	publish_slot = &publish_database->workers[publish_worker_index];
 
 	/* In the slot from the start, so that a DROP DATABASE finds us. */
 	publish_slot->pid = MyProcPid;
@@ -839,19 +692,35 @@ join_database(Datum main_arg)
 	 * The entry was given to another database meanwhile, we are not wanted,
 	 * or a DROP/ALTER DATABASE holds the database.
 	 */
-	if (MyDatabaseId != my_database->dboid || publish_slot->yield ||
-		my_database->held_until > GetCurrentTimestamp())
+	if (MyDatabaseId != publish_database->dboid || publish_slot->yield ||
+		publish_database->held_until > GetCurrentTimestamp())
 		proc_exit(0);
 	if (!extension_installed())
 		exit_extension_absent();
-	if (my_database->state != ODB_SERVED)
+	if (publish_database->state != ODB_SERVED)
 	{
 		/* The launcher starts the database's other workers now. */
-		my_database->state = ODB_SERVED;
+		publish_database->state = ODB_SERVED;
 		if (outbox_shared->launcher_latch != NULL)
 			SetLatch(outbox_shared->launcher_latch);
 	}
 }
+
+/*
+ * What each step does when the extension (re)appears (its plans) and at
+ * every look-up (its tables' columns), in this order, and the tables whose
+ * invalidation means looking it up again (publish_extension.c).
+ */
+static const PublishExtensionHook extension_hooks[] = {
+	{publish_read_prepare, NULL, NULL},
+	{publish_stream_prepare, NULL, NULL},
+	{publish_settle_prepare, NULL, NULL},
+	{publish_poison_prepare, NULL, NULL},
+	{publish_retention_prepare, NULL, NULL},
+	{NULL, publish_heap_prepare, publish_heap_relid},
+	{NULL, publish_progress_prepare, publish_progress_relid},
+	{NULL, publish_read_columns, publish_read_control_relid},
+};
 
 /* The session settings and memory of a publisher, and its slot. */
 static void
@@ -906,6 +775,7 @@ worker_setup(void)
 	publish_settle_start();
 	publish_stream_start();
 	publish_produce_start();
+	publish_extension_hooks(extension_hooks, lengthof(extension_hooks));
 	slot->latch = MyLatch;
 	/* The others shrink their shares of the buckets. */
 	outbox_wake_workers();
@@ -983,99 +853,15 @@ loop_turn(bool *failed)
 }
 
 /*
- * SIGTERM: the first asks for a graceful stop (publish_stop_bound() and
- * stop_or_drain(); outbox.shutdown_timeout from now bounds it); a second
- * one, or any with outbox.shutdown_timeout = 0, dies at once.  But not a
- * second one from the postmaster: it sends each signal to the process and
- * to its process group, which arrive as two when the handler ran between
- * them (a fast shutdown then died with its flights out, 1 time in 10).
- * (SIGQUIT, an immediate shutdown, keeps the default handler: it exits at
- * once.)
- */
-static void
-publish_sigterm(int signo, siginfo_t *info, void *context)
-{
-	int			save_errno = errno;
-
-	if (stop_requested && info != NULL && info->si_pid == PostmasterPid)
-		;						/* the process group's copy */
-	else if (stop_requested || outbox_shutdown_timeout_ms <= 0)
-		die(SIGTERM);
-	else
-	{
-		stop_requested_at = GetCurrentTimestamp();
-		stop_requested = true;
-		SetLatch(MyLatch);
-	}
-	errno = save_errno;
-}
-
-/* Handle SIGTERM with publish_sigterm(), which needs to know the sender. */
-static void
-install_sigterm_handler(void)
-{
-	struct sigaction act;
-
-	memset(&act, 0, sizeof(act));
-	act.sa_sigaction = publish_sigterm;
-	sigemptyset(&act.sa_mask);
-	act.sa_flags = SA_RESTART | SA_SIGINFO;
-	if (sigaction(SIGTERM, &act, NULL) < 0)
-		elog(ERROR, "could not set the SIGTERM handler: %m");
-}
-
-/* Has a SIGTERM asked the worker to stop (it reads and waits for nothing more)? */
-bool
-publish_stop_requested(void)
-{
-	return stop_requested;
-}
-
-/*
- * If a stop was asked for: bound it, once, by outbox.shutdown_timeout from
- * the signal (a timeout that dies wherever the worker is).  Called between
- * steps and from the waits inside one (not from the signal handler: the
- * timeout machinery is not async-signal-safe).
- */
-void
-publish_stop_bound(void)
-{
-	long		remaining;
-
-	if (!stop_requested || stop_draining)
-		return;
-	stop_draining = true;
-	remaining = outbox_shutdown_timeout_ms -
-		TimestampDifferenceMilliseconds(stop_requested_at, GetCurrentTimestamp());
-	if (remaining <= 0)
-	{
-		die(SIGTERM);
-		CHECK_FOR_INTERRUPTS();
-	}
-	enable_timeout_after(stop_timeout, (int) remaining);
-	if (publish_flights != NULL || publish_pending_marks != NULL)
-		ereport(LOG,
-				(errmsg("outbox publisher %d stopping: settling what Kafka acknowledges first (at most %d ms)",
-						publish_worker_index, outbox_shutdown_timeout_ms)));
-}
-
-/* The graceful stop's time is up: die wherever the worker is. */
-static void
-stop_timeout_handler(void)
-{
-	die(SIGTERM);
-}
-
-/*
  * If a stop was asked for: drain (no more reads; a timeout bounds it), and
  * once nothing is in flight or held, die as SIGTERM would have.
  */
 static void
 stop_or_drain(void)
 {
-	if (!stop_requested)
+	if (!publish_stop_requested())
 		return;
-	publish_stop_bound();
+	publish_stop_bound(publish_flights != NULL || publish_pending_marks != NULL);
 	if (publish_flights == NULL && publish_pending_marks == NULL)
 	{
 		die(SIGTERM);
@@ -1096,11 +882,10 @@ outbox_worker_main(Datum main_arg)
 	join_database(main_arg);
 	worker_setup();
 	/* From now on a SIGTERM first settles what is acknowledged. */
-	stop_timeout = RegisterTimeout(USER_TIMEOUT, stop_timeout_handler);
-	install_sigterm_handler();
+	publish_stop_setup();
 	ereport(LOG,
 			(errmsg("outbox publisher %d started for database \"%s\"",
-					publish_worker_index, NameStr(my_database->name))));
+					publish_worker_index, NameStr(publish_database->name))));
 
 	for (;;)
 	{
@@ -1115,9 +900,9 @@ outbox_worker_main(Datum main_arg)
 		MemoryContextSwitchTo(loop_context);
 		publish_process_reload();
 		/* Also after a reload served while waiting for standbys. */
-		if (reloaded_in_batch || publish_producer_outdated())
+		if (publish_reloaded || publish_producer_outdated())
 		{
-			reloaded_in_batch = false;
+			publish_reloaded = false;
 			publish_check_producer_settings();
 		}
 
