@@ -12,8 +12,9 @@
  * that is a moment old.
  *
  *	- databases[]: entries are assigned (dboid set) and freed only by the
- *	  launcher; held_until by the session running DROP/ALTER DATABASE;
- *	  inbox_pids and inbox_idle_* by the inbox launcher and workers.
+ *	  launcher; held_until by the session running DROP/ALTER DATABASE.
+ *	  (The inbox workers' state per entry is the inbox's own shared
+ *	  memory: inbox_worker.c.)
  *	  Backends only look entries up (outbox_database_entry, which checks
  *	  the cached entry's dboid at every call).
  *	- databases[].workers[]: each OutboxWorkerSlot is written by its worker;
@@ -148,12 +149,6 @@ typedef struct OutboxDatabase
 	volatile TimestampTz waiting_since;
 	/* When its current or last turn started, while databases take turns. */
 	volatile TimestampTz turn_started;
-	/* Inbox workers running here (for DROP DATABASE), and until when none
-	 * need to, since nothing was subscribed. */
-	volatile pid_t inbox_pids[OUTBOX_MAX_INBOX_WORKERS];
-	volatile TimestampTz inbox_idle_until;
-	/* probe_generation when the idle worker looked (a later one voids it) */
-	volatile uint32 inbox_idle_generation;
 	OutboxStats stats;
 	OutboxWorkerSlot workers[OUTBOX_MAX_WORKERS];
 } OutboxDatabase;
