@@ -641,15 +641,16 @@ slot_start(LauncherSlot *slot, BackgroundWorker *worker)
 	return true;
 }
 
-/* Log, once until a start succeeds again, that a worker found no slot. */
+/*
+ * Log, once until a start succeeds again, that a worker (what: "publisher
+ * 0 of database \"x\"") found no background worker slot.
+ */
 static void
-log_no_slot(bool *logged, const char *what, int i, const char *dbname)
+log_no_slot(bool *logged, const char *what)
 {
 	if (!*logged)
 		ereport(LOG,
-				(errmsg("outbox launcher: no background worker slot for %s %d%s%s%s",
-						what, i, dbname ? " of database \"" : "", dbname ? dbname : "",
-						dbname ? "\"" : ""),
+				(errmsg("outbox launcher: no background worker slot for %s", what),
 				 errhint("Raise max_worker_processes (now %d) and restart the server, or lower outbox.max_workers or outbox.workers: "
 						 "each database with the extension takes outbox.workers slots, plus outbox.inbox_workers where something is subscribed, "
 						 "and the cluster one more for the launcher.",
@@ -914,7 +915,8 @@ start_publishers(int e, int want, int cap, int *total, TimestampTz now)
 			break;
 		if (!start_publisher(e, i))
 		{
-			log_no_slot(&logged_no_slot, "publisher", i, NameStr(db->name));
+			log_no_slot(&logged_no_slot,
+						psprintf("publisher %d of database \"%s\"", i, NameStr(db->name)));
 			break;
 		}
 		logged_no_slot = false;
@@ -1038,8 +1040,9 @@ start_inbox_workers(LauncherSlot *slots, int e, const char *dbname, TimestampTz 
 		inbox_worker_describe(&worker, e, i, dbname);
 		if (!slot_start(&slots[i], &worker))
 		{
-			log_no_slot(&logged_no_slot, "inbox worker", i,
-						e == INBOX_ONE_DATABASE ? NULL : dbname);
+			log_no_slot(&logged_no_slot, e == INBOX_ONE_DATABASE ?
+						psprintf("inbox worker %d", i) :
+						psprintf("inbox worker %d of database \"%s\"", i, dbname));
 			return false;
 		}
 		logged_no_slot = false;

@@ -12,6 +12,7 @@ use PostgreSQL::Test::Utils;
 use Test::More;
 use Time::HiRes qw(time sleep);
 
+use InboxTest;
 use MockKafka;
 use OutboxTest;
 
@@ -40,16 +41,7 @@ sub backend_pid
 
 # Database "shop" consumes the topic: its inbox worker runs there.
 $node->safe_psql('postgres', 'CREATE ROLE app LOGIN; CREATE DATABASE shop');
-$node->safe_psql('shop', q{
-CREATE EXTENSION outbox;
-CREATE SCHEMA app AUTHORIZATION app;
-GRANT EXECUTE ON FUNCTION inbox_subscribe(text, text[], regprocedure) TO app;
-SET ROLE app;
-CREATE TABLE app.applied (aggregate_id text, version bigint);
-CREATE FUNCTION app.apply(m inbox_message) RETURNS void LANGUAGE sql
-  AS $$ INSERT INTO app.applied VALUES (m.aggregate_id, m.aggregate_version) $$;
-SELECT inbox_subscribe('shop', ARRAY['orders'], 'app.apply(inbox_message)'::regprocedure);
-});
+subscribe_database($node, 'shop', 'shop', $topic);
 ok(defined wait_until(sub {
 	backends('outbox inbox worker', 'shop') == 1 && backends('outbox publisher', 'shop') == 1
 	  && backends('outbox publisher', 'postgres') == 1 }, 60),
