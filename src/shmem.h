@@ -4,7 +4,8 @@
  *	  The extension's shared memory (shmem.c): one struct, OutboxShared,
  *	  its per-database entries and per-worker slots, and the look-ups and
  *	  signals every part uses on it.  The bottom of the module graph, with
- *	  util.c: shmem.c calls no other module of the extension.
+ *	  util.c: shmem.c calls no other module of the extension.  (The inbox
+ *	  workers' own state is the inbox's shared memory, inbox_worker.c.)
  *
  * Locking rules.  OutboxShared is created by outbox_shmem_startup() under
  * AddinShmemInitLock and has no lock of its own afterwards: each field has
