@@ -2,7 +2,7 @@
  *
  * inbox.h
  *	  Private to the inbox workers, shared by their parts: the loop
- *	  (inbox_worker.c: defining the settings, launcher, subscriptions,
+ *	  (inbox_worker.c: defining the settings, shared memory, subscriptions,
  *	  steps), a subscription's Kafka consumer (inbox_consumer.c), one batch
  *	  applied through the handler (inbox_apply.c), the statements on the
  *	  inbox tables (inbox_store.c), and below them all the settings' values

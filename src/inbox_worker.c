@@ -3,12 +3,14 @@
  * inbox_worker.c
  *	  Inbox workers: apply the events of subscribed Kafka topics to
  *	  PostgreSQL through a handler function, exactly once, in order.
- *	  This file holds their settings, their launcher and their loop.
+ *	  This file holds their settings, their shared memory and their loop.
  *
- * A launcher, connected to no database, starts outbox.inbox_workers
- * dynamic workers once their database exists, and again when one exits;
- * with no single inbox database set, in every database the publishers
- * serve where something is subscribed.
+ * The launcher (launcher.c) starts outbox.inbox_workers dynamic workers
+ * once their database exists, and again when one exits; with no single
+ * inbox database set, in every database the publishers serve where
+ * something is subscribed.  What it needs of the inbox is here, through
+ * inbox_worker.h: how a worker is started, where the workers run (their
+ * shared memory) and whether a database needs none for now.
  * Each subscription (table inbox_subscription) is a Kafka consumer group
  * of this cluster and database; every worker runs one librdkafka consumer
  * per subscription (src/inbox_consumer.c), so Kafka spreads the partitions
@@ -34,11 +36,7 @@
 
 #include <librdkafka/rdkafka.h>
 
-#include "access/heapam.h"
-#include "access/table.h"
-#include "access/tableam.h"
 #include "access/xact.h"
-#include "catalog/pg_database.h"
 #include "catalog/pg_type.h"
 #include "executor/spi.h"
 #include "miscadmin.h"
@@ -49,7 +47,6 @@
 #include "storage/latch.h"
 #include "tcop/tcopprot.h"
 #include "utils/builtins.h"
-#include "utils/fmgroids.h"
 #include "utils/guc.h"
 #include "utils/memutils.h"
 #include "utils/snapmgr.h"
@@ -68,6 +65,8 @@
 #define INBOX_ERROR_BACKOFF_MS 1000
 /* Longest outbox.inbox_batch_time: an hour. */
 #define INBOX_MAX_BATCH_TIME_MS (3600 * 1000)
+/* How long a database where nothing is subscribed is left without inbox workers. */
+#define INBOX_RECHECK_MS (60 * 1000)
 
 static const struct config_enum_entry poison_options[] = {
 	{"block", POISON_BLOCK, false},
@@ -93,12 +92,10 @@ static TimestampTz last_retention = 0;
 
 /* ---------- settings ---------- */
 
-/* Define the outbox.inbox_* settings and, when preloading, the workers. */
+/* Define the outbox.inbox_* settings (the launcher starts the workers). */
 void
 inbox_worker_init(void)
 {
-	BackgroundWorker worker;
-
 	DefineCustomStringVariable("outbox.inbox_brokers",
 							   "Kafka bootstrap servers of the inbox workers (empty: outbox.brokers).",
 							   NULL, &inbox_brokers, "",
@@ -145,21 +142,105 @@ inbox_worker_init(void)
 							   "Database whose inbox subscriptions the inbox workers serve (empty: outbox.database, else every served database with subscriptions).",
 							   NULL, &inbox_database, "",
 							   PGC_POSTMASTER, 0, NULL, NULL, NULL);
-
-	if (inbox_workers == 0)
-		return;
-	outbox_bgworker_init(&worker, "inbox_launcher_main", "outbox inbox launcher", 5);
-	RegisterBackgroundWorker(&worker);
 }
 
-/* ---------- the launcher ---------- */
+/* ---------- shared memory ---------- */
+
+/*
+ * Where inbox workers run: one place per publisher database entry
+ * (outbox_shared->databases[e], place e + 1) and one, place 0, for the one
+ * inbox database (outbox.inbox_database, else outbox.database).
+ *
+ * Locking rules: none, as for OutboxShared (shmem.h).  pids[i] is written
+ * by inbox worker i only (at its start and exit), idle_* by the workers;
+ * the launcher clears a place when it takes up a database (no inbox worker
+ * runs there then).  The launcher and the DROP/ALTER DATABASE hook read
+ * them and accept a value a moment old.
+ */
+typedef struct InboxPlace
+{
+	volatile pid_t pids[INBOX_MAX_WORKERS];
+	/* Until when none need to run, since nothing was subscribed. */
+	volatile TimestampTz idle_until;
+	/* probe_generation when the idle worker looked (a later one voids it) */
+	volatile uint32 idle_generation;
+} InboxPlace;
+
+typedef struct InboxShared
+{
+	InboxPlace	places[OUTBOX_MAX_DATABASES + 1];
+} InboxShared;
+
+static InboxShared *inbox_shared = NULL;
+
+/* This worker's place in inbox_shared (set by inbox_connect). */
+static InboxPlace *inbox_place = NULL;
+
+/* Ask for the inbox's shared memory (from the shmem request hook, or _PG_init). */
+void
+inbox_shmem_request(void)
+{
+	RequestAddinShmemSpace(MAXALIGN(sizeof(InboxShared)));
+}
+
+/* Create or attach to the inbox's shared memory (from the shmem startup hook). */
+void
+inbox_shmem_startup(void)
+{
+	bool		found;
+
+	LWLockAcquire(AddinShmemInitLock, LW_EXCLUSIVE);
+	inbox_shared = ShmemInitStruct("outbox inbox", MAXALIGN(sizeof(InboxShared)), &found);
+	if (!found)
+		memset(inbox_shared, 0, MAXALIGN(sizeof(InboxShared)));
+	LWLockRelease(AddinShmemInitLock);
+}
+
+/* The place of entry e (INBOX_ONE_DATABASE: the one inbox database). */
+static InboxPlace *
+place_of(int e)
+{
+	Assert(e >= INBOX_ONE_DATABASE && e < OUTBOX_MAX_DATABASES);
+	return &inbox_shared->places[e + 1];
+}
+
+/* The pid of inbox worker i of entry e, 0 if none runs. */
+pid_t
+inbox_worker_pid(int e, int i)
+{
+	return place_of(e)->pids[i];
+}
+
+/*
+ * Whether entry e's inbox workers found nothing subscribed a while ago,
+ * and nothing was subscribed (nor the extension created) anywhere since.
+ */
+bool
+inbox_database_idle(int e, TimestampTz now)
+{
+	InboxPlace *place = place_of(e);
+
+	return place->idle_until > now &&
+		place->idle_generation == pg_atomic_read_u32(&outbox_shared->probe_generation);
+}
+
+/* Entry e now serves another database: none of its inbox workers runs. */
+void
+inbox_database_reset(int e)
+{
+	InboxPlace *place = place_of(e);
+
+	memset((void *) place->pids, 0, sizeof(place->pids));
+	place->idle_until = 0;
+	place->idle_generation = 0;
+}
 
 /*
  * The inbox workers' one database: outbox.inbox_database, else
  * outbox.database; NULL when neither is set: then they run in every
- * database the publishers serve (see inbox_launch_everywhere).
+ * database the publishers serve where something is subscribed.
  */
-static const char *
+const char *
 inbox_target_database(void)
 {
 	if (inbox_database[0] != '\0')
@@ -167,188 +248,20 @@ inbox_target_database(void)
 	return outbox_database[0] != '\0' ? outbox_database : NULL;
 }
 
-/* How long a database where nothing is subscribed is left without inbox workers. */
-#define INBOX_RECHECK_MS (60 * 1000)
-
-/* Start inbox worker i of publisher database entry e (main_arg: e + 1, i). */
-static bool
-start_database_inbox_worker(int e, int i, BackgroundWorkerHandle **handle)
-{
-	BackgroundWorker worker;
-
-	outbox_bgworker_init(&worker, "inbox_worker_main", "outbox inbox worker", BGW_NEVER_RESTART);
-	snprintf(worker.bgw_name, BGW_MAXLEN, "outbox inbox worker %d of %s", i,
-			 NameStr(outbox_shared->databases[e].name));
-	worker.bgw_main_arg = UInt32GetDatum(((uint32) (e + 1) << 16) | (uint32) i);
-	worker.bgw_notify_pid = MyProcPid;
-	return RegisterDynamicBackgroundWorker(&worker, handle);
-}
-
 /*
- * With no single inbox database set: run outbox.inbox_workers in every
- * database the publishers serve (has the extension, is not held by a
- * DROP/ALTER DATABASE).  A worker that finds nothing subscribed there
- * exits and marks the database idle for INBOX_RECHECK_MS.
- */
-static void
-inbox_launch_everywhere(void)
-{
-	static BackgroundWorkerHandle *handles[OUTBOX_MAX_DATABASES][INBOX_MAX_WORKERS];
-	static TimestampTz next_start[OUTBOX_MAX_DATABASES][INBOX_MAX_WORKERS];
-	static Oid	served[OUTBOX_MAX_DATABASES];
-	TimestampTz now = GetCurrentTimestamp();
-
-	/*
-	 * Bumped by every inbox_subscribe() (or CREATE EXTENSION) commit: an
-	 * idle mark made before it no longer holds, so every database is looked
-	 * at again.
-	 */
-	uint32		generation = pg_atomic_read_u32(&outbox_shared->probe_generation);
-
-	for (int e = 0; e < OUTBOX_MAX_DATABASES; e++)
-	{
-		OutboxDatabase *db = &outbox_shared->databases[e];
-
-		/* The entry went to another database: forget the old one's workers. */
-		if (served[e] != db->dboid)
-		{
-			memset(next_start[e], 0, sizeof(next_start[e]));
-			served[e] = db->dboid;
-		}
-		/* Idle, unless something was subscribed since the worker looked. */
-		if (!OidIsValid(db->dboid) || db->state != ODB_SERVED || db->held_until > now ||
-			(db->inbox_idle_until > now && db->inbox_idle_generation == generation))
-			continue;
-		for (int i = 0; i < inbox_workers; i++)
-		{
-			pid_t		pid;
-
-			if (handles[e][i] != NULL &&
-				GetBackgroundWorkerPid(handles[e][i], &pid) != BGWH_STOPPED)
-				continue;
-			if (now < next_start[e][i])
-				continue;
-			if (handles[e][i] != NULL)
-				pfree(handles[e][i]);
-			handles[e][i] = NULL;
-			next_start[e][i] = TimestampTzPlusMilliseconds(now, 5000);
-			if (!start_database_inbox_worker(e, i, &handles[e][i]))
-			{
-				ereport(LOG,
-						(errmsg("outbox inbox launcher: no background worker slot for inbox worker %d of database \"%s\"",
-								i, NameStr(db->name)),
-						 errhint("Raise max_worker_processes.")));
-				return;
-			}
-		}
-	}
-}
-
-/*
- * Does the database exist?  Connected to no database, only shared catalogs
- * can be read, and only by a heap scan: an index scan may need to build
- * the index's relcache entry from pg_class (a fresh cluster has no cached
- * one), which fails outside a database.
- */
-static bool
-database_exists(const char *db)
-{
-	Relation	rel;
-	ScanKeyData key;
-	TableScanDesc scan;
-	bool		exists;
-
-	StartTransactionCommand();
-	rel = table_open(DatabaseRelationId, AccessShareLock);
-	ScanKeyInit(&key, Anum_pg_database_datname, BTEqualStrategyNumber, F_NAMEEQ,
-				CStringGetDatum(db));
-	scan = table_beginscan_catalog(rel, 1, &key);
-	exists = HeapTupleIsValid(heap_getnext(scan, ForwardScanDirection));
-	table_endscan(scan);
-	table_close(rel, AccessShareLock);
-	CommitTransactionCommand();
-	return exists;
-}
-
-/* Start inbox worker i; false if no background worker slot is free. */
-static bool
-start_inbox_worker(int i, BackgroundWorkerHandle **handle)
-{
-	BackgroundWorker worker;
-
-	outbox_bgworker_init(&worker, "inbox_worker_main", "outbox inbox worker", BGW_NEVER_RESTART);
-	snprintf(worker.bgw_name, BGW_MAXLEN, "outbox inbox worker %d", i);
-	worker.bgw_main_arg = Int32GetDatum(i);
-	worker.bgw_notify_pid = MyProcPid;
-	return RegisterDynamicBackgroundWorker(&worker, handle);
-}
-
-/*
- * The launcher, connected to no database, starts the inbox workers once
- * their database exists and starts again any that exits.  A missing
- * database (say outbox.database is wrong) is logged once and costs a look
- * every few seconds, not a worker failing with FATAL every 5 s.
+ * How the launcher starts inbox worker i of entry e (INBOX_ONE_DATABASE:
+ * of the one inbox database), connecting to database dbname; main_arg is
+ * the place (e + 1) and the index.
  */
 void
-inbox_launcher_main(Datum main_arg)
+inbox_worker_describe(BackgroundWorker *worker, int e, int i, const char *dbname)
 {
-	const char *db = inbox_target_database();
-	BackgroundWorkerHandle *handles[INBOX_MAX_WORKERS] = {0};
-
-	TimestampTz next_start[INBOX_MAX_WORKERS] = {0};
-	bool		logged_missing = false;
-
-	pqsignal(SIGHUP, SignalHandlerForConfigReload);
-	pqsignal(SIGTERM, die);
-	BackgroundWorkerUnblockSignals();
-	BackgroundWorkerInitializeConnection(NULL, NULL, 0);
-
-	for (;;)
-	{
-		TimestampTz now = GetCurrentTimestamp();
-		bool		exists;
-
-		CHECK_FOR_INTERRUPTS();
-		if (ConfigReloadPending)
-		{
-			ConfigReloadPending = false;
-			ProcessConfigFile(PGC_SIGHUP);
-		}
-		if (db == NULL)
-		{
-			inbox_launch_everywhere();
-			(void) WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
-							 1000, PG_WAIT_EXTENSION);
-			ResetLatch(MyLatch);
-			continue;
-		}
-		exists = database_exists(db);
-		if (!exists && !logged_missing)
-			ereport(LOG,
-					(errmsg("outbox inbox launcher: database \"%s\" does not exist; waiting", db),
-					 errhint("Set outbox.inbox_database (else outbox.database) to the consumers' database.")));
-		logged_missing = !exists;
-		for (int i = 0; exists && i < inbox_workers; i++)
-		{
-			pid_t		pid;
-
-			if (handles[i] != NULL &&
-				GetBackgroundWorkerPid(handles[i], &pid) != BGWH_STOPPED)
-				continue;
-			if (now < next_start[i])
-				continue;
-			/* A worker that stops is started again, at most every 5 s. */
-			next_start[i] = TimestampTzPlusMilliseconds(now, 5000);
-			if (!start_inbox_worker(i, &handles[i]))
-				ereport(LOG,
-						(errmsg("outbox inbox launcher: no background worker slot for inbox worker %d", i),
-						 errhint("Raise max_worker_processes.")));
-		}
-		pgstat_report_activity(STATE_IDLE, NULL);
-		(void) WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
-						 exists ? 1000 : 5000, PG_WAIT_EXTENSION);
-		ResetLatch(MyLatch);
-	}
+	outbox_bgworker_init(worker, "inbox_worker_main", "outbox inbox worker", BGW_NEVER_RESTART);
+	if (e == INBOX_ONE_DATABASE)
+		snprintf(worker->bgw_name, BGW_MAXLEN, "outbox inbox worker %d", i);
+	else
+		snprintf(worker->bgw_name, BGW_MAXLEN, "outbox inbox worker %d of %s", i, dbname);
+	worker->bgw_main_arg = UInt32GetDatum(((uint32) (e + 1) << 16) | (uint32) i);
 }
 
 /* ---------- Kafka consumers (inbox_consumer.c) ---------- */
@@ -775,17 +688,18 @@ check_consumer_settings(void)
 /* The publisher database entry this worker runs in, if started per database. */
 static OutboxDatabase *inbox_entry = NULL;
 
-/* on_shmem_exit: no longer in the entry's list of inbox workers. */
+/* on_shmem_exit: no longer in its place's list of inbox workers. */
 static void
-inbox_leave_database(int code, Datum arg)
+inbox_leave_place(int code, Datum arg)
 {
-	inbox_entry->inbox_pids[inbox_worker_index] = 0;
+	inbox_place->pids[inbox_worker_index] = 0;
 }
 
 /*
  * Connect to the worker's database: one of the publishers' databases
- * (main_arg: entry + 1, index), listed there so that a DROP DATABASE can
- * stop it; or the one inbox database.  Returns its name.
+ * (main_arg: entry + 1, index) or the one inbox database (0, index); listed
+ * in its place so that the launcher follows it and a DROP DATABASE can stop
+ * it.  Returns the database's name.
  */
 static const char *
 inbox_connect(Datum main_arg)
@@ -794,6 +708,9 @@ inbox_connect(Datum main_arg)
 	const char *db;
 
 	inbox_worker_index = DatumGetUInt32(main_arg) & 0xffff;
+	inbox_place = place_of((int) entry - 1);
+	inbox_place->pids[inbox_worker_index] = MyProcPid;
+	on_shmem_exit(inbox_leave_place, (Datum) 0);
 	if (entry == 0)
 	{
 		db = inbox_target_database();
@@ -801,8 +718,6 @@ inbox_connect(Datum main_arg)
 		return db;
 	}
 	inbox_entry = &outbox_shared->databases[entry - 1];
-	inbox_entry->inbox_pids[inbox_worker_index] = MyProcPid;
-	on_shmem_exit(inbox_leave_database, (Datum) 0);
 	db = pstrdup(NameStr(inbox_entry->name));
 	BackgroundWorkerInitializeConnection(db, NULL, 0);
 	/* The entry went to another database, or a DROP DATABASE holds it. */
@@ -887,9 +802,9 @@ inbox_worker_main(Datum main_arg)
 			/* One of many databases, nothing subscribed (or no extension): free the slot a while. */
 			if (inbox_entry != NULL && subs == NIL && n <= 0)
 			{
-				inbox_entry->inbox_idle_generation = generation;
+				inbox_place->idle_generation = generation;
 				pg_write_barrier();
-				inbox_entry->inbox_idle_until =
+				inbox_place->idle_until =
 					TimestampTzPlusMilliseconds(GetCurrentTimestamp(), INBOX_RECHECK_MS);
 				proc_exit(0);
 			}

@@ -10,10 +10,14 @@
 
 #include "postgres.h"
 
-#include "shmem.h"
+#include "datatype/timestamp.h"
+#include "postmaster/bgworker.h"
 
-/* Most inbox workers per database: as many as shared memory has slots for. */
-#define INBOX_MAX_WORKERS OUTBOX_MAX_INBOX_WORKERS
+/*
+ * Inbox workers per database: the maximum of outbox.inbox_workers, and the
+ * slots the inbox's shared memory and the launcher keep for them.
+ */
+#define INBOX_MAX_WORKERS 16
 
 /* What a partition does with a message above the aggregate's next version. */
 typedef enum InboxGapPolicy
@@ -47,8 +51,23 @@ extern char *inbox_allowed_topics;
 
 /* inbox_worker.c */
 extern void inbox_worker_init(void);
-extern PGDLLEXPORT void inbox_launcher_main(Datum main_arg);
 extern PGDLLEXPORT void inbox_worker_main(Datum main_arg);
+
+/*
+ * inbox_worker.c, for the launcher: the inbox's shared memory says where
+ * inbox workers run, per publisher database entry e (an index of
+ * outbox_shared->databases) or INBOX_ONE_DATABASE, the one inbox database
+ * (outbox.inbox_database, else outbox.database) when one is set.
+ */
+#define INBOX_ONE_DATABASE (-1)
+extern void inbox_shmem_request(void);
+extern void inbox_shmem_startup(void);
+extern const char *inbox_target_database(void);
+extern void inbox_worker_describe(BackgroundWorker *worker, int e, int i,
+								  const char *dbname);
+extern pid_t inbox_worker_pid(int e, int i);
+extern bool inbox_database_idle(int e, TimestampTz now);
+extern void inbox_database_reset(int e);
 extern char *inbox_consumer_properties_check(const char *properties);
 
 /* retention.c: the inbox's retention, run by publisher 0 or an inbox worker */

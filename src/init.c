@@ -44,6 +44,7 @@ init_shmem_request(void)
 	if (prev_shmem_request_hook)
 		prev_shmem_request_hook();
 	outbox_shmem_request();
+	inbox_shmem_request();
 }
 #endif
 
@@ -57,6 +58,7 @@ init_shmem_startup(void)
 		prev_shmem_startup_hook();
 	found = outbox_shmem_startup();
 	outbox_stats_shmem_startup(found);
+	inbox_shmem_startup();
 }
 
 /* Module load: settings, and with the preload, shared memory and the workers. */
@@ -86,6 +88,7 @@ _PG_init(void)
 	shmem_request_hook = init_shmem_request;
 #else
 	outbox_shmem_request();
+	inbox_shmem_request();
 #endif
 	prev_shmem_startup_hook = shmem_startup_hook;
 	shmem_startup_hook = init_shmem_startup;

@@ -1,26 +1,41 @@
 /*-------------------------------------------------------------------------
  *
  * launcher.c
- *	  The publisher launcher: one background worker, connected to no
- *	  database, that runs the publishers of every database with the
+ *	  The launcher: one background worker, connected to no database, that
+ *	  runs the publishers and the inbox workers of every database with the
  *	  extension.
  *
- * Modelled on TimescaleDB's launcher.  Connected to no database, the
- * launcher can read pg_database but not a database's pg_extension, so it
- * learns whether a database has the extension from the database's first
- * publisher worker: it is started as a probe, exits at once (status 0,
- * never restarted) if the extension is absent, and otherwise keeps
- * publishing, upon which the launcher starts the database's other
- * workers.  An absent extension is probed again a minute later, or at once
- * when CREATE EXTENSION outbox commits anywhere; a new database at once.
+ * Modelled on TimescaleDB's launcher, its loop on pg_cron's and
+ * worker_spi's: a pass of named steps (follow the workers, scan
+ * pg_database once, release the databases that left, schedule the
+ * publishers, schedule the inbox workers) in a memory context reset each
+ * time, then a wait on the latch.  Every worker it starts has a slot with
+ * an explicit state (idle, running, back-off) and one restart back-off
+ * rule for publishers and inbox workers alike (LauncherSlot).
  *
- * Every LAUNCHER_NAP_MS (or when a worker exits or asks) the launcher
- * scans pg_database, takes up the databases outbox.databases wants, and
- * frees those that left.  outbox.max_workers caps the publishers of the
- * whole cluster: when the databases ask for more, they take turns of
- * outbox.worker_time_slice, oldest turn first; a worker whose turn is over
- * exits between two batches, and an idle one makes way as soon as another
- * database waits.
+ * Connected to no database, the launcher can read pg_database but not a
+ * database's pg_extension, so it learns whether a database has the
+ * extension from the database's first publisher worker: it is started as
+ * a probe, exits at once (status 0, never restarted) if the extension is
+ * absent, and otherwise keeps publishing, upon which the launcher starts
+ * the database's other workers.  An absent extension is probed again a
+ * minute later, or at once when CREATE EXTENSION outbox commits anywhere;
+ * a new database at once.
+ *
+ * Every LAUNCHER_NAP_MS (or when a worker starts or exits, or a commit
+ * asks) the launcher scans pg_database, takes up the databases
+ * outbox.databases wants, and frees those that left.  outbox.max_workers
+ * caps the publishers of the whole cluster: when the databases ask for
+ * more, they take turns of outbox.worker_time_slice, oldest turn first; a
+ * worker whose turn is over exits between two batches, and an idle one
+ * makes way as soon as another database waits.
+ *
+ * Inbox workers (outbox.inbox_workers) run in the one inbox database once
+ * it exists (outbox.inbox_database, else outbox.database), or else in
+ * every database the publishers serve, except where they found nothing
+ * subscribed lately.  What the launcher needs of them (how one is started,
+ * where they run: the inbox's own shared memory) is the inbox's, through
+ * inbox_worker.h.
  *
  * DROP DATABASE, ALTER DATABASE RENAME / SET TABLESPACE and CREATE
  * DATABASE ... TEMPLATE refuse to run while other sessions are connected
@@ -67,6 +82,7 @@
 #include "utils/varlena.h"
 
 #include "compat.h"
+#include "inbox_worker.h"
 #include "launcher.h"
 #include "shmem.h"
 #include "util.h"
@@ -88,15 +104,39 @@ char	   *outbox_databases = NULL;
 int			outbox_max_workers = 0;
 int			outbox_time_slice_s = 10;
 
+/*
+ * A worker the launcher starts, publisher or inbox worker, and its state:
+ * IDLE (may start), RUNNING (started, or found running when the launcher
+ * itself started again), BACKOFF (stopped; may start at restart_at).  One
+ * rule for all: a stopped worker starts again RESTART_INTERVAL_MS after its
+ * stop at the soonest, unless it stopped reporting that it had nothing to
+ * do (a probe that found no extension, an inbox worker that found nothing
+ * subscribed): then what it reported says when (slot_reported).
+ */
+typedef enum LauncherSlotState
+{
+	SLOT_IDLE,
+	SLOT_RUNNING,
+	SLOT_BACKOFF
+} LauncherSlotState;
+
+typedef struct LauncherSlot
+{
+	LauncherSlotState state;
+	BackgroundWorkerHandle *handle; /* NULL: not started by this launcher */
+	TimestampTz restart_at;		/* BACKOFF: not before */
+} LauncherSlot;
+
 /* The launcher's own bookkeeping of an entry of outbox_shared->databases. */
 typedef struct LauncherDatabase
 {
-	BackgroundWorkerHandle *handles[OUTBOX_MAX_WORKERS];
-	TimestampTz next_start[OUTBOX_MAX_WORKERS];
+	LauncherSlot publishers[OUTBOX_MAX_WORKERS];
+	LauncherSlot inbox[INBOX_MAX_WORKERS];
 	TimestampTz next_probe_at;
 	TimestampTz turn_ended;		/* 0: never had a turn */
 	uint32		probed_generation;	/* probe_generation when last started */
-	int			running;
+	int			running;		/* publishers alive */
+	int			inbox_running;	/* inbox workers alive */
 	bool		listed;			/* in pg_database and wanted, last scan */
 	bool		yielding;		/* asked to make way */
 } LauncherDatabase;
@@ -104,6 +144,12 @@ typedef struct LauncherDatabase
 static LauncherDatabase launcher_dbs[OUTBOX_MAX_DATABASES];
 static uint32 probe_generation;
 static bool logged_full = false;
+
+/* The one inbox database (NULL: per served database), its workers, whether it exists. */
+static const char *inbox_one_name = NULL;
+static LauncherSlot inbox_one[INBOX_MAX_WORKERS];
+static bool inbox_one_exists = false;
+static bool logged_inbox_missing = false;
 
 static ProcessUtility_hook_type prev_ProcessUtility = NULL;
 
@@ -152,7 +198,10 @@ check_max_workers(int *newval, void **extra, GucSource source)
 	return true;
 }
 
-/* Define the launcher's settings, register it, and hook utility commands. */
+/*
+ * Define the launcher's settings, register it, and hook utility commands
+ * (after inbox_worker_init: outbox.inbox_workers is read here).
+ */
 void
 outbox_launcher_init(void)
 {
@@ -187,7 +236,8 @@ outbox_launcher_init(void)
 	prev_ProcessUtility = ProcessUtility_hook;
 	ProcessUtility_hook = outbox_process_utility;
 
-	if (outbox_workers == 0)
+	/* One launcher for the publishers and the inbox workers. */
+	if (outbox_workers == 0 && inbox_workers == 0)
 		return;
 	outbox_bgworker_init(&worker, "outbox_launcher_main", "outbox launcher", 5);
 	RegisterBackgroundWorker(&worker);
@@ -257,22 +307,27 @@ request_yield(OutboxDatabase *db)
 
 /* ---------- DROP / ALTER DATABASE ---------- */
 
+/* Is a process of this pid (0: none) alive? */
+static bool
+pid_alive(pid_t pid)
+{
+	return pid != 0 && (kill(pid, 0) == 0 || errno != ESRCH);
+}
+
 /* Is any worker of the database, publisher or inbox, alive? */
 static bool
 workers_alive(OutboxDatabase *db)
 {
+	int			e = db - outbox_shared->databases;
+
 	for (int i = 0; i < OUTBOX_MAX_WORKERS; i++)
 	{
-		pid_t		pid = db->workers[i].pid;
-
-		if (pid != 0 && (kill(pid, 0) == 0 || errno != ESRCH))
+		if (pid_alive(db->workers[i].pid))
 			return true;
 	}
-	for (int i = 0; i < OUTBOX_MAX_INBOX_WORKERS; i++)
+	for (int i = 0; i < INBOX_MAX_WORKERS; i++)
 	{
-		pid_t		pid = db->inbox_pids[i];
-
-		if (pid != 0 && (kill(pid, 0) == 0 || errno != ESRCH))
+		if (pid_alive(inbox_worker_pid(e, i)))
 			return true;
 	}
 	return false;
@@ -322,9 +377,9 @@ hold_database(const char *name)
 			if (pid != 0)
 				(void) kill(pid, SIGTERM);
 		}
-		for (int i = 0; i < OUTBOX_MAX_INBOX_WORKERS; i++)
+		for (int i = 0; i < INBOX_MAX_WORKERS; i++)
 		{
-			pid_t		pid = db->inbox_pids[i];
+			pid_t		pid = inbox_worker_pid(db - outbox_shared->databases, i);
 
 			if (pid != 0)
 				(void) kill(pid, SIGTERM);
@@ -517,11 +572,97 @@ outbox_process_utility(OUTBOX_UTILITY_ARGS)
 	PG_END_TRY();
 }
 
-/* ---------- the launcher ---------- */
+/* ---------- the launcher's slots ---------- */
 
-/* Start worker i of database entry e; false if no slot is free. */
+/*
+ * Follow a slot: is its worker alive?  pid is what the worker published in
+ * shared memory (0: none), which finds one a launcher before this one
+ * started.  A worker found stopped puts its slot in back-off.
+ */
 static bool
-start_worker(int e, int i)
+slot_alive(LauncherSlot *slot, pid_t pid, TimestampTz now)
+{
+	pid_t		bgw_pid;
+
+	if (slot->handle != NULL)
+	{
+		if (GetBackgroundWorkerPid(slot->handle, &bgw_pid) != BGWH_STOPPED)
+			return true;
+		pfree(slot->handle);
+		slot->handle = NULL;
+	}
+	if (pid_alive(pid))
+	{
+		slot->state = SLOT_RUNNING;
+		return true;
+	}
+	if (slot->state == SLOT_RUNNING)
+	{
+		/* After an exit, wait a little: never a crash loop. */
+		slot->state = SLOT_BACKOFF;
+		slot->restart_at = TimestampTzPlusMilliseconds(now, RESTART_INTERVAL_MS);
+	}
+	return false;
+}
+
+/* Its worker stopped, reporting it had nothing to do: no back-off. */
+static void
+slot_reported(LauncherSlot *slot)
+{
+	if (slot->state == SLOT_BACKOFF)
+		slot->state = SLOT_IDLE;
+}
+
+/* May a stopped slot's worker start now? */
+static bool
+slot_may_start(LauncherSlot *slot, TimestampTz now)
+{
+	return slot->state == SLOT_IDLE ||
+		(slot->state == SLOT_BACKOFF && now >= slot->restart_at);
+}
+
+/* Start a slot's worker; false if no background worker slot is free. */
+static bool
+slot_start(LauncherSlot *slot, BackgroundWorker *worker)
+{
+	/* The handle outlives the pass (the loop's memory is reset). */
+	MemoryContext old = MemoryContextSwitchTo(TopMemoryContext);
+	bool		started;
+
+	worker->bgw_notify_pid = MyProcPid;
+	started = RegisterDynamicBackgroundWorker(worker, &slot->handle);
+	MemoryContextSwitchTo(old);
+	if (!started)
+	{
+		slot->handle = NULL;
+		return false;
+	}
+	slot->state = SLOT_RUNNING;
+	return true;
+}
+
+/*
+ * Log, once until a start succeeds again, that a worker (what: "publisher
+ * 0 of database \"x\"") found no background worker slot.
+ */
+static void
+log_no_slot(bool *logged, const char *what)
+{
+	if (!*logged)
+		ereport(LOG,
+				(errmsg("outbox launcher: no background worker slot for %s", what),
+				 errhint("Raise max_worker_processes (now %d) and restart the server, or lower outbox.max_workers or outbox.workers: "
+						 "each database with the extension takes outbox.workers slots, plus outbox.inbox_workers where something is subscribed, "
+						 "and the cluster one more for the launcher.",
+						 max_worker_processes)));
+	*logged = true;
+}
+
+/* ---------- the launcher's steps ---------- */
+
+/* Start publisher i of database entry e; false if no slot is free. */
+static bool
+start_publisher(int e, int i)
 {
 	OutboxDatabase *db = &outbox_shared->databases[e];
 	LauncherDatabase *ldb = &launcher_dbs[e];
@@ -530,69 +671,89 @@ start_worker(int e, int i)
 	outbox_bgworker_init(&worker, "outbox_worker_main", "outbox publisher", BGW_NEVER_RESTART);
 	snprintf(worker.bgw_name, BGW_MAXLEN, "outbox publisher %d of %s", i, NameStr(db->name));
 	worker.bgw_main_arg = UInt32GetDatum(((uint32) e << 16) | (uint32) i);
-	worker.bgw_notify_pid = MyProcPid;
 	db->workers[i].yield = false;
 	ldb->probed_generation = probe_generation;
-	if (!RegisterDynamicBackgroundWorker(&worker, &ldb->handles[i]))
-	{
-		ldb->handles[i] = NULL;
-		return false;
-	}
-	return true;
+	return slot_start(&ldb->publishers[i], &worker);
 }
 
-/* Count each entry's live workers; note turns that ended and probes that failed. */
+/* Step: a CREATE EXTENSION committed somewhere: probe every database without it now. */
+static void
+note_probe_generation(void)
+{
+	uint32		generation = pg_atomic_read_u32(&outbox_shared->probe_generation);
+
+	if (generation == probe_generation)
+		return;
+	probe_generation = generation;
+	for (int e = 0; e < OUTBOX_MAX_DATABASES; e++)
+		launcher_dbs[e].next_probe_at = 0;
+}
+
+/*
+ * Follow entry e's publishers: count them; note a turn that ended and a
+ * probe that found no extension (probed again in a while, or at once if a
+ * CREATE EXTENSION committed since it started).
+ */
+static void
+collect_publishers(int e, TimestampTz now)
+{
+	OutboxDatabase *db = &outbox_shared->databases[e];
+	LauncherDatabase *ldb = &launcher_dbs[e];
+	int			running = 0;
+
+	for (int i = 0; i < OUTBOX_MAX_WORKERS; i++)
+	{
+		if (slot_alive(&ldb->publishers[i], db->workers[i].pid, now))
+			running++;
+	}
+	if (running == 0 && ldb->running > 0)
+	{
+		ldb->turn_ended = now;
+		ldb->yielding = false;
+		if (db->state == ODB_ABSENT)
+		{
+			slot_reported(&ldb->publishers[0]);
+			ldb->next_probe_at = ldb->probed_generation != probe_generation ? 0 :
+				TimestampTzPlusMilliseconds(now, PROBE_INTERVAL_MS);
+		}
+	}
+	ldb->running = running;
+}
+
+/*
+ * Follow the inbox workers of entry e (INBOX_ONE_DATABASE: of the one
+ * inbox database); count them.  While their database is marked idle, the
+ * idle mark says when they start again, not the back-off.
+ */
+static int
+collect_inbox(LauncherSlot *slots, int e, TimestampTz now)
+{
+	int			running = 0;
+	bool		idle = e != INBOX_ONE_DATABASE && inbox_database_idle(e, now);
+
+	for (int i = 0; i < INBOX_MAX_WORKERS; i++)
+	{
+		if (slot_alive(&slots[i], inbox_worker_pid(e, i), now))
+			running++;
+		else if (idle)
+			slot_reported(&slots[i]);
+	}
+	return running;
+}
+
+/* Step: follow every worker, publisher and inbox, of every database. */
 static void
 collect_workers(TimestampTz now)
 {
 	for (int e = 0; e < OUTBOX_MAX_DATABASES; e++)
 	{
-		OutboxDatabase *db = &outbox_shared->databases[e];
-		LauncherDatabase *ldb = &launcher_dbs[e];
-		int			running = 0;
-
-		if (!OidIsValid(db->dboid))
-			continue;
-		for (int i = 0; i < OUTBOX_MAX_WORKERS; i++)
-		{
-			pid_t		pid;
-			bool		alive = false;
-
-			if (ldb->handles[i] != NULL)
-			{
-				alive = GetBackgroundWorkerPid(ldb->handles[i], &pid) != BGWH_STOPPED;
-				if (!alive)
-				{
-					/* After an exit, wait a little: never a crash loop. */
-					pfree(ldb->handles[i]);
-					ldb->handles[i] = NULL;
-					ldb->next_start[i] = TimestampTzPlusMilliseconds(now, RESTART_INTERVAL_MS);
-				}
-			}
-			/* One started by a launcher before a restart of ours. */
-			pid = db->workers[i].pid;
-			if (!alive && pid != 0 && (kill(pid, 0) == 0 || errno != ESRCH))
-				alive = true;
-			if (alive)
-				running++;
-		}
-		if (running == 0 && ldb->running > 0)
-		{
-			ldb->turn_ended = now;
-			ldb->yielding = false;
-			/*
-			 * A probe that found no extension: again in a while, or at once
-			 * if a CREATE EXTENSION committed since it started.
-			 */
-			if (db->state == ODB_ABSENT)
-			{
-				ldb->next_start[0] = 0;
-				ldb->next_probe_at = ldb->probed_generation != probe_generation ? 0 :
-					TimestampTzPlusMilliseconds(now, PROBE_INTERVAL_MS);
-			}
-		}
-		ldb->running = running;
+		/* An entry freed while its inbox workers ran is followed until they stop. */
+		launcher_dbs[e].inbox_running = collect_inbox(launcher_dbs[e].inbox, e, now);
+		if (OidIsValid(outbox_shared->databases[e].dboid))
+			collect_publishers(e, now);
 	}
+	if (inbox_one_name != NULL)
+		(void) collect_inbox(inbox_one, INBOX_ONE_DATABASE, now);
 }
 
 /* Take up a database: an entry for it, or NULL if all are taken. */
@@ -603,11 +764,11 @@ take_up_database(Oid dboid, const char *name)
 	{
 		OutboxDatabase *db = &outbox_shared->databases[e];
 
-		if (OidIsValid(db->dboid) || launcher_dbs[e].running > 0)
+		if (OidIsValid(db->dboid) || launcher_dbs[e].running > 0 ||
+			launcher_dbs[e].inbox_running > 0)
 			continue;
 		outbox_worker_slots_init(db->workers);
-		memset((void *) db->inbox_pids, 0, sizeof(db->inbox_pids));
-		db->inbox_idle_until = 0;
+		inbox_database_reset(e);
 		outbox_stats_init(&db->stats, false);
 		namestrcpy(&db->name, name);
 		db->state = ODB_UNKNOWN;
@@ -622,10 +783,39 @@ take_up_database(Oid dboid, const char *name)
 	return NULL;
 }
 
+/* A database of pg_database: take it up if the settings want it served. */
+static void
+scan_one(Form_pg_database f, bool *full)
+{
+	OutboxDatabase *db;
+
+	if (inbox_one_name != NULL && strcmp(NameStr(f->datname), inbox_one_name) == 0)
+		inbox_one_exists = true;
+	/* No publisher: no database is taken up (nor probed). */
+	if (outbox_workers == 0 ||
+		!outbox_database_wanted(NameStr(f->datname), f->datistemplate,
+								f->datallowconn, NULL))
+		return;
+	db = outbox_database_entry(f->oid);
+	if (db == NULL)
+		db = take_up_database(f->oid, NameStr(f->datname));
+	if (db == NULL)
+	{
+		*full = true;
+		return;
+	}
+	if (strcmp(NameStr(db->name), NameStr(f->datname)) != 0)
+		namestrcpy(&db->name, NameStr(f->datname));
+	launcher_dbs[db - outbox_shared->databases].listed = true;
+}
+
 /*
- * Scan pg_database: take up the databases the settings want, follow
- * renames, and mark the rest.  Connected to no database, only a heap scan
- * of a shared catalog works (see inbox_worker.c's database_exists).
+ * Step: scan pg_database once for publishers and inbox workers: take up the
+ * databases the settings want, follow renames, mark the rest, and see
+ * whether the one inbox database exists.  Connected to no database, only a
+ * heap scan of a shared catalog works: an index scan may need to build the
+ * index's relcache entry from pg_class (a fresh cluster has no cached one),
+ * which fails outside a database.
  */
 static void
 scan_databases(void)
@@ -634,36 +824,21 @@ scan_databases(void)
 	TableScanDesc scan;
 	HeapTuple	tup;
 	bool		full = false;
+	MemoryContext loop_context = CurrentMemoryContext;
 
 	for (int e = 0; e < OUTBOX_MAX_DATABASES; e++)
 		launcher_dbs[e].listed = false;
+	inbox_one_exists = false;
 
 	StartTransactionCommand();
 	rel = table_open(DatabaseRelationId, AccessShareLock);
 	scan = table_beginscan_catalog(rel, 0, NULL);
 	while (HeapTupleIsValid(tup = heap_getnext(scan, ForwardScanDirection)))
-	{
-		Form_pg_database f = (Form_pg_database) GETSTRUCT(tup);
-		OutboxDatabase *db;
-
-		if (!outbox_database_wanted(NameStr(f->datname), f->datistemplate,
-									f->datallowconn, NULL))
-			continue;
-		db = outbox_database_entry(f->oid);
-		if (db == NULL)
-			db = take_up_database(f->oid, NameStr(f->datname));
-		if (db == NULL)
-		{
-			full = true;
-			continue;
-		}
-		if (strcmp(NameStr(db->name), NameStr(f->datname)) != 0)
-			namestrcpy(&db->name, NameStr(f->datname));
-		launcher_dbs[db - outbox_shared->databases].listed = true;
-	}
+		scan_one((Form_pg_database) GETSTRUCT(tup), &full);
 	table_endscan(scan);
 	table_close(rel, AccessShareLock);
 	CommitTransactionCommand();
+	MemoryContextSwitchTo(loop_context);
 
 	if (full && !logged_full)
 		ereport(LOG,
@@ -671,9 +846,15 @@ scan_databases(void)
 						OUTBOX_MAX_DATABASES),
 				 errhint("Restrict outbox.databases to the databases that have the extension.")));
 	logged_full = full;
+	/* A missing inbox database (say outbox.database is wrong): said once. */
+	if (inbox_one_name != NULL && !inbox_one_exists && !logged_inbox_missing)
+		ereport(LOG,
+				(errmsg("outbox launcher: inbox database \"%s\" does not exist; waiting", inbox_one_name),
+				 errhint("Set outbox.inbox_database (else outbox.database) to the consumers' database.")));
+	logged_inbox_missing = inbox_one_name != NULL && !inbox_one_exists;
 }
 
-/* Stop serving databases that left pg_database or the settings; free their entries. */
+/* Step: stop serving databases that left pg_database or the settings; free their entries. */
 static void
 release_databases(void)
 {
@@ -694,26 +875,13 @@ release_databases(void)
 	}
 }
 
-/* Is worker i of entry e alive (started by us, or by a launcher before us)? */
-static bool
-slot_alive(int e, int i)
-{
-	pid_t		pid;
-
-	if (launcher_dbs[e].handles[i] != NULL &&
-		GetBackgroundWorkerPid(launcher_dbs[e].handles[i], &pid) != BGWH_STOPPED)
-		return true;
-	pid = outbox_shared->databases[e].workers[i].pid;
-	return pid != 0 && (kill(pid, 0) == 0 || errno != ESRCH);
-}
-
 /*
- * How many workers a database asks for: outbox.workers where the extension
- * is, one probe where it is not known (or due to be probed again), none
- * while a DROP/ALTER DATABASE holds it.
+ * How many publishers a database asks for: outbox.workers where the
+ * extension is, one probe where it is not known (or due to be probed
+ * again), none while a DROP/ALTER DATABASE holds it.
  */
 static int
-workers_wanted(int e, TimestampTz now)
+publishers_wanted(int e, TimestampTz now)
 {
 	OutboxDatabase *db = &outbox_shared->databases[e];
 	LauncherDatabase *ldb = &launcher_dbs[e];
@@ -726,33 +894,29 @@ workers_wanted(int e, TimestampTz now)
 }
 
 /*
- * Start what is missing of workers 0..want-1 of entry e while the cap
+ * Start what is missing of publishers 0..want-1 of entry e while the cap
  * allows; returns how many were started.  *total counts the cluster's.
  */
 static int
-start_workers(int e, int want, int cap, int *total, TimestampTz now)
+start_publishers(int e, int want, int cap, int *total, TimestampTz now)
 {
 	static bool logged_no_slot = false;
+	OutboxDatabase *db = &outbox_shared->databases[e];
 	int			started = 0;
 
 	for (int i = 0; i < want && *total < cap; i++)
 	{
-		if (slot_alive(e, i))
+		LauncherSlot *slot = &launcher_dbs[e].publishers[i];
+
+		if (slot_alive(slot, db->workers[i].pid, now))
 			continue;
 		/* Lower numbers first: a free slot waits for one that is to restart. */
-		if (now < launcher_dbs[e].next_start[i])
+		if (!slot_may_start(slot, now))
 			break;
-		if (!start_worker(e, i))
+		if (!start_publisher(e, i))
 		{
-			if (!logged_no_slot)
-				ereport(LOG,
-						(errmsg("outbox launcher: no background worker slot for publisher %d of database \"%s\"",
-								i, NameStr(outbox_shared->databases[e].name)),
-						 errhint("Raise max_worker_processes (now %d) and restart the server, or lower outbox.max_workers or outbox.workers: "
-								 "each database with the extension takes outbox.workers slots, plus outbox.inbox_workers where something is subscribed, "
-								 "and the cluster two more for the launchers.",
-								 max_worker_processes)));
-			logged_no_slot = true;
+			log_no_slot(&logged_no_slot,
+						psprintf("publisher %d of database \"%s\"", i, NameStr(db->name)));
 			break;
 		}
 		logged_no_slot = false;
@@ -803,11 +967,12 @@ rotate_turns(TimestampTz now, bool over_cap)
 }
 
 /*
- * Give workers to the databases: first complete those whose turn goes on,
- * then start the waiting ones, longest waiting first, within the cap.
+ * Step: give publishers to the databases: first complete those whose turn
+ * goes on, then start the waiting ones, longest waiting first, within the
+ * cap.
  */
 static void
-schedule(TimestampTz now)
+schedule_publishers(TimestampTz now)
 {
 	int			cap = outbox_max_workers > 0 ? outbox_max_workers : INT_MAX;
 	int			total = 0;
@@ -819,14 +984,14 @@ schedule(TimestampTz now)
 		total += launcher_dbs[e].running;
 	for (int e = 0; e < OUTBOX_MAX_DATABASES; e++)
 	{
-		int			want = workers_wanted(e, now);
+		int			want = publishers_wanted(e, now);
 
 		if (want == 0)
 			outbox_shared->databases[e].waiting_since = 0;
 		else if (launcher_dbs[e].running > 0)
 		{
 			if (!launcher_dbs[e].yielding)
-				(void) start_workers(e, want, cap, &total, now);
+				(void) start_publishers(e, want, cap, &total, now);
 		}
 		else
 			order[norder++] = e;
@@ -844,7 +1009,7 @@ schedule(TimestampTz now)
 			waiting++;
 			continue;
 		}
-		if (start_workers(e, workers_wanted(e, now), cap, &total, now) > 0)
+		if (start_publishers(e, publishers_wanted(e, now), cap, &total, now) > 0)
 		{
 			db->turn_started = now;
 			db->waiting_since = 0;
@@ -855,6 +1020,67 @@ schedule(TimestampTz now)
 		rotate_turns(now, total > cap);
 }
 
+/*
+ * Start what is missing of outbox.inbox_workers in entry e
+ * (INBOX_ONE_DATABASE: in the one inbox database); false if no background
+ * worker slot is free.
+ */
+static bool
+start_inbox_workers(LauncherSlot *slots, int e, const char *dbname, TimestampTz now)
+{
+	static bool logged_no_slot = false;
+
+	for (int i = 0; i < inbox_workers; i++)
+	{
+		BackgroundWorker worker;
+
+		if (slot_alive(&slots[i], inbox_worker_pid(e, i), now) ||
+			!slot_may_start(&slots[i], now))
+			continue;
+		inbox_worker_describe(&worker, e, i, dbname);
+		if (!slot_start(&slots[i], &worker))
+		{
+			log_no_slot(&logged_no_slot, e == INBOX_ONE_DATABASE ?
+						psprintf("inbox worker %d", i) :
+						psprintf("inbox worker %d of database \"%s\"", i, dbname));
+			return false;
+		}
+		logged_no_slot = false;
+	}
+	return true;
+}
+
+/*
+ * Step: give inbox workers to the one inbox database once it exists; with
+ * none set, to every database the publishers serve (has the extension, is
+ * not held by a DROP/ALTER DATABASE) unless its workers found nothing
+ * subscribed there lately (inbox_database_idle).
+ */
+static void
+schedule_inbox(TimestampTz now)
+{
+	if (inbox_workers == 0)
+		return;
+	if (inbox_one_name != NULL)
+	{
+		if (inbox_one_exists)
+			(void) start_inbox_workers(inbox_one, INBOX_ONE_DATABASE, inbox_one_name, now);
+		return;
+	}
+	for (int e = 0; e < OUTBOX_MAX_DATABASES; e++)
+	{
+		OutboxDatabase *db = &outbox_shared->databases[e];
+
+		if (!OidIsValid(db->dboid) || db->state != ODB_SERVED || db->held_until > now ||
+			inbox_database_idle(e, now))
+			continue;
+		if (!start_inbox_workers(launcher_dbs[e].inbox, e, NameStr(db->name), now))
+			return;
+	}
+}
+
+/* ---------- the launcher ---------- */
+
 /* The launcher is gone: nobody to wake. */
 static void
 launcher_exit(int code, Datum arg)
@@ -862,10 +1088,44 @@ launcher_exit(int code, Datum arg)
 	outbox_shared->launcher_latch = NULL;
 }
 
-/* The launcher: serve every database the settings want, forever. */
+/* Step: a SIGHUP asked to read the settings again. */
+static void
+reload_settings(void)
+{
+	if (!ConfigReloadPending)
+		return;
+	ConfigReloadPending = false;
+	ProcessConfigFile(PGC_SIGHUP);
+}
+
+/*
+ * One pass: follow the workers, scan pg_database, then start, stop or
+ * restart publishers and inbox workers where they are missing.
+ */
+static void
+launcher_pass(void)
+{
+	TimestampTz now = GetCurrentTimestamp();
+
+	note_probe_generation();
+	collect_workers(now);
+	scan_databases();
+	release_databases();
+	schedule_publishers(now);
+	schedule_inbox(now);
+}
+
+/*
+ * The launcher, connected to no database: serve every database the
+ * settings want with publishers and inbox workers, forever.  Every
+ * LAUNCHER_NAP_MS, or when a worker starts or stops (bgw_notify_pid), a
+ * commit asks, or a SIGHUP comes, it makes one pass in a memory context
+ * reset at each.
+ */
 void
 outbox_launcher_main(Datum main_arg)
 {
+	MemoryContext loop_context;
 
 	pqsignal(SIGHUP, SignalHandlerForConfigReload);
 	pqsignal(SIGTERM, die);
@@ -875,31 +1135,20 @@ outbox_launcher_main(Datum main_arg)
 	outbox_shared->launcher_latch = MyLatch;
 	on_shmem_exit(launcher_exit, (Datum) 0);
 	probe_generation = pg_atomic_read_u32(&outbox_shared->probe_generation);
+	/* Where the inbox workers run is fixed at start (a reload keeps it). */
+	if (inbox_workers > 0 && inbox_target_database() != NULL)
+		inbox_one_name = MemoryContextStrdup(TopMemoryContext, inbox_target_database());
+	loop_context = AllocSetContextCreate(TopMemoryContext, "outbox launcher loop",
+										 ALLOCSET_DEFAULT_SIZES);
 	ereport(LOG, (errmsg("outbox launcher started")));
 
 	for (;;)
 	{
-		TimestampTz now = GetCurrentTimestamp();
-		uint32		generation;
-
+		MemoryContextReset(loop_context);
+		MemoryContextSwitchTo(loop_context);
 		CHECK_FOR_INTERRUPTS();
-		if (ConfigReloadPending)
-		{
-			ConfigReloadPending = false;
-			ProcessConfigFile(PGC_SIGHUP);
-		}
-		/* CREATE EXTENSION somewhere: probe every database without it now. */
-		generation = pg_atomic_read_u32(&outbox_shared->probe_generation);
-		if (generation != probe_generation)
-		{
-			probe_generation = generation;
-			for (int e = 0; e < OUTBOX_MAX_DATABASES; e++)
-				launcher_dbs[e].next_probe_at = 0;
-		}
-		collect_workers(now);
-		scan_databases();
-		release_databases();
-		schedule(now);
+		reload_settings();
+		launcher_pass();
 
 		pgstat_report_activity(STATE_IDLE, NULL);
 		(void) WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,

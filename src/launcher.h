@@ -1,7 +1,8 @@
 /*-------------------------------------------------------------------------
  *
  * launcher.h
- *	  The publishers' launcher: which databases are served.
+ *	  The launcher of the publishers and inbox workers: which databases
+ *	  are served.
  *
  *-------------------------------------------------------------------------
  */

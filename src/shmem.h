@@ -4,7 +4,8 @@
  *	  The extension's shared memory (shmem.c): one struct, OutboxShared,
  *	  its per-database entries and per-worker slots, and the look-ups and
  *	  signals every part uses on it.  The bottom of the module graph, with
- *	  util.c: shmem.c calls no other module of the extension.
+ *	  util.c: shmem.c calls no other module of the extension.  (The inbox
+ *	  workers' own state is the inbox's shared memory, inbox_worker.c.)
  *
  * Locking rules.  OutboxShared is created by outbox_shmem_startup() under
  * AddinShmemInitLock and has no lock of its own afterwards: each field has
@@ -12,8 +13,9 @@
  * that is a moment old.
  *
  *	- databases[]: entries are assigned (dboid set) and freed only by the
- *	  launcher; held_until by the session running DROP/ALTER DATABASE;
- *	  inbox_pids and inbox_idle_* by the inbox launcher and workers.
+ *	  launcher; held_until by the session running DROP/ALTER DATABASE.
+ *	  (The inbox workers' state per entry is the inbox's own shared
+ *	  memory: inbox_worker.c.)
  *	  Backends only look entries up (outbox_database_entry, which checks
  *	  the cached entry's dboid at every call).
  *	- databases[].workers[]: each OutboxWorkerSlot is written by its worker;
@@ -45,12 +47,6 @@
 
 /* Databases the launcher can keep track of at once (served or probed). */
 #define OUTBOX_MAX_DATABASES 64
-
-/*
- * Inbox workers per database: the maximum of outbox.inbox_workers
- * (inbox_worker.h defines INBOX_MAX_WORKERS as this).
- */
-#define OUTBOX_MAX_INBOX_WORKERS 16
 
 /*
  * The publisher locks buckets of aggregates, not single aggregates, so that
@@ -151,12 +147,6 @@ typedef struct OutboxDatabase
 	volatile TimestampTz waiting_since;
 	/* When its current or last turn started, while databases take turns. */
 	volatile TimestampTz turn_started;
-	/* Inbox workers running here (for DROP DATABASE), and until when none
-	 * need to, since nothing was subscribed. */
-	volatile pid_t inbox_pids[OUTBOX_MAX_INBOX_WORKERS];
-	volatile TimestampTz inbox_idle_until;
-	/* probe_generation when the idle worker looked (a later one voids it) */
-	volatile uint32 inbox_idle_generation;
 	OutboxStats stats;
 	OutboxWorkerSlot workers[OUTBOX_MAX_WORKERS];
 } OutboxDatabase;

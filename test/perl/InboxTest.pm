@@ -18,8 +18,8 @@ use Time::HiRes qw(time sleep);
 
 use OutboxTest qw(outbox_node outbox_setup wait_until);
 
-our @EXPORT = qw(inbox_node inbox_setup setup_consumer wait_applied
-  wait_applied_across_restarts consumer_verdict inbox_counter
+our @EXPORT = qw(inbox_node inbox_setup setup_consumer subscribe_database
+  wait_applied wait_applied_across_restarts consumer_verdict inbox_counter
   inbox_pids producer_expected);
 
 # A node with the publisher on "postgres" and the inbox on "consumer"
@@ -148,6 +148,28 @@ sub consumer_verdict
 		 WHERE prev IS NOT NULL AND version <= prev});
 	push @problems, "$inversions applications out of version order" if $inversions;
 	return @problems;
+}
+
+# Database $db (existing, as role app) consuming: the extension, schema app
+# with table app.applied and handler app.apply(inbox_message) recording
+# each event's aggregate and version, and consumer $consumer subscribed to
+# $topic as app (handlers never run as a superuser).
+sub subscribe_database
+{
+	my ($node, $db, $consumer, $topic) = @_;
+
+	$node->safe_psql($db, qq{
+CREATE EXTENSION outbox;
+CREATE SCHEMA app AUTHORIZATION app;
+GRANT EXECUTE ON FUNCTION inbox_subscribe(text, text[], regprocedure) TO app;
+SET ROLE app;
+CREATE TABLE app.applied (aggregate_id text, version bigint);
+CREATE FUNCTION app.apply(m inbox_message) RETURNS void LANGUAGE sql
+  AS \$\$ INSERT INTO app.applied VALUES (m.aggregate_id, m.aggregate_version) \$\$;
+SELECT inbox_subscribe('$consumer', ARRAY['$topic'], 'app.apply(inbox_message)'::regprocedure);
+RESET ROLE;
+});
+	return;
 }
 
 # An inbox counter (outbox_counters() row inbox_<name>) of the consumer's server.

@@ -10,6 +10,7 @@ use PostgreSQL::Test::Utils;
 use Test::More;
 use Time::HiRes qw(time sleep);
 
+use InboxTest;
 use MockKafka;
 use OutboxTest;
 
@@ -33,17 +34,7 @@ $node->safe_psql('postgres', 'CREATE ROLE app LOGIN');
 for my $db ('shop', 'billing')
 {
 	$node->safe_psql('postgres', "CREATE DATABASE $db");
-	$node->safe_psql($db, qq{
-CREATE EXTENSION outbox;
-CREATE SCHEMA app AUTHORIZATION app;
-GRANT EXECUTE ON FUNCTION inbox_subscribe(text, text[], regprocedure) TO app;
-SET ROLE app;
-CREATE TABLE app.applied (aggregate_id text, version bigint);
-CREATE FUNCTION app.apply(m inbox_message) RETURNS void LANGUAGE sql
-  AS \$\$ INSERT INTO app.applied VALUES (m.aggregate_id, m.aggregate_version) \$\$;
-SELECT inbox_subscribe('$db-consumer', ARRAY['$topic'], 'app.apply(inbox_message)'::regprocedure);
-RESET ROLE;
-});
+	subscribe_database($node, $db, "$db-consumer", $topic);
 }
 
 ok(defined wait_until(sub { inbox_workers_in('shop') == 1 && inbox_workers_in('billing') == 1 }, 60),

@@ -2,12 +2,13 @@
 # may wait for a worker that is not running.
 #
 # outbox.workers = 16 with max_worker_processes = 8 (one goes to the
-# logical replication launcher, one to the publishers' launcher; the inbox
-# launcher is disabled so that it takes none): 6 publishers start.  The buckets are split
-# among the workers alive, so every event is published.  Then one worker
-# is terminated; it comes back only after bgw_restart_time (5 s), and
-# meanwhile the others publish its share: every event emitted after its
-# death is published before the replacement started.
+# logical replication launcher, one to the outbox launcher; the inbox
+# workers are disabled so that they take none): 6 publishers start.  The
+# buckets are split among the workers alive, so every event is published.
+# Then one worker is terminated; it comes back only after the launcher's
+# restart back-off (5 s), and meanwhile the others publish its share: every
+# event emitted after its death is published before the replacement
+# started.
 use strict;
 use warnings;
 
