@@ -73,6 +73,8 @@ CREATE TABLE worker_applied (aggregate_id text, version bigint, payload jsonb);
 GRANT INSERT ON bench_applied, worker_applied TO bench;
 CREATE FUNCTION apply_event(m inbox_message) RETURNS void LANGUAGE sql
 	AS 'INSERT INTO public.worker_applied VALUES (m.aggregate_id, m.aggregate_version, m.payload)';
+-- A handler runs as the role that subscribes it, which must own it.
+ALTER FUNCTION apply_event(inbox_message) OWNER TO bench;
 EOF
 
 # Fill the topic through the publisher.
