@@ -6,10 +6,13 @@
 #                                     consumer's rate over its first N events)
 #
 # Inbox benchmark: events applied per second by one inbox worker with a
-# trivial handler (insert a row) against the hand-written consumer
-# (inbox_consumer.c: librdkafka + inbox_claim, one message per transaction)
-# doing the same, in the same run, from the same topic.  Prints figures,
-# judges nothing.
+# trivial handler (insert a row) against two hand-written consumers doing
+# the same, in the same run, from the same topic: inbox_consumer.c
+# (librdkafka + inbox_claim, one message per transaction) and
+# inbox_batch_consumer.c (librdkafka + COPY of a batch + its offsets in the
+# same transaction, exactly-once by the offsets alone).  CPU per event of
+# each: the worker's, the batch consumer's and its backend's (/proc).
+# Prints figures, judges nothing.
 #
 # One mock Kafka broker (test/tools/mock_kafka, with the TCP_NODELAY shim)
 # and one throwaway PostgreSQL cluster: the publisher fills topic "bench"
@@ -29,7 +32,7 @@ tools=$src/test/tools
 
 if [ "$(id -u)" = 0 ]; then
 	make -s -C "$tools" >/dev/null
-	make -s -C "$bench" inbox_consumer nodelay.so >/dev/null
+	make -s -C "$bench" inbox_consumer inbox_batch_consumer nodelay.so >/dev/null
 	work=$(mktemp -d /tmp/outbox-inbox-bench.XXXXXX)
 	chown postgres: "$work"
 	rc=0
@@ -70,7 +73,11 @@ CREATE ROLE bench LOGIN;
 GRANT EXECUTE ON FUNCTION inbox_subscribe(text, text[], regprocedure), inbox_claim(text, text) TO bench;
 CREATE TABLE bench_applied (aggregate_id text, version bigint, payload jsonb);
 CREATE TABLE worker_applied (aggregate_id text, version bigint, payload jsonb);
-GRANT INSERT ON bench_applied, worker_applied TO bench;
+CREATE TABLE batch_applied (aggregate_id text, version bigint, payload jsonb);
+CREATE TABLE bench_offset (grp text, topic text, "partition" int, next_offset bigint,
+	PRIMARY KEY (grp, topic, "partition"));
+GRANT INSERT ON bench_applied, worker_applied, batch_applied TO bench;
+GRANT SELECT, INSERT, UPDATE ON bench_offset TO bench;
 CREATE FUNCTION apply_event(m inbox_message) RETURNS void LANGUAGE sql
 	AS 'INSERT INTO public.worker_applied VALUES (m.aggregate_id, m.aggregate_version, m.payload)';
 -- A handler runs as the role that subscribes it, which must own it.
@@ -117,8 +124,15 @@ worker_rate=$(echo "$total / ($t1 - $first)" | bc -l)
 printf 'inbox worker (1, batch %s): %d events in %.2f s from the first applied (%.2f s from subscribing): %.0f events/s\n' \
 	"$(psql -qXAt -d consumer -c 'SHOW outbox.inbox_batch_size')" "$n" "$(echo "$t1 - $first" | bc -l)" \
 	"$(echo "$t1 - $t0" | bc -l)" "$worker_rate"
-printf 'inbox worker CPU: %.2f s (user + system), %.0f events per CPU second; load average %s\n' \
-	"$cpu_s" "$(echo "$n / $cpu_s" | bc -l)" "$(cut -d' ' -f1-3 /proc/loadavg)"
+printf 'inbox worker CPU: %.2f s (user + system), %.0f events per CPU second, %.1f us per event; load average %s\n' \
+	"$cpu_s" "$(echo "$n / $cpu_s" | bc -l)" "$(echo "$cpu_s * 1000000 / $n" | bc -l)" "$(cut -d' ' -f1-3 /proc/loadavg)"
+
+# The hand-written batch consumer: COPY and offsets, a transaction per batch.
+out=$("$bench/inbox_batch_consumer" --dsn "dbname=consumer user=bench" --brokers "$brokers" \
+	--topic bench --group batch --table batch_applied --events "$total" --max-seconds 600)
+batch_rate=$(echo "$out" | awk '{print $6}')
+echo "hand-written batch consumer (COPY + offsets, batch 1000): $out (client, backend)"
+printf 'ratio to the batch consumer: %.2fx\n' "$(echo "$worker_rate / $batch_rate" | bc -l)"
 
 # The hand-written consumer, one message per transaction.
 out=$("$bench/inbox_consumer" --dsn "dbname=consumer user=bench" --brokers "$brokers" \
@@ -128,4 +142,5 @@ echo "hand-written consumer: $out"
 printf 'ratio: %.1fx\n' "$(echo "$worker_rate / $hand_rate" | bc -l)"
 psql -qXAt -d consumer -c "SELECT 'check: worker applied ' || (SELECT count(*) FROM worker_applied) ||
 	', hand-written applied ' || (SELECT count(*) FROM bench_applied) ||
+	', batch consumer applied ' || (SELECT count(*) FROM batch_applied) ||
 	', worker duplicates ' || (SELECT sum(duplicates) FROM inbox_status)"
