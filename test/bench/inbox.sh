@@ -5,6 +5,11 @@
 #                                     the worker and the batch consumer, 3;
 #                                     BENCH_PERF=FILE: perf record the worker
 #                                     in the first round;
+#                                     BENCH_NO_STATS=1: before each worker
+#                                     round, no inbox rows, no statistics of
+#                                     inbox_aggregate, no autovacuum of it,
+#                                     a restarted server: a new install's
+#                                     first consumer;
 #                                     BENCH_HAND_EVENTS=N: the hand-written
 #                                     consumer's rate over its first N events)
 #
@@ -42,7 +47,7 @@ if [ "$(id -u)" = 0 ]; then
 	rc=0
 	timeout -k 30 900 runuser -u postgres -- env PATH="$PATH" BENCH_WORK="$work" \
 		BENCH_FSYNC="${BENCH_FSYNC:-on}" BENCH_PERF="${BENCH_PERF:-}" BENCH_ROUNDS="${BENCH_ROUNDS:-3}" \
-		BENCH_HAND_EVENTS="${BENCH_HAND_EVENTS:-}" \
+		BENCH_HAND_EVENTS="${BENCH_HAND_EVENTS:-}" BENCH_NO_STATS="${BENCH_NO_STATS:-}" \
 		bash "$0" "$events" || rc=$?
 	[ "$rc" = 0 ] && rm -rf "$work" || echo "inbox.sh: failed ($rc); logs in $work" >&2
 	exit "$rc"
@@ -109,10 +114,23 @@ echo "topic bench: $total events, 10000 aggregates, 16 partitions; fsync ${BENCH
 # says more than events per second.
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 tck=$(getconf CLK_TCK)
-wpid=$(psql -qXAt -d consumer -c "SELECT pid FROM pg_stat_activity WHERE backend_type = 'outbox inbox worker'")
+worker_pid() { psql -qXAt -d consumer -c "SELECT pid FROM pg_stat_activity WHERE backend_type = 'outbox inbox worker'"; }
+wpid=$(worker_pid)
 applied() { psql -qXAt -d consumer -c "SELECT coalesce(sum(applied), 0) FROM inbox_offset WHERE consumer = '$1'"; }
 worker_rates=() worker_cpus=() batch_rates=() batch_cpus=() ratios=()
 for r in $(seq "${BENCH_ROUNDS:-3}"); do
+	if [ -n "${BENCH_NO_STATS:-}" ]; then
+		psql -qX -d consumer -c 'TRUNCATE inbox_aggregate, inbox, inbox_offset' \
+			-c 'ALTER TABLE inbox_aggregate SET (autovacuum_enabled = false)' \
+			-c "DELETE FROM pg_statistic WHERE starelid = 'inbox_aggregate'::regclass"
+		pg_ctl -D "$work/data" -l "$work/postgres.log" -w -t 60 -m fast restart >/dev/null
+		wpid=
+		for _ in $(seq 100); do
+			wpid=$(worker_pid)
+			[ -n "$wpid" ] && break
+			sleep 0.1
+		done
+	fi
 	perf_pid=
 	if [ -n "${BENCH_PERF:-}" ] && [ "$r" = 1 ]; then
 		perf record -g -o "$BENCH_PERF" -p "$wpid" >"$work/perf.log" 2>&1 &
