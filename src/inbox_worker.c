@@ -745,6 +745,8 @@ inbox_worker_main(Datum main_arg)
 	SetConfigOption("search_path", "pg_catalog, pg_temp", PGC_SUSET, PGC_S_OVERRIDE);
 	/* Our statements are short: compiling them would take longer. */
 	SetConfigOption("jit", "off", PGC_SUSET, PGC_S_OVERRIDE);
+	/* A server-wide plan_cache_mode would override the plans' own choice. */
+	SetConfigOption("plan_cache_mode", "auto", PGC_SUSET, PGC_S_OVERRIDE);
 
 	inbox_subs_context = AllocSetContextCreate(TopMemoryContext, "inbox subscriptions",
 										 ALLOCSET_DEFAULT_SIZES);

@@ -1,7 +1,7 @@
 /*-------------------------------------------------------------------------
  *
  * bench_kafka.h
- *		What the benchmark tools (relay, peers, drain_wait, inbox_consumer)
+ *		What the benchmark tools (relay, peers, drain_wait, the inbox consumers)
  *		share: dying with a message, a clock, option parsing, checked libpq
  *		statements and the benchmark's librdkafka producer.
  *
