@@ -33,7 +33,7 @@ if [ "${#missing[@]}" -gt 0 ]; then
 fi
 
 t0=$(date +%s)
-echo "deb: server versions supported here: $(pg_buildext supported-versions "$dir" | xargs)"
+echo "deb: server versions supported here: $(cd "$dir" && pg_buildext supported-versions | xargs)"
 (cd "$dir" && pg_buildext updatecontrol && dpkg-buildpackage -us -uc -b) >"$out/build.log" 2>&1 ||
 	{ tail -n 40 "$out/build.log"; echo "deb: dpkg-buildpackage failed" >&2; exit 1; }
 debs=$(cd "$out" && ls postgresql-*-outbox_*.deb 2>/dev/null)
