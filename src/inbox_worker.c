@@ -301,6 +301,7 @@ inbox_launcher_main(Datum main_arg)
 	pqsignal(SIGHUP, SignalHandlerForConfigReload);
 	pqsignal(SIGTERM, die);
 	BackgroundWorkerUnblockSignals();
+	outbox_reload_at_start();
 	BackgroundWorkerInitializeConnection(NULL, NULL, 0);
 
 	for (;;)
@@ -824,6 +825,7 @@ inbox_worker_main(Datum main_arg)
 	pqsignal(SIGHUP, SignalHandlerForConfigReload);
 	pqsignal(SIGTERM, die);
 	BackgroundWorkerUnblockSignals();
+	outbox_reload_at_start();
 
 	db = inbox_connect(main_arg);
 	/* Our own statements name everything qualified. */
