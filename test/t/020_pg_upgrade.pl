@@ -1,8 +1,9 @@
 # pg_upgrade of a server with the extension to the next PostgreSQL major
 # version: the old server's installation is $OUTBOX_PG_UPGRADE_FROM (e.g.
-# /usr/lib/postgresql/17), the new one's is on PATH, the extension is
-# installed for both (test/pg_upgrade.sh does this in a Debian sid chroot
-# with PostgreSQL 17 from trixie beside sid's 18); skipped without it.
+# /usr/lib/postgresql/15), the new one's is on PATH, the extension is
+# installed for both (test/pg_upgrade.sh does this in a Debian trixie
+# chroot with bookworm's PostgreSQL 15 beside trixie's 17); skipped
+# without it.
 # On the old server a producer and a consumer database are left in every
 # state the extension knows (TAP 019's, test/perl/UpgradeTest.pm), more
 # events pending with no worker running.  pg_upgrade --check refuses it as
