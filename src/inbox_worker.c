@@ -739,6 +739,7 @@ inbox_worker_main(Datum main_arg)
 	pqsignal(SIGHUP, SignalHandlerForConfigReload);
 	pqsignal(SIGTERM, die);
 	BackgroundWorkerUnblockSignals();
+	outbox_reload_at_start();
 
 	db = inbox_connect(main_arg);
 	/* Our own statements name everything qualified. */

@@ -1130,6 +1130,7 @@ outbox_launcher_main(Datum main_arg)
 	pqsignal(SIGHUP, SignalHandlerForConfigReload);
 	pqsignal(SIGTERM, die);
 	BackgroundWorkerUnblockSignals();
+	outbox_reload_at_start();
 	BackgroundWorkerInitializeConnection(NULL, NULL, 0);
 
 	outbox_shared->launcher_latch = MyLatch;

@@ -3,7 +3,7 @@
  * util.c
  *	  Small helpers every part uses (util.h): the settings read across
  *	  modules, advisory lock tags, kept plans, column defaults, background
- *	  worker entries.
+ *	  worker entries and their start (the configuration read once).
  *
  * The bottom of the module graph: calls nothing of the extension's.
  *
@@ -18,6 +18,7 @@
 #include "optimizer/optimizer.h"
 #include "parser/parse_relation.h"
 #include "postmaster/bgworker.h"
+#include "postmaster/interrupt.h"
 #include "rewrite/rewriteHandler.h"
 #include "utils/guc.h"
 #include "utils/rel.h"
@@ -30,6 +31,7 @@ char	   *outbox_database = NULL;
 char	   *outbox_role = NULL;
 int			outbox_workers = 1;
 bool		outbox_enable_test_hooks = false;
+static int	outbox_test_start_delay_ms = 0;
 
 /*
  * An executor state for writing rel's rows without a plan, the way logical
@@ -176,6 +178,15 @@ outbox_postmaster_settings_init(void)
 							 PGC_POSTMASTER,
 							 GUC_NOT_IN_SAMPLE,
 							 NULL, NULL, NULL);
+
+	DefineCustomIntVariable("outbox.test_start_delay",
+							"With outbox.enable_test_hooks: a publisher's start is delayed this long with reloads ignored (for tests only).",
+							"As PostgreSQL ignores SIGHUP between a background worker's fork and its entry point.",
+							&outbox_test_start_delay_ms,
+							0, 0, 60 * 1000,
+							PGC_POSTMASTER,
+							GUC_NOT_IN_SAMPLE | GUC_UNIT_MS,
+							NULL, NULL, NULL);
 }
 
 /*
@@ -194,4 +205,38 @@ outbox_bgworker_init(BackgroundWorker *worker, const char *function,
 	strlcpy(worker->bgw_function_name, function, BGW_MAXLEN);
 	strlcpy(worker->bgw_type, type, BGW_MAXLEN);
 	strlcpy(worker->bgw_name, type, BGW_MAXLEN);
+}
+
+/*
+ * Test hook (outbox.enable_test_hooks, outbox.test_start_delay): the
+ * worker's start delayed with SIGHUP ignored, as PostgreSQL ignores it
+ * from the worker's fork to its entry point; a reload signalled meanwhile
+ * is lost, as one in that window is (outbox_reload_at_start's case).
+ */
+void
+outbox_test_start_delay(void)
+{
+	if (!outbox_enable_test_hooks || outbox_test_start_delay_ms <= 0)
+		return;
+	pqsignal(SIGHUP, SIG_IGN);
+	BackgroundWorkerUnblockSignals();
+	ereport(LOG,
+			(errmsg("outbox: test hook: %s start delayed by %d ms, reloads ignored",
+					MyBgworkerEntry->bgw_type, outbox_test_start_delay_ms)));
+	pg_usleep(outbox_test_start_delay_ms * 1000L);
+	BackgroundWorkerBlockSignals();
+}
+
+/*
+ * The configuration files read once as a worker starts, after its SIGHUP
+ * handler is in place: PostgreSQL discards a reload signalled between the
+ * worker's fork and its entry point (BackgroundWorkerMain() sets SIGHUP to
+ * SIG_IGN), and a worker forked before the postmaster reloaded would keep
+ * the older settings until the next reload.
+ */
+void
+outbox_reload_at_start(void)
+{
+	ConfigReloadPending = false;
+	ProcessConfigFile(PGC_SIGHUP);
 }

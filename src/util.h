@@ -60,5 +60,7 @@ extern struct _SPI_plan *outbox_keep_plan_options(const char *query, int nargs,
 												  Oid *argtypes, int cursor_options);
 extern void outbox_bgworker_init(BackgroundWorker *worker, const char *function,
 								 const char *type, int restart_time);
+extern void outbox_test_start_delay(void);
+extern void outbox_reload_at_start(void);
 
 #endif							/* OUTBOX_UTIL_H */

@@ -875,9 +875,11 @@ outbox_worker_main(Datum main_arg)
 {
 	int			error_backoff_ms = WORKER_ERROR_BACKOFF_MS;
 
+	outbox_test_start_delay();
 	pqsignal(SIGHUP, SignalHandlerForConfigReload);
 	pqsignal(SIGTERM, die);
 	BackgroundWorkerUnblockSignals();
+	outbox_reload_at_start();
 
 	join_database(main_arg);
 	worker_setup();

@@ -6,6 +6,10 @@
 # -Werror, installed, and run through the regression, isolation and pgTAP
 # suites and a chosen set of TAP files against the mock Kafka cluster (no
 # Java: the real-Kafka files are left to .ci/run's full run on the host).
+# The trixie and sid lanes then build the Debian package postgresql-17- and
+# postgresql-18-outbox in their chroot, check it with lintian, install it
+# with apt and run CREATE EXTENSION outbox with it (test/deb_build.sh,
+# test/deb_check.sh).
 #
 #   lane      Debian         PostgreSQL   librdkafka
 #   bookworm  12             15           2.0
@@ -28,6 +32,13 @@
 #   OUTBOX_MATRIX_REAL_KAFKA  set: install Java and Maven in the chroot too, for
 #                          the real-Kafka TAP files (test/t/2*_real_*.pl,
 #                          304_inbox_real.pl, 311_inbox_real_restart.pl)
+#   OUTBOX_MATRIX_PACKAGE  the lanes that also build the Debian package
+#                          postgresql-MAJOR-outbox in their chroot, check it
+#                          with lintian, install it with apt and run CREATE
+#                          EXTENSION outbox with it (default: trixie sid;
+#                          bookworm's is test/package.sh's; empty: none)
+#   OUTBOX_MATRIX_PACKAGE_TIMEOUT  seconds for that step (default 900: the
+#                          first run installs debhelper and lintian)
 #   OUTBOX_MATRIX_KEEP     set: keep the logs of a lane that passed
 #   OUTBOX_MATRIX_TIMEOUT  seconds a lane may take, packages, build and tests
 #                          (default 720: three times what one takes, so that
@@ -69,6 +80,8 @@ src=$(cd "$(dirname "$0")/.." && pwd)
 cache=${OUTBOX_MATRIX_CACHE:-/var/cache/outbox-matrix}
 base_cache=${OUTBOX_FRESH_CACHE:-/var/cache/outbox-fresh}
 budget=${OUTBOX_MATRIX_TIMEOUT:-720}
+package_lanes=${OUTBOX_MATRIX_PACKAGE-trixie sid}
+package_budget=${OUTBOX_MATRIX_PACKAGE_TIMEOUT:-900}
 suites=${OUTBOX_MATRIX_SUITES:-regress isolation pgtap tap}
 deps_flag=--mock-only
 [ -n "${OUTBOX_MATRIX_REAL_KAFKA:-}" ] && deps_flag=
@@ -195,10 +208,45 @@ run_lane() {	# run_lane SUITE MAJOR
 			bash test/run_tests.sh $SUITES
 		' >"$logs/$suite.log" 2>&1
 	rc=$?
+	if [ "$rc" = 0 ] && [[ " $package_lanes " == *" $suite "* ]]; then
+		package_lane "$suite" "$major" "$dir"
+		rc=$?
+	fi
 	versions="$(chroot "$dir" dpkg-query -W -f='PostgreSQL ${Version}, ' "postgresql-$major" 2>/dev/null)"
 	versions+=$(chroot "$dir" dpkg-query -W -f='librdkafka ${Version}' librdkafka1 2>/dev/null)
 	release
 	return "$rc"
+}
+
+# The lane's Debian package: built from a clean clone by test/deb_build.sh
+# (pg_buildext, dpkg-buildpackage, lintian), the lane's `make install`
+# undone, then installed with apt and checked by test/deb_check.sh
+# (CREATE EXTENSION with the library preloaded); purged afterwards, so the
+# cached chroot keeps no package of a commit.  Log: $logs/SUITE-package.log.
+package_lane() {	# package_lane SUITE MAJOR DIR
+	local suite=$1 major=$2 dir=$3
+	rm -rf "$dir/root/outbox-deb"
+	mkdir "$dir/root/outbox-deb"
+	if [ -n "$head" ]; then
+		git clone -q --no-hardlinks "$src" "$dir/root/outbox-deb/outbox" &&
+			git -C "$dir/root/outbox-deb/outbox" checkout -q --detach "$head" &&
+			rm -rf "$dir/root/outbox-deb/outbox/.git" || return 1
+	else
+		mkdir "$dir/root/outbox-deb/outbox" &&
+			tar -C "$src" --exclude=.git -cf - . | tar -C "$dir/root/outbox-deb/outbox" -xf - || return 1
+	fi
+	say "lane $suite: the Debian package (test/deb_build.sh, test/deb_check.sh)"
+	timeout --kill-after=30 "$package_budget" chroot "$dir" /usr/bin/env -i HOME=/root TERM=dumb \
+		PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin MAJOR="$major" bash -c '
+			set -e
+			export PG_CONFIG=/usr/lib/postgresql/$MAJOR/bin/pg_config
+			make -s -C /root/outbox uninstall
+			make -s -C /root/outbox-deb/outbox clean >/dev/null
+			unset PG_CONFIG
+			bash /root/outbox/test/deb_build.sh /root/outbox-deb/outbox
+			bash /root/outbox/test/deb_check.sh /root/outbox-deb/postgresql-$MAJOR-outbox_*.deb
+			apt-get purge -y -qq postgresql-$MAJOR-outbox >/dev/null
+		' >"$logs/$suite-package.log" 2>&1
 }
 
 verdict=0
@@ -215,13 +263,16 @@ for lane in "${lanes[@]}"; do
 	rc=$?
 	took=$(($(date +%s) - t0))
 	if [ "$rc" = 0 ]; then
-		line="lane $lane ($versions): PASS ($took s; suites: $suites; $(wc -w <<<"$tests") TAP files)"
+		pkg=
+		[[ " $package_lanes " == *" $lane "* ]] && pkg="; postgresql-$major-outbox built, lintian clean, installed with apt, CREATE EXTENSION"
+		line="lane $lane ($versions): PASS ($took s; suites: $suites; $(wc -w <<<"$tests") TAP files$pkg)"
 	else
 		verdict=1
 		[ -f "$logs/$lane.log" ] && tail -n 80 "$logs/$lane.log"
+		[ -f "$logs/$lane-package.log" ] && tail -n 40 "$logs/$lane-package.log"
 		line="lane $lane ($versions): FAIL (exit $rc after $took s; log $logs/$lane.log)"
 	fi
-	grep -E '^== suite|^build:' "$logs/$lane.log" 2>/dev/null | sed "s/^/    $lane: /"
+	grep -hE '^== suite|^build:|^deb' "$logs/$lane.log" "$logs/$lane-package.log" 2>/dev/null | sed "s/^/    $lane: /"
 	echo "$line"
 	summary+=("$line")
 done

@@ -2,12 +2,13 @@
 #
 # The Debian package, built and installed as a user installs it: builds
 # postgresql-15-outbox_*.deb from this tree with `dpkg-buildpackage -us -uc
-# -b` (debian/, pg_buildext), checks it with lintian (no error), then on a
-# brand-new Debian 12 (a `debootstrap --variant=minbase bookworm` chroot,
-# test/chroot_lib.sh) installs it with `apt-get install ./<deb>` (apt
-# fetches PostgreSQL 15 and librdkafka from the mirror the host uses),
-# starts the cluster the package's postgresql-15 made, as postgres, with
-# shared_preload_libraries = 'outbox', runs CREATE EXTENSION outbox, emits
+# -b` (debian/, pg_buildext), checks it with lintian (no error) -- both
+# test/deb_build.sh --, then on a brand-new Debian 12 (a `debootstrap
+# --variant=minbase bookworm` chroot, test/chroot_lib.sh) test/deb_check.sh
+# installs it with `apt-get install ./<deb>` (apt fetches PostgreSQL 15 and
+# librdkafka from the mirror the host uses), starts a new cluster, as
+# postgres, with shared_preload_libraries = 'outbox', runs CREATE EXTENSION
+# outbox, emits
 # an event and sees the launcher start a publisher for the database; and
 # creates the oldest version the package ships and updates it to the
 # default one (ALTER EXTENSION outbox UPDATE).
@@ -55,16 +56,7 @@ fail() { echo "package: FAIL ($*; logs in $work)"; keep=1; exit 1; }
 chroot_session package
 
 # ---------------------------------------------------------------- build
-tools=(dpkg-dev debhelper postgresql-server-dev-all librdkafka-dev lintian debootstrap)
-missing=()
-for p in "${tools[@]}"; do
-	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
-done
-if [ "${#missing[@]}" -gt 0 ]; then
-	say "installing the build tools: ${missing[*]}"
-	DEBIAN_FRONTEND=noninteractive bounded apt-get install -y -qq --no-install-recommends \
-		"${missing[@]}" >"$work/tools.log" 2>&1 || { tail -n 20 "$work/tools.log"; fail "cannot install ${missing[*]}"; }
-fi
+# test/deb_build.sh installs the build tools it misses; chroot_new debootstrap.
 
 mkdir "$work/build" "$work/build/outbox"
 if git -C "$src" rev-parse --is-inside-work-tree >/dev/null 2>&1; then
@@ -72,82 +64,23 @@ if git -C "$src" rev-parse --is-inside-work-tree >/dev/null 2>&1; then
 else
 	tar -C "$src" --exclude=.git -cf - . | tar -C "$work/build/outbox" -xf -
 fi
-t0=$(date +%s)
-say "dpkg-buildpackage -us -uc -b"
-(cd "$work/build/outbox" && bounded dpkg-buildpackage -us -uc -b) >"$work/build.log" 2>&1 ||
-	{ tail -n 40 "$work/build.log"; fail "dpkg-buildpackage"; }
+say "dpkg-buildpackage -us -uc -b, lintian (test/deb_build.sh)"
+bounded bash "$src/test/deb_build.sh" "$work/build/outbox" || fail "the build or lintian"
 deb=$(cd "$work/build" && ls postgresql-15-outbox_*_*.deb 2>/dev/null | head -n 1)
 [ -n "$deb" ] || fail "no postgresql-15-outbox_*.deb built"
-say "built $deb in $(($(date +%s) - t0)) s: $(dpkg-deb -f "$work/build/$deb" Depends)"
-# Every package of the build (with -dbgsym), as a maintainer checks it.
-(cd "$work/build" && bounded lintian --fail-on error outbox_*.changes) >"$work/lintian.log" 2>&1
-rc=$?
-grep -v 'running with root privileges' "$work/lintian.log"
-[ "$rc" = 0 ] || fail "lintian reports an error"
-say "lintian: no error"
 
 # ---------------------------------------------------------------- install
 chroot_new "$work" || fail "chroot"
 chroot_mount || fail "mounts"
 cp "$work/build/$deb" "$chroot_root/tmp/"
-in_chroot() {	# in_chroot LOG COMMAND: as root in the chroot, output to $work/LOG.log
-	bounded chroot "$chroot_root" /usr/bin/env -i HOME=/root LANG=C.UTF-8 TERM=dumb \
-		DEBIAN_FRONTEND=noninteractive PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
-		bash -ec "$2" >"$work/$1.log" 2>&1
-}
-t0=$(date +%s)
-say "apt-get install ./$deb in the chroot"
-in_chroot install "cd /tmp && apt-get update -qq && apt-get install -y -q ./$deb" ||
-	{ tail -n 30 "$work/install.log"; fail "apt-get install ./$deb"; }
-say "installed in $(($(date +%s) - t0)) s: $(chroot "$chroot_root" dpkg-query -W -f='.\n' | wc -l) packages," \
-	"$(chroot "$chroot_root" dpkg-query -W -f='${Version}' postgresql-15-outbox)"
-
-# ---------------------------------------------------------------- run
-# The cluster postgresql-15 created (15/main), not started by the install
-# (policy-rc.d): preloading the library, on a port and socket of its own,
-# no TCP (the host may run a server on 5432).
-port=$((20000 + RANDOM % 20000))
-in_chroot server "
-	pg_conftool 15 main set shared_preload_libraries outbox
-	pg_conftool 15 main set listen_addresses ''
-	pg_conftool 15 main set port $port
-	pg_ctlcluster 15 main start
-	runuser -u postgres -- psql -X -v ON_ERROR_STOP=1 -p $port -d postgres <<-'EOF'
-		CREATE EXTENSION outbox;
-		SELECT extversion FROM pg_extension WHERE extname = 'outbox';
-		SELECT aggregate_version FROM outbox_emit('order', 'order-1', 'OrderPaid', '{\"amount\": 10}');
-		SELECT count(*) AS pending FROM outbox_pending;
-		-- The package's update scripts: the oldest version it ships,
-		-- updated to the default one.
-		CREATE DATABASE oldest;
-		\\c oldest
-		SELECT version AS oldest FROM pg_available_extension_versions WHERE name = 'outbox'
-		 ORDER BY string_to_array(version, '.')::int[] LIMIT 1 \\gset
-		CREATE EXTENSION outbox VERSION :'oldest';
-		ALTER EXTENSION outbox UPDATE;
-		SELECT :'oldest' AS created, e.extversion AS updated
-		  FROM pg_extension e WHERE e.extname = 'outbox';
-		DO \$\$ BEGIN
-			IF (SELECT e.extversion <> a.default_version FROM pg_extension e, pg_available_extensions a
-				 WHERE e.extname = 'outbox' AND a.name = 'outbox') THEN
-				RAISE EXCEPTION 'ALTER EXTENSION outbox UPDATE did not reach the default version';
-			END IF;
-		END \$\$;
-	EOF
-	# The launcher starts a publisher for a database that has the extension.
-	for i in \$(seq 1 300); do
-		n=\$(runuser -u postgres -- psql -X -Atq -p $port -d postgres -c \
-			\"SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'outbox publisher'\")
-		[ \"\$n\" -gt 0 ] && break
-		sleep 0.2
-	done
-	echo \"publishers: \$n\"
-	pg_ctlcluster 15 main stop
-	[ \"\$n\" -gt 0 ]
-"
+cp "$src/test/deb_check.sh" "$chroot_root/tmp/"
+say "apt-get install ./$deb in the chroot, CREATE EXTENSION (test/deb_check.sh)"
+bounded chroot "$chroot_root" /usr/bin/env -i HOME=/root LANG=C.UTF-8 TERM=dumb \
+	PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+	bash /tmp/deb_check.sh "/tmp/$deb" >"$work/check.log" 2>&1
 rc=$?
-cat "$work/server.log"
-[ "$rc" = 0 ] || { tail -n 30 "$chroot_root/var/log/postgresql/postgresql-15-main.log" 2>/dev/null; fail "the server in the chroot"; }
+cat "$work/check.log"
+[ "$rc" = 0 ] || fail "the package in the chroot"
 echo "package: PASS ($deb built, lintian clean, installed with apt on Debian 12 minbase, CREATE EXTENSION outbox with the library preloaded, the oldest version shipped updated to the default; $(($(date +%s) - start)) s)"
 exit 0
 }

@@ -27,9 +27,8 @@ use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
 
-use OutboxTest qw(pinned_init poll_until mock_setup);
+use UpgradeTest;
 
-my $dir = $PostgreSQL::Test::Utils::tmp_check;
 my $extdir = `pg_config --sharedir`;
 chomp $extdir;
 $extdir .= '/extension';
@@ -58,252 +57,21 @@ for my $src (glob("$ENV{TESTDIR}/sql/outbox--*.sql"))
 }
 ok(@pairs > 0, 'there is an update script') or BAIL_OUT('no update script in ' . $extdir);
 
-# Emit $n events of aggregate $agg to $topic (payload {"i": i} merged with $extra).
-sub emit
-{
-	my ($node, $agg, $topic, $n, $extra) = @_;
-	$extra //= '{}';
-	$node->safe_psql('postgres', qq{
-		SELECT count(*) FROM generate_series(1, $n) i,
-			LATERAL outbox_emit('order', '$agg', 'E', jsonb_build_object('i', i) || '$extra'::jsonb,
-								topic => '$topic')});
-}
-
-# The consumer's role, tables and handler (as test/perl/InboxTest.pm's):
-# app.apply(inbox_message) records what it applies and fails for payloads
-# {"fail": true}.
-sub consumer_objects
-{
-	my ($node, $db) = @_;
-	$node->safe_psql($db, q{
-		DO $$ BEGIN CREATE ROLE app LOGIN; EXCEPTION WHEN duplicate_object THEN NULL; END $$;
-		CREATE SCHEMA app AUTHORIZATION app;
-		SET ROLE app;
-		CREATE TABLE app.applied (
-			seq bigint GENERATED ALWAYS AS IDENTITY,
-			aggregate_id text, version bigint, event_id text, topic text,
-			"partition" int, "offset" bigint);
-		CREATE FUNCTION app.apply(m inbox_message) RETURNS void
-		LANGUAGE plpgsql AS $f$
-		BEGIN
-			IF (m.payload ->> 'fail')::boolean THEN
-				RAISE EXCEPTION 'handler refuses %', m.event_id;
-			END IF;
-			INSERT INTO app.applied (aggregate_id, version, event_id, topic, "partition", "offset")
-			VALUES (m.aggregate_id, m.aggregate_version, m.event_id, m.topic, m."partition", m."offset");
-		END
-		$f$;
-		RESET ROLE;
-		GRANT EXECUTE ON FUNCTION inbox_subscribe TO app;
-	});
-}
-
-# The extension's tables in $db: name => its columns.
-sub extension_tables
-{
-	my ($node, $db) = @_;
-	my %t;
-	for (split /\n/, $node->safe_psql($db, q{
-		SELECT c.relname || ':' || string_agg(quote_ident(a.attname), ',' ORDER BY a.attname)
-		  FROM pg_depend d JOIN pg_extension e ON e.oid = d.refobjid AND e.extname = 'outbox'
-		  JOIN pg_class c ON c.oid = d.objid AND d.classid = 'pg_class'::regclass AND c.relkind = 'r'
-		  JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
-		 WHERE d.deptype = 'e' GROUP BY c.relname}))
-	{
-		my ($name, $cols) = split /:/, $_, 2;
-		$t{$name} = [ split /,/, $cols ];
-	}
-	return \%t;
-}
-
-# A copy, as text, of every row of the extension's tables in $db, in
-# schema upgrade_snap (dropped before the schema is compared).
-sub snapshot_rows
-{
-	my ($node, $db, $tables) = @_;
-	my $sql = 'CREATE SCHEMA upgrade_snap;';
-	for my $name (sort keys %$tables)
-	{
-		my $cols = join(', ', map { "${_}::text AS $_" } @{ $tables->{$name} });
-		$sql .= "CREATE TABLE upgrade_snap.$name AS SELECT $cols FROM public.$name;";
-	}
-	$node->safe_psql($db, $sql);
-}
-
-# The rows of table $name that differ from its copy in upgrade_snap, in
-# the columns @$cols: "missing N, new M".
-sub rows_changed
-{
-	my ($node, $db, $name, $cols) = @_;
-	my $now = join(', ', map { "${_}::text" } @$cols);
-	my $then = join(', ', @$cols);
-	return $node->safe_psql($db, qq{
-		SELECT 'missing ' || (SELECT count(*) FROM (SELECT $then FROM upgrade_snap.$name
-													EXCEPT ALL SELECT $now FROM public.$name) m)
-			|| ', new ' || (SELECT count(*) FROM (SELECT $now FROM public.$name
-												 EXCEPT ALL SELECT $then FROM upgrade_snap.$name) n)
-			|| ' of ' || (SELECT count(*) FROM upgrade_snap.$name)});
-}
-
-# The schema of $db as pg_dump --binary-upgrade writes it (every object of
-# the extension, with its ACL and comment), without what differs between
-# two databases made alike: OIDs and relfilenodes, relfrozenxids, dropped
-# columns kept by number, and the order of a table's columns.
-sub schema_dump
-{
-	my ($node, $db, $path) = @_;
-	my ($out, $err) = ('', '');
-	IPC::Run::run([ 'pg_dump', '--schema-only', '--binary-upgrade', '-d', $node->connstr($db) ], '>', \$out, '2>', \$err)
-	  or die "pg_dump $db: $err";
-	my (@lines, @columns, $in_table, $skip);
-	for my $l (split /\n/, $out)
-	{
-		# A statement that sets OIDs, xids or dropped columns (pg_upgrade's
-		# business) follows its comment: skipped up to its end.
-		if ($l =~ /^-- For binary upgrade, (.*)/)
-		{
-			$skip = $1 !~ /extension membership/;
-			next;
-		}
-		if ($skip)
-		{
-			$skip = 0 if $l =~ /;$/;
-			next;
-		}
-		# Also the dump's random \restrict key, and sequence values (data).
-		next if $l =~ /binary_upgrade|pg\.dropped|^-- Dumped|^\\(un)?restrict |^SELECT pg_catalog\.setval\(/;
-		next if $l =~ /^--$/ || $l eq '';
-		if ($in_table)
-		{
-			if ($l =~ /^\);?$|^\)/)
-			{
-				push @lines, sort(@columns), $l;
-				($in_table, @columns) = (0);
-				next;
-			}
-			(my $c = $l) =~ s/,$//;
-			push @columns, $c;
-			next;
-		}
-		$in_table = 1 if $l =~ /^CREATE TABLE .*\($/;
-		push @lines, $l;
-	}
-	open my $fh, '>', "$path.raw" or die "cannot write $path.raw: $!";
-	print $fh $out;
-	close $fh;
-	open $fh, '>', $path or die "cannot write $path: $!";
-	print $fh "$_\n" for @lines;
-	close $fh;
-	return join("\n", @lines);
-}
-
-# A mock Kafka and a cluster for the update A -> B: a hash of what the
-# steps below share ($t->{p} and $t->{c} run SQL in the producer and the
-# consumer database).
-sub start_pair
-{
-	my ($from, $to) = @_;
-	my $t = { from => $from, to => $to, tag => "$from-$to" =~ s/\./_/gr };
-	# Permanent errors are injected on broker 3, which leads topic poison only.
-	my $mk = mock_setup(name => "upgrade_$t->{tag}", brokers => 3, max_seconds => 900,
-		mock_cmds => [ 'topic_create poison 1 3', 'leader poison 0 3',
-			map { ("topic_create $_ 2 3", "leader $_ 0 1", "leader $_ 1 2") } 'orders', 'outbox.dead_letter' ]);
-	my $node = PostgreSQL::Test::Cluster->new("upgrade_$t->{tag}");
-	pinned_init($node);
-	$t->{serving} = "outbox.databases = 'postgres,consumer'\noutbox.inbox_workers = 1\n";
-	$node->append_conf('postgresql.conf', qq{
-shared_preload_libraries = 'outbox'
-outbox.brokers = '@{[ $mk->bootstrap ]}'
-outbox.poll_interval = '500ms'
-outbox.delivery_timeout = '5s'
-outbox.max_attempts = 2
-outbox.poison_policy = 'block'
-outbox.inbox_database = 'consumer'
-outbox.inbox_kafka_properties = 'session.timeout.ms=6000;heartbeat.interval.ms=500'
-outbox.inbox_max_attempts = 2
-outbox.inbox_retry_backoff = '100ms'
-outbox.inbox_poison_policy = 'dead_letter'
-max_connections = 60
-$t->{serving}});
-	$node->start;
-	@$t{qw(mk node)} = ($mk, $node);
-	$t->{p} = sub { $node->safe_psql('postgres', shift) };
-	$t->{c} = sub { $node->safe_psql('consumer', shift) };
-	return $t;
-}
-
-# At version A, workers running: events published, applied by the inbox
-# and dead-lettered there, an aggregate blocked, an event dead-lettered, an
-# aggregate paused with events pending.
-sub make_states
-{
-	my ($t) = @_;
-	my ($node, $mk, $from) = @$t{qw(node mk from)};
-	$t->{p}->("CREATE EXTENSION outbox VERSION '$from'");
-	$t->{p}->('CREATE DATABASE consumer');
-	$t->{c}->("CREATE EXTENSION outbox VERSION '$from'");
-	consumer_objects($node, 'consumer');
-	$t->{c}->(q{SET ROLE app;
-		SELECT inbox_subscribe('billing', ARRAY['orders'], 'app.apply(inbox_message)'::regprocedure)});
-	emit($node, 'o-1', 'orders', 5);
-	emit($node, 'o-2', 'orders', 3);
-	emit($node, 'f-1', 'orders', 1, '{"fail": true}');
-	emit($node, 'z-1', 'orders', 2);
-	ok(poll_until($node, 'postgres', 'SELECT count(*) = 0 FROM outbox_pending'), "$from: published");
-	ok(poll_until($node, 'consumer', 'SELECT count(*) = 10 FROM app.applied'), "$from: applied by the inbox");
-	ok(poll_until($node, 'consumer', 'SELECT count(*) = 1 FROM inbox_dead_letter'), "$from: an inbox dead letter");
-	for my $agg ('p-1', 'd-1')
-	{
-		$mk->cmd('broker_errors 3 0 ' . join(' ', ('87:0') x 2));
-		emit($node, $agg, 'poison', $agg eq 'p-1' ? 2 : 1);
-		ok(poll_until($node, 'postgres',
-			"SELECT blocked_version = 1 FROM aggregate_publication WHERE aggregate_id = '$agg'"),
-			"$from: aggregate $agg blocked");
-	}
-	$t->{p}->(q{SELECT outbox_dead_letter(event_id) FROM outbox WHERE aggregate_id = 'd-1'});
-	ok(poll_until($node, 'postgres',
-		q{SELECT disposition = 'dead_lettered' FROM outbox WHERE aggregate_id = 'd-1'}),
-		"$from: an event dead-lettered");
-	$t->{p}->(q{SELECT outbox_pause('z-1')});
-	emit($node, 'z-1', 'orders', 2);
-}
-
-# With no worker running, more events pending, then the update of both
+# More events pending with no worker running, then the update of both
 # databases: every row kept (the columns A and B share).
 sub update_pair
 {
 	my ($t) = @_;
-	my ($node, $from, $to) = @$t{qw(node from to)};
-	$node->append_conf('postgresql.conf', "outbox.databases = 'none'\noutbox.inbox_workers = 0\n");
-	$node->restart;
-	emit($node, 'o-1', 'orders', 3);
-	emit($node, 'o-3', 'orders', 3);
-	is($t->{p}->(q{SELECT count(*) FROM pg_stat_activity
-		WHERE backend_type IN ('outbox publisher', 'outbox inbox worker')}), '0', "$from: no worker runs while updating");
-	my %before = map { $_ => extension_tables($node, $_) } qw(postgres consumer);
-	snapshot_rows($node, $_, $before{$_}) for qw(postgres consumer);
-	$t->{max_id} = $t->{p}->('SELECT max(id) FROM outbox');
-	$t->{stored} = { map { split /\|/ } split /\n/,
-		$t->{c}->(q{SELECT topic || ':' || "partition" || '|' || next_offset FROM inbox_offset}) };
-	$t->{last_seq} = $t->{c}->('SELECT max(seq) FROM app.applied');
-	my $pending = $t->{p}->('SELECT count(*) FROM outbox_pending');
+	my ($node, $to) = @$t{qw(node to)};
+	quiesce_pair($t);
 	for my $db (qw(postgres consumer))
 	{
 		$node->safe_psql($db, "ALTER EXTENSION outbox UPDATE TO '$to'");
 		is($node->safe_psql($db, q{SELECT extversion FROM pg_extension WHERE extname = 'outbox'}),
 			$to, "$db: updated to $to");
-		my $after = extension_tables($node, $db);
-		for my $table (sort keys %{ $before{$db} })
-		{
-			my %now = map { $_ => 1 } @{ $after->{$table} // [] };
-			my @common = grep { $now{$_} } @{ $before{$db}{$table} };
-			next unless @common;
-			like(rows_changed($node, $db, $table, \@common), qr/^missing 0, new 0 of \d+$/,
-				"$db: every row of $table kept");
-		}
-		$node->safe_psql($db, 'DROP SCHEMA upgrade_snap CASCADE');
+		rows_kept($t, $db);
 	}
-	is($t->{p}->('SELECT count(*) FROM outbox_pending'), $pending, "$to: the same events pending");
+	is($t->{p}->('SELECT count(*) FROM outbox_pending'), $t->{pending}, "$to: the same events pending");
 }
 
 # The updated database's objects equal a fresh install's, and the updated
@@ -311,21 +79,9 @@ sub update_pair
 sub compare_pair
 {
 	my ($t) = @_;
-	my ($node, $from, $to, $tag) = @$t{qw(node from to tag)};
-	$t->{p}->('CREATE DATABASE fresh');
-	$node->safe_psql('fresh', "CREATE EXTENSION outbox VERSION '$to'");
-	consumer_objects($node, 'fresh');
-	my $updated = schema_dump($node, 'consumer', "$dir/schema_updated_$tag.sql");
-	my $fresh = schema_dump($node, 'fresh', "$dir/schema_fresh_$tag.sql");
-	ok(length($fresh) > 10000 && $fresh =~ /CREATE TABLE public\.outbox \(/,
-		"$to: the dump holds the extension's objects");
-	is($updated, $fresh, "$from -> $to: the extension's objects equal a fresh install of $to")
-	  or diag `diff -u $dir/schema_fresh_$tag.sql $dir/schema_updated_$tag.sql | head -100`;
-	my $ext = q{SELECT extversion || ' ' || array_to_string(extconfig::regclass[], ',') || ' '
-		|| array_to_string(extcondition, ',') FROM pg_extension WHERE extname = 'outbox'};
-	is($t->{c}->($ext), $node->safe_psql('fresh', $ext), "$to: the same tables dumped as data");
-
-	my $dump = "$dir/updated_$tag.dump";
+	my ($node, $to, $tag) = @$t{qw(node to tag)};
+	compare_fresh($t);
+	my $dump = "$PostgreSQL::Test::Utils::tmp_check/updated_$tag.dump";
 	$node->command_ok([ 'pg_dump', '-Fc', '-f', $dump, '-d', $node->connstr('postgres') ], "$to: pg_dump");
 	$t->{p}->('CREATE DATABASE restored');
 	$node->command_ok([ 'pg_restore', '-d', $node->connstr('restored'), $dump ], "$to: pg_restore");
@@ -334,48 +90,6 @@ sub compare_pair
 		|| (SELECT string_agg(aggregate_id || ':' || last_published_version || ':' || coalesce(blocked_version, 0)
 							  || ':' || paused, ',' ORDER BY aggregate_id) FROM aggregate_publication)};
 	is($node->safe_psql('restored', $state), $t->{p}->($state), "$to: the restored database holds the same state");
-}
-
-# Workers back: ids go on, everything is published in order, the inbox
-# applies the rest exactly once from the offsets it had stored.
-sub resume_pair
-{
-	my ($t) = @_;
-	my ($node, $mk, $to) = @$t{qw(node mk to)};
-	my ($p, $c) = @$t{qw(p c)};
-	$node->append_conf('postgresql.conf', $t->{serving});
-	$node->restart;
-	cmp_ok($p->(q{SELECT id FROM outbox_emit('order', 'o-1', 'E', '{}', topic => 'orders')}), '>', $t->{max_id},
-		"$to: event ids go on");
-	$p->(q{SELECT outbox_resume('z-1')});
-	$p->(q{SELECT outbox_retry('p-1')});
-	ok(poll_until($node, 'postgres', 'SELECT count(*) = 0 FROM outbox_pending'), "$to: everything published");
-	my $r = $mk->check(topics => ['orders'],
-		expect => { 'o-1' => 9, 'o-2' => 3, 'o-3' => 3, 'z-1' => 4, 'f-1' => 1 });
-	is($r->{exit}, 0, "$to: topic orders complete, each aggregate in version order") or diag $r->{output};
-	$r = $mk->check(topics => ['poison'], expect => { 'p-1' => 2 });
-	is($r->{exit}, 0, "$to: the blocked aggregate published in order once retried") or diag $r->{output};
-	ok(poll_until($node, 'consumer', 'SELECT count(*) = 19 FROM app.applied'), "$to: the inbox applied the rest");
-	is($c->(q{SELECT count(*) FROM (SELECT event_id FROM app.applied GROUP BY 1 HAVING count(*) > 1) d}),
-		'0', "$to: nothing applied twice");
-	is($c->(q{SELECT string_agg(aggregate_id || ' ' || version, ',' ORDER BY aggregate_id, version) FROM app.applied}),
-		$p->(q{SELECT string_agg(aggregate_id || ' ' || aggregate_version, ',' ORDER BY aggregate_id, aggregate_version)
-			FROM outbox WHERE topic = 'orders' AND aggregate_id <> 'f-1'}), "$to: every event applied once");
-	is($c->(q{SELECT count(*) FROM (SELECT version, lag(version) OVER (PARTITION BY aggregate_id ORDER BY seq) AS prev
-		FROM app.applied) s WHERE version <= prev}), '0', "$to: applied in version order");
-	my $resumed = 1;
-	for my $row (split /\n/, $c->(qq{SELECT topic || ':' || "partition" || '|' || min("offset")
-		FROM app.applied WHERE seq > $t->{last_seq} GROUP BY topic, "partition"}))
-	{
-		my ($tp, $first) = split /\|/, $row;
-		next if $first == ($t->{stored}{$tp} // -1);
-		$resumed = 0;
-		diag "$tp: first offset read after the update $first, stored " . ($t->{stored}{$tp} // 'none');
-	}
-	ok($resumed, "$to: the inbox resumed at its stored offsets");
-	is($c->('SELECT count(*) FROM inbox_dead_letter'), '1', "$to: the inbox dead letter kept");
-	$node->stop;
-	$mk->stop;
 }
 
 for my $pair (@pairs)
