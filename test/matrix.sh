@@ -85,7 +85,7 @@ package_budget=${OUTBOX_MATRIX_PACKAGE_TIMEOUT:-900}
 suites=${OUTBOX_MATRIX_SUITES:-regress isolation pgtap tap}
 deps_flag=--mock-only
 [ -n "${OUTBOX_MATRIX_REAL_KAFKA:-}" ] && deps_flag=
-tests=${OUTBOX_MATRIX_TESTS:-test/t/001_publish.pl test/t/002_poison.pl test/t/010_kafka_settings.pl test/t/014_multidb.pl test/t/101_brokers_down.pl test/t/104_crash.pl test/t/105_fatal_error.pl test/t/108_leaderless_partition.pl test/t/301_inbox_end_to_end.pl}
+tests=${OUTBOX_MATRIX_TESTS:-test/t/001_publish.pl test/t/017_reference_docs.pl test/t/002_poison.pl test/t/010_kafka_settings.pl test/t/014_multidb.pl test/t/101_brokers_down.pl test/t/104_crash.pl test/t/105_fatal_error.pl test/t/108_leaderless_partition.pl test/t/301_inbox_end_to_end.pl}
 mirror=$("$src/test/apt_mirror.sh") ||
 	{ echo "matrix: no Debian mirror in /etc/apt/sources.list*; set OUTBOX_APT_MIRROR" >&2; exit 2; }
 security=$("$src/test/apt_mirror.sh" --security)
