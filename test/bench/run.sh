@@ -2,6 +2,7 @@
 #
 # test/bench/run.sh [quick]
 # test/bench/run.sh real [quick]
+# test/bench/run.sh headline [quick]
 #
 # The outbox benchmark suite: prints figures, judges nothing.  One command
 # starts a mock Kafka cluster (test/tools/mock_kafka, 3 brokers on
@@ -35,9 +36,28 @@
 # /tmp/outbox-bench/ (quick mode: /tmp/outbox-bench-quick/) unless BENCH_OUT
 # is set; docs/benchmarks.md is the results page, updated by hand from such
 # runs, and docs/*.png are copied from a full run.  The extension must be installed
-# (make && make install).  Full mode takes about 30 minutes, quick about 6.
-# Every step is bounded in time; the clusters and processes it started stop
-# when it exits.  The work directory (logs) is kept when a run fails.
+# (make && make install).  Full mode takes about 75 minutes on a quiet
+# machine, quick about 10.  Every step is bounded in time; the clusters and
+# processes it started stop when it exits.  The work directory (logs) is
+# kept when a run fails.
+#
+# How the end of a drain is detected, in every mode: drain_wait watches what
+# the publisher itself reports -- the extension's shared-memory counter
+# events_published (outbox_counters()), a relay's or peer's status file --
+# never the outbox tables or views; no timed run has debug logging (one
+# extra, untimed profile run per aggregate count in (b) has it, for the step
+# timings).  The throughput, round-trip, scaling and peers figures are
+# medians of interleaved rounds (every publisher once, then again), with
+# their range.
+#
+# headline mode: the headline comparison alone (sections/h_headline.sh):
+# 100,000 events over 10,000 aggregates preloaded in one transaction, the
+# extension with 1 and 2 workers, PgQ, the two logical-decoding relays and
+# raw librdkafka; then 100,000 events in 1,000 transactions; 3 interleaved
+# rounds (BENCH_ROUNDS), every run order-checked; prints the table (medians,
+# ranges, ratios to the best peer) and writes headline.md into BENCH_OUT or
+# /tmp/outbox-bench-headline/.  About 8 minutes on a quiet machine; quick:
+# 10,000 events, 2 rounds, a check that it works.
 #
 # real mode: (b) at 10,000 and 1 aggregates and (d) at 500 and 2,000/s
 # (quick: one rate) against a real Apache Kafka 3.9 cluster started with
@@ -61,14 +81,18 @@ set -euo pipefail
 
 mode=${1:-full}
 real=0
+headline=0
 if [ "$mode" = real ]; then
 	real=1
+	mode=${2:-full}
+elif [ "$mode" = headline ]; then
+	headline=1
 	mode=${2:-full}
 fi
 case $mode in
 	full | quick) ;;
 	*)
-		echo "usage: $0 [real] [quick]" >&2
+		echo "usage: $0 [real | headline] [quick]" >&2
 		exit 2
 		;;
 esac
@@ -112,7 +136,8 @@ if [ "$(id -u)" = 0 ]; then
 	[ "$real" = 1 ] || install_pgq
 	work=$(mktemp -d /tmp/outbox-bench.XXXXXX)
 	chown postgres: "$work"
-	if [ "$real" = 1 ]; then limit=1200; elif [ "$mode" = quick ]; then limit=900; else limit=3000; fi
+	if [ "$real" = 1 ]; then limit=1200; elif [ "$headline" = 1 ]; then limit=2400
+	elif [ "$mode" = quick ]; then limit=1200; else limit=7200; fi
 	git_rev=$(git -C "$src" rev-parse --short HEAD 2>/dev/null || echo unknown)
 	git_dirty=$(git -C "$src" status --porcelain -- src sql 2>/dev/null | wc -l)
 	so=$(pg_config --pkglibdir)/outbox.so
@@ -124,14 +149,22 @@ if [ "$(id -u)" = 0 ]; then
 		BENCH_SO="$so_info" BENCH_MOCK_NAGLE="${BENCH_MOCK_NAGLE:-0}" \
 		BENCH_PEERS_ONLY="${BENCH_PEERS_ONLY:-0}" \
 		BENCH_STARTED="$started" BENCH_LIMIT="$limit" \
-		bash "$bench/run.sh" $([ "$real" = 1 ] && echo real) "$mode" || rc=$?
-	if [ "$mode" = quick ]; then
+		BENCH_ROUNDS="${BENCH_ROUNDS:-}" \
+		bash "$bench/run.sh" $([ "$real" = 1 ] && echo real) $([ "$headline" = 1 ] && echo headline) "$mode" || rc=$?
+	if [ "$headline" = 1 ]; then
+		out=${BENCH_OUT:-/tmp/outbox-bench-headline$([ "$mode" = quick ] && echo -quick || true)}
+	elif [ "$mode" = quick ]; then
 		out=${BENCH_OUT:-/tmp/outbox-bench$([ "$real" = 1 ] && echo -real || true)-quick}
 	else
 		out=${BENCH_OUT:-/tmp/outbox-bench$([ "$real" = 1 ] && echo -real || true)}
 	fi
 	mkdir -p "$out"
-	if [ "$rc" = 0 ] && [ "${BENCH_PEERS_ONLY:-0}" = 1 ] && [ -s "$work/out/peers.md" ]; then
+	if [ "$rc" = 0 ] && [ "$headline" = 1 ] && [ -s "$work/out/headline.md" ]; then
+		cp "$work/out/headline.md" "$work/out/results.tsv" "$out/"
+		sed -n '/^| figure /,/^$/p' "$out/headline.md"
+		echo "run.sh: wrote $out/headline.md ($(($(date +%s) - started)) s)"
+		rm -rf "$work"
+	elif [ "$rc" = 0 ] && [ "${BENCH_PEERS_ONLY:-0}" = 1 ] && [ -s "$work/out/peers.md" ]; then
 		out=${BENCH_OUT:-/tmp/outbox-bench-peers}
 		mkdir -p "$out"
 		cp "$work/out/peers.md" "$work/out/results.tsv" "$out/"
@@ -167,7 +200,8 @@ fi
 
 # ------------------------------------------------------ as postgres: the run
 # Section by section, in this order (test/bench/sections/*.sh, sourced).
-for run_part in setup helpers start a_emit b_throughput d_latency real_report \
-	e_scaling p_peers f_nagle plots report; do
+run_parts="setup helpers start a_emit b_throughput d_latency real_report e_scaling p_peers f_nagle plots report"
+[ "$headline" = 1 ] && run_parts="setup helpers start h_headline"
+for run_part in $run_parts; do
 	. "$bench/sections/$run_part.sh"
 done
