@@ -70,7 +70,8 @@
 # benchmarks.md, default /tmp/outbox-bench-real/ (quick: writes /tmp/outbox-bench-real-quick/benchmarks_real.md); full
 # mode keeps that section.  About 5 minutes (more under load), quick about 3.
 #
-# Environment: BENCH_OUT (output directory), BENCH_MOCK_NAGLE=1 (run a-e
+# Environment: BENCH_OUT (output directory), BENCH_GIT_REV (the commit to
+# report where the tree has no git, as in test/bench/lane.sh's chroot), BENCH_MOCK_NAGLE=1 (run a-e
 # against the mock as shipped too, i.e. without the TCP_NODELAY shim),
 # BENCH_PEERS_ONLY=1 (section p alone, then (e) for its 2- and 4-worker
 # figures; writes peers.md into BENCH_OUT or
@@ -79,6 +80,8 @@
 #
 set -euo pipefail
 
+# Read whole before it runs: editing the file during a run cannot break it.
+{
 mode=${1:-full}
 real=0
 headline=0
@@ -138,7 +141,7 @@ if [ "$(id -u)" = 0 ]; then
 	chown postgres: "$work"
 	if [ "$real" = 1 ]; then limit=1200; elif [ "$headline" = 1 ]; then limit=2400
 	elif [ "$mode" = quick ]; then limit=1200; else limit=7200; fi
-	git_rev=$(git -C "$src" rev-parse --short HEAD 2>/dev/null || echo unknown)
+	git_rev=${BENCH_GIT_REV:-$(git -C "$src" rev-parse --short HEAD 2>/dev/null || echo unknown)}
 	git_dirty=$(git -C "$src" status --porcelain -- src sql 2>/dev/null | wc -l)
 	so=$(pg_config --pkglibdir)/outbox.so
 	so_info="$(date -u -r "$so" '+%Y-%m-%d %H:%M UTC'), md5 $(md5sum "$so" | cut -c1-12)"
@@ -205,3 +208,5 @@ run_parts="setup helpers start a_emit b_throughput d_latency real_report e_scali
 for run_part in $run_parts; do
 	. "$bench/sections/$run_part.sh"
 done
+exit 0
+}

@@ -29,10 +29,24 @@ set_debug() { # on|off
 	sleep 0.2
 }
 PROFILING=0
+# Until the extension's publishers have nothing pending, untimed, before a
+# reset: a backlog left by the previous step (section a's, say) would
+# otherwise still be in flight after the TRUNCATE, and its settles would
+# count as the next measurement's (the drains watch events_published).
+settle_backlog() {
+	local i
+	[ "$(q -c "SHOW outbox.workers")" = 0 ] && return 0
+	for i in $(seq $((DRAIN_TIMEOUT * 10))); do
+		[ "$(q -c "SELECT NOT EXISTS (SELECT 1 FROM outbox_pending)")" = t ] && return 0
+		sleep 0.1
+	done
+	say "  !! a backlog still pending after $DRAIN_TIMEOUT s before a reset"
+}
 reset_tables() {
 	# (A running publisher's read may hold aggregate_publication and wait for
 	# outbox: the TRUNCATE can lose a deadlock; it only has to be retried.)
 	local i
+	settle_backlog
 	for i in 1 2 3 4 5; do
 		q -c "TRUNCATE outbox, aggregate_publication, relay_outbox, bench_settled" 2>/dev/null && break
 		[ "$i" = 5 ] && q -c "TRUNCATE outbox, aggregate_publication, relay_outbox, bench_settled"
