@@ -36,8 +36,8 @@
 # /tmp/outbox-bench/ (quick mode: /tmp/outbox-bench-quick/) unless BENCH_OUT
 # is set; docs/benchmarks.md is the results page, updated by hand from such
 # runs, and docs/*.png are copied from a full run.  The extension must be installed
-# (make && make install).  Full mode takes about 75 minutes on a quiet
-# machine, quick about 10.  Every step is bounded in time; the clusters and
+# (make && make install).  Full mode takes about 40 minutes, quick about
+# 5.  Every step is bounded in time; the clusters and
 # processes it started stop when it exits.  The work directory (logs) is
 # kept when a run fails.
 #
@@ -56,10 +56,11 @@
 # raw librdkafka; then 100,000 events in 1,000 transactions; 3 interleaved
 # rounds (BENCH_ROUNDS), every run order-checked; prints the table (medians,
 # ranges, ratios to the best peer) and writes headline.md into BENCH_OUT or
-# /tmp/outbox-bench-headline/.  About 8 minutes on a quiet machine; quick:
+# /tmp/outbox-bench-headline/.  About 2-3 minutes; quick:
 # 10,000 events, 2 rounds, a check that it works.
 #
-# real mode: (b) at 10,000 and 1 aggregates and (d) at 500 and 2,000/s
+# real mode: (b) at 10,000 and 1 aggregates (3 interleaved rounds, quick 1)
+# and (d) at 500 and 2,000/s
 # (quick: one rate) against a real Apache Kafka 3.9 cluster started with
 # test/tools/kafka_cluster (3 brokers, replication factor 3,
 # min.insync.replicas 2; every producer uses acks=all through
@@ -68,7 +69,8 @@
 # with tc netem would delay every other user of the shared loopback too.
 # It replaces the "On real Kafka" section at the end of BENCH_OUT's
 # benchmarks.md, default /tmp/outbox-bench-real/ (quick: writes /tmp/outbox-bench-real-quick/benchmarks_real.md); full
-# mode keeps that section.  About 5 minutes (more under load), quick about 3.
+# mode keeps that section.  About 10 minutes (more under load: (b) has 3
+# interleaved rounds), quick about 3.
 #
 # Environment: BENCH_OUT (output directory), BENCH_GIT_REV (the commit to
 # report where the tree has no git, as in test/bench/lane.sh's chroot), BENCH_MOCK_NAGLE=1 (run a-e
@@ -139,7 +141,7 @@ if [ "$(id -u)" = 0 ]; then
 	[ "$real" = 1 ] || install_pgq
 	work=$(mktemp -d /tmp/outbox-bench.XXXXXX)
 	chown postgres: "$work"
-	if [ "$real" = 1 ]; then limit=1200; elif [ "$headline" = 1 ]; then limit=2400
+	if [ "$real" = 1 ]; then limit=2400; elif [ "$headline" = 1 ]; then limit=2400
 	elif [ "$mode" = quick ]; then limit=1200; else limit=7200; fi
 	git_rev=${BENCH_GIT_REV:-$(git -C "$src" rev-parse --short HEAD 2>/dev/null || echo unknown)}
 	git_dirty=$(git -C "$src" status --porcelain -- src sql 2>/dev/null | wc -l)

@@ -11,8 +11,8 @@ set +u
 
 Produced by \`test/bench/run.sh\` (${R[mode]} mode) on ${R[date]}; total run time ${R[total_s]} s.
 Do not edit by hand: run the benchmark again (as root: \`bash test/bench/run.sh\`,
-about 75 minutes on a quiet machine; \`bash test/bench/run.sh quick\` checks the script in
-about 10 minutes and writes to /tmp/outbox-bench-quick/; \`bash test/bench/run.sh headline\`
+about 40 minutes; \`bash test/bench/run.sh quick\` checks the script in
+about 5 minutes and writes to /tmp/outbox-bench-quick/; \`bash test/bench/run.sh headline\`
 is the headline comparison alone).  The peers — PgQ, logical decoding, the polling
 relay and raw librdkafka beside the extension, every figure as a ratio to the extension and
 to the best peer — are in [section p](#p-peers-the-extension-beside-pgq-logical-decoding-the-polling-relay-and-raw-librdkafka).

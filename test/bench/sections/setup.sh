@@ -45,7 +45,8 @@ B_AGGS="10000 10 1"   # aggregates of the throughput runs
 HL_REPS=${BENCH_ROUNDS:-$([ "$mode" = quick ] && echo 2 || echo 3)}
 if [ "$real" = 1 ]; then
 	B_AGGS="10000 1"
-	B_REPS=1           # a real run is ~10x slower: one repetition keeps it bounded
+	# (a real run is slower: quick mode keeps one round)
+	if [ "$mode" = quick ]; then B_REPS=1; else B_REPS=3; fi
 	if [ "$mode" = quick ]; then LAT_S=5 RATES=2000; else RATES="500 2000"; fi
 fi
 LAT_CLIENTS=8
