@@ -144,7 +144,7 @@ if [ "$(id -u)" = 0 ]; then
 	if [ "$real" = 1 ]; then limit=2400; elif [ "$headline" = 1 ]; then limit=2400
 	elif [ "$mode" = quick ]; then limit=1200; else limit=7200; fi
 	git_rev=${BENCH_GIT_REV:-$(git -C "$src" rev-parse --short HEAD 2>/dev/null || echo unknown)}
-	git_dirty=$(git -C "$src" status --porcelain -- src sql 2>/dev/null | wc -l)
+	git_dirty=$(git -C "$src" status --porcelain -- src sql 2>/dev/null | wc -l || true)
 	so=$(pg_config --pkglibdir)/outbox.so
 	so_info="$(date -u -r "$so" '+%Y-%m-%d %H:%M UTC'), md5 $(md5sum "$so" | cut -c1-12)"
 	started=$(date +%s)
