@@ -99,7 +99,7 @@ rc=0
 timeout --kill-after=30 "${OUTBOX_BENCH_TIMEOUT:-9000}" chroot "$root" /usr/bin/env -i \
 	HOME=/root TERM=dumb PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
 	MAJOR="$major" BENCH_GIT_REV="$rev" BENCH_OUT=/opt/bench-out \
-	BENCH_ROUNDS="${BENCH_ROUNDS:-}" bash -c '
+	BENCH_ROUNDS="${BENCH_ROUNDS:-}" BENCH_COMMAND="bash test/bench/lane.sh $lane $*" bash -c '
 		set -e
 		cd /opt/outbox
 		bash .ci/install-deps --mock-only "$MAJOR" >/opt/install-deps.log 2>&1 ||

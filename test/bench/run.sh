@@ -73,7 +73,8 @@
 # interleaved rounds), quick about 3.
 #
 # Environment: BENCH_OUT (output directory), BENCH_GIT_REV (the commit to
-# report where the tree has no git, as in test/bench/lane.sh's chroot), BENCH_MOCK_NAGLE=1 (run a-e
+# report where the tree has no git, as in test/bench/lane.sh's chroot),
+# BENCH_COMMAND (the command the headline report names, lane.sh's), BENCH_MOCK_NAGLE=1 (run a-e
 # against the mock as shipped too, i.e. without the TCP_NODELAY shim),
 # BENCH_PEERS_ONLY=1 (section p alone, then (e) for its 2- and 4-worker
 # figures; writes peers.md into BENCH_OUT or
@@ -154,7 +155,7 @@ if [ "$(id -u)" = 0 ]; then
 		BENCH_SO="$so_info" BENCH_MOCK_NAGLE="${BENCH_MOCK_NAGLE:-0}" \
 		BENCH_PEERS_ONLY="${BENCH_PEERS_ONLY:-0}" \
 		BENCH_STARTED="$started" BENCH_LIMIT="$limit" \
-		BENCH_ROUNDS="${BENCH_ROUNDS:-}" \
+		BENCH_ROUNDS="${BENCH_ROUNDS:-}" BENCH_COMMAND="${BENCH_COMMAND:-}" \
 		bash "$bench/run.sh" $([ "$real" = 1 ] && echo real) $([ "$headline" = 1 ] && echo headline) "$mode" || rc=$?
 	if [ "$headline" = 1 ]; then
 		out=${BENCH_OUT:-/tmp/outbox-bench-headline$([ "$mode" = quick ] && echo -quick || true)}
