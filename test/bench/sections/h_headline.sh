@@ -10,7 +10,8 @@
 #       stopped: the extension (1 worker), PgQ, logical decoding
 #
 # HL_REPS rounds of each, interleaved (every publisher once, then again);
-# every run read back by order_check.  The extension runs right after a
+# every run read back by order_check (exit status 3 if one is not clean).
+# The extension runs right after a
 # restart with its worker count, then one untimed run of N / 10 events.
 
 # A restart with w workers, then an untimed drain of N / 10 events.
@@ -126,4 +127,6 @@ headline_report() {
 headline_run
 headline_report >"$out/headline.md"
 say "done: $out/headline.md"
+# (exit status 3: an order check was not clean; the report is written)
+grep -q '^versions per aggregate): \*\*clean\*\*' "$out/headline.md" || exit 3
 exit 0
