@@ -20,6 +20,7 @@ headline_restart() { # workers
 	measure_ours "h.settle.$1" $((N / 10)) "$AGGS_MAIN" >/dev/null
 }
 
+# h1 and h2 (above), every round, then the medians and ranges.
 headline_run() {
 	local r p
 	PEERS="ours pgq logical logmsg"
@@ -70,6 +71,7 @@ headline_row() { # title prefix
 		"$(ratio "${R[$2.ours.eps]:-}" "$best")" "$(ratio "${R[$2.ours.eps]:-}" "${R[$2.raw.eps]:-}")"
 }
 
+# The report: how it was measured, the table, every round, the order checks.
 headline_report() {
 	local p k all=""
 	set +u
