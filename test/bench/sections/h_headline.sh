@@ -61,7 +61,7 @@ headline_round_ratios() { # prefix (h.tp | h.tx)
 	echo "$s"
 }
 
-# One row of the table: figure, key prefix, with raw and 2-worker columns?
+# One row of the table: every publisher's median (range), the best peer, the ratios.
 headline_row() { # title prefix
 	local best bn p
 	read -r best bn <<<"$(best_peer "$2.%.eps" hi)"
