@@ -8,6 +8,8 @@
 #       messages), raw librdkafka, the extension with 2 workers
 #   h2  N events in 1,000 transactions preloaded while the publisher was
 #       stopped: the extension (1 worker), PgQ, logical decoding
+#   h3  (the mock only) h1's one-transaction runs of the extension (1
+#       worker), the peers and raw librdkafka at 5 ms round trip (rtt all 5)
 #
 # HL_REPS rounds of each, interleaved (every publisher once, then again);
 # every run read back by order_check (exit status 3 if one is not clean).
@@ -40,6 +42,15 @@ headline_run() {
 	for r in $(seq "$HL_REPS"); do
 		for p in ours $HL_PEERS; do peer_throughput "h.tx.$p.r$r" "$p" "$N" "$AGGS_MAIN" 1000; done
 	done
+	if [ -z "$kafka" ]; then
+		say "h3. h1 at 5 ms round trip (rtt all 5), 1 worker; $HL_REPS interleaved round(s)"
+		mk rtt all 5
+		for r in $(seq "$HL_REPS"); do
+			for p in ours $HL_PEERS raw; do peer_throughput "h.rtt5.$p.r$r" "$p" "$N" "$AGGS_MAIN" 1; done
+		done
+		mk rtt all 0
+		for p in ours $HL_PEERS raw; do peer_rounds "h.rtt5.$p" "$HL_REPS" eps seconds; done
+	fi
 	for p in ours ours2 $HL_PEERS raw; do peer_rounds "h.tp.$p" "$HL_REPS" eps seconds; done
 	for p in ours $HL_PEERS; do peer_rounds "h.tx.$p" "$HL_REPS" eps seconds; done
 	res machine.load_end "$(cut -d' ' -f1-3 /proc/loadavg)"
@@ -81,14 +92,21 @@ headline_report() {
 	echo "${R[total_s]} s; load average ${R[machine.load_start]} at start, ${R[machine.load_end]} at the end"
 	echo "(${R[machine.nproc]} CPUs, ${R[machine.cpu]})."
 	echo "${R[pg]}; librdkafka ${R[rdkafka]}; outbox ${R[ext]}, repository at ${R[git]}; outbox.so ${R[so]};"
-	echo "PgQ ${R[pgq.version]:-not installed}.  Mock Kafka (\`test/tools/mock_kafka --brokers 3\`, 16 partitions"
-	echo "per topic) with the TCP_NODELAY shim (test/bench/README.md)."
+	if [ -n "$kafka" ]; then
+		echo "PgQ ${R[pgq.version]:-not installed}.  A real Apache Kafka 3.9 cluster (\`test/tools/kafka_cluster start DIR"
+		echo "--brokers 3\`: 3 brokers on this machine, replication factor 3, \`min.insync.replicas=2\`, 16"
+		echo "partitions per topic; every producer \`acks=all\`)."
+	else
+		echo "PgQ ${R[pgq.version]:-not installed}.  Mock Kafka (\`test/tools/mock_kafka --brokers 3\`, 16 partitions"
+		echo "per topic) with the TCP_NODELAY shim (test/bench/README.md)."
+	fi
 	echo
 	echo "$(fmt "$N") events over $(fmt "$AGGS_MAIN") aggregates preloaded in one transaction while the publisher"
 	echo "runs, warm; timed from the commit until the publisher has published them all, watching only what"
 	echo "it reports, every 20 ms (the extension: its shared-memory counter \`events_published\`; PgQ and"
 	echo "logical decoding: their status file), no debug logging.  1,000 transactions: the same events"
 	echo "preloaded in 1,000 transactions while the publisher was stopped, timed from its resumption."
+	[ -n "$kafka" ] || echo "5 ms round trip: the mock delays every broker response by 5 ms (\`rtt all 5\`)."
 	echo "$HL_REPS interleaved rounds (every publisher once, then again); each cell is the median events/s"
 	echo "and, in parentheses, the range (min–max).  The extension runs right after a restart with its"
 	echo "worker count (\`outbox.workers\`) and one untimed run of $(fmt $((N / 10))) events.  Ratios are of the"
@@ -98,27 +116,28 @@ headline_report() {
 	echo "|---|---:|$(for p in $HL_PEERS; do printf -- '---:|'; done)---:|---|---:|---:|"
 	headline_row "$(fmt "$N") events, 1 transaction (events/s)" h.tp
 	headline_row "$(fmt "$N") events in 1,000 transactions (events/s)" h.tx
+	[ -n "$kafka" ] || headline_row "$(fmt "$N") events, 1 transaction, 5 ms round trip (events/s)" h.rtt5
 	echo "| 2 workers, $(fmt "$N") events, 1 transaction (events/s) | $(mrf h.tp.ours2.eps) |$(for p in $HL_PEERS; do printf ' |'; done) | | **$(ratio "${R[h.tp.ours2.eps]:-}" "$(best_peer 'h.tp.%.eps' hi | cut -d' ' -f1)")** | $(ratio "${R[h.tp.ours2.eps]:-}" "${R[h.tp.raw.eps]:-}") |"
 	echo
 	echo "2 workers / 1 worker: **$(ratio "${R[h.tp.ours2.eps]:-}" "${R[h.tp.ours.eps]:-}")**."
 	echo "Outbox / best peer per round: 1 transaction $(headline_round_ratios h.tp); 1,000 transactions"
-	echo "$(headline_round_ratios h.tx)."
+	echo "$(headline_round_ratios h.tx)$([ -n "$kafka" ] || echo "; 5 ms round trip $(headline_round_ratios h.rtt5)")."
 	echo
 	echo "Every round, events/s:"
 	echo
-	for k in h.tp h.tx; do
+	for k in h.tp h.tx h.rtt5; do
 		for p in ours ours2 $HL_PEERS raw; do
 			[ -n "${R[$k.$p.eps.all]:-}" ] && echo "- $k $p: ${R[$k.$p.eps.all]}"
 		done
 	done
 	echo
-	for k in h.tp h.tx; do
+	for k in h.tp h.tx h.rtt5; do
 		for p in ours ours2 $HL_PEERS; do all="$all ${R[$k.$p.order_check]:-}"; done
 	done
 	echo "Order checks (\`test/tools/order_check\`, every run's topic read back against the expected"
 	echo "versions per aggregate): **$(oc_clean "$(tr '|' '\n' <<<"$all")")**"
 	echo
-	for k in h.tp h.tx; do
+	for k in h.tp h.tx h.rtt5; do
 		for p in ours ours2 $HL_PEERS; do
 			[ -n "${R[$k.$p.order_check]:-}" ] && echo "- $k $p: \`${R[$k.$p.order_check]}\`"
 		done
