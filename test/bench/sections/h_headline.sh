@@ -88,7 +88,7 @@ headline_report() {
 	set +u
 	echo "# Headline comparison"
 	echo
-	echo "Produced by \`${BENCH_COMMAND:-bash test/bench/run.sh headline$([ "$mode" = quick ] && echo ' quick')}\` (as root) on ${R[date]}; total run time"
+	echo "Produced by \`${BENCH_COMMAND:-bash test/bench/run.sh $([ -n "$kafka" ] && echo 'real ')headline$([ "$mode" = quick ] && echo ' quick')}\` (as root) on ${R[date]}; total run time"
 	echo "${R[total_s]} s; load average ${R[machine.load_start]} at start, ${R[machine.load_end]} at the end"
 	echo "(${R[machine.nproc]} CPUs, ${R[machine.cpu]})."
 	echo "${R[pg]}; librdkafka ${R[rdkafka]}; outbox ${R[ext]}, repository at ${R[git]}; outbox.so ${R[so]};"
