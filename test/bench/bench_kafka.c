@@ -48,6 +48,28 @@ now_s(void)
 	return (double) ts.tv_sec + (double) ts.tv_nsec / 1e9;
 }
 
+/*
+ * Rewrite a publisher's status file atomically (write, then rename):
+ * "settled=N last_settle=EPOCH acked=N paused=0|1", what drain_wait
+ * --status-file polls instead of querying the publisher's tables.
+ */
+void
+write_status_file(const char *path, long settled, double last_settle,
+				  long acked, int paused)
+{
+	char		tmp[4096];
+	FILE	   *f;
+
+	snprintf(tmp, sizeof(tmp), "%s.tmp", path);
+	f = fopen(tmp, "w");
+	if (f == NULL)
+		fatal("could not write \"%s\": %s", tmp, strerror(errno));
+	fprintf(f, "settled=%ld last_settle=%.6f acked=%ld paused=%d\n",
+			settled, last_settle, acked, paused);
+	if (fclose(f) != 0 || rename(tmp, path) != 0)
+		fatal("could not write \"%s\": %s", path, strerror(errno));
+}
+
 /* Parse a decimal option value within [min, max], or die naming the option. */
 long
 parse_long(const char *opt, const char *val, long min, long max)

@@ -2,8 +2,9 @@
  *
  * bench_kafka.h
  *		What the benchmark tools (relay, peers, drain_wait, the inbox consumers)
- *		share: dying with a message, a clock, option parsing, checked libpq
- *		statements and the benchmark's librdkafka producer.
+ *		share: dying with a message, a clock, option parsing, the status
+ *		file a publisher reports its progress in, checked libpq statements
+ *		and the benchmark's librdkafka producer.
  *
  * test/bench/bench_kafka.h
  *
@@ -18,6 +19,8 @@
 extern void fatal(const char *fmt,...) __attribute__((format(printf, 1, 2), noreturn));
 extern double now_s(void);
 extern long parse_long(const char *opt, const char *val, long min, long max);
+extern void write_status_file(const char *path, long settled, double last_settle,
+							  long acked, int paused);
 
 extern PGresult *exec_ok(PGconn *conn, const char *sql, ExecStatusType want);
 extern PGresult *exec_params(PGconn *conn, const char *sql, int n,

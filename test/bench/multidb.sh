@@ -115,7 +115,7 @@ run() { # k label
 	for d in $DBS; do
 		i=$((i + 1))
 		[ "$i" -gt "$k" ] && break
-		"$bench/drain_wait" --dsn "host=127.0.0.1 port=$PGPORT dbname=$d" --outbox \
+		"$bench/drain_wait" --dsn "host=127.0.0.1 port=$PGPORT dbname=$d" --counter --events "$N" \
 			--interval-ms 20 --timeout-s 600 --exec "SELECT outbox_resume()" >"$work/drain.$d" &
 		pids+=($!)
 	done

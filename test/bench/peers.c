@@ -143,23 +143,12 @@ maybe_reset(void)
 	n_lat = 0;
 }
 
-/* Rewrite the status file atomically (write, then rename). */
+/* Rewrite the status file (see write_status_file), if there is one. */
 static void
 write_status(void)
 {
-	char		tmp[4096];
-	FILE	   *f;
-
-	if (status_file == NULL)
-		return;
-	snprintf(tmp, sizeof(tmp), "%s.tmp", status_file);
-	f = fopen(tmp, "w");
-	if (f == NULL)
-		fatal("could not write \"%s\": %s", tmp, strerror(errno));
-	fprintf(f, "settled=%ld last_settle=%.6f acked=%ld paused=%d\n",
-			n_settled, last_settle, n_acked, paused ? 1 : 0);
-	if (fclose(f) != 0 || rename(tmp, status_file) != 0)
-		fatal("could not write \"%s\": %s", status_file, strerror(errno));
+	if (status_file != NULL)
+		write_status_file(status_file, n_settled, last_settle, n_acked, paused ? 1 : 0);
 }
 
 /* Count events settled just now (a finished batch, a confirmed LSN). */

@@ -147,7 +147,8 @@ peer_start() { # p
 			sleep 1 ;;
 		relay | relay1000)
 			"$bench/relay" --dsn "$dsn" --brokers "$brokers" --batch "$([ "$1" = relay ] && echo 100 || echo 1000)" \
-				--poll-ms 10 --max-seconds 900 >"$work/relay.out" 2>>"$work/relay.err" &
+				--poll-ms 10 --status-file "$PEER_STATUS" --max-seconds 900 \
+				>"$work/relay.out" 2>>"$work/relay.err" &
 			peer_pid=$! ;;
 		pgq)
 			"$bench/peers" pgq --dsn "$dsn" --brokers "$brokers" --topic "$T" --queue "$PGQ_QUEUE" \
@@ -185,14 +186,13 @@ peer_stop() { # p
 			sleep 1 ;;
 	esac
 }
-# Until the publisher has settled everything emitted so far.
+# Until the publisher has published PEER_EXPECT events past PEER_BASE (or
+# past its progress just before exec-sql), watching only what it reports:
+# the extension's events_published counter, the others' status file.
 peer_drain() { # p [exec-sql] -> DRAIN_LINE
-	local sql=${2:-SELECT 1}
 	case $1 in
-		ours | paced) drain outbox "$sql" ;;
-		relay | relay1000) drain relay_outbox "$sql" ;;
-		*) DRAIN_LINE=$("$bench/drain_wait" --dsn "$dsn" --status-file "$PEER_STATUS" --events "$PEER_EXPECT" \
-			${PEER_BASE:+--base "$PEER_BASE"} --exec "$sql" --interval-ms 20 --timeout-s "$DRAIN_TIMEOUT") ;;
+		ours | paced) drain ours "$PEER_EXPECT" "${2:-}" "$PEER_BASE" ;;
+		*) drain "$PEER_STATUS" "$PEER_EXPECT" "${2:-}" "$PEER_BASE" ;;
 	esac
 }
 # One event through the started publisher (metadata, connections, producer id).
@@ -206,8 +206,13 @@ peer_warm() { # p
 			;;
 	esac
 }
-# Settled count of a peer's status file (0 if none yet).
-peer_settled() { sed -n 's/^settled=\([0-9]*\) .*/\1/p' "$PEER_STATUS" 2>/dev/null || echo 0; }
+# What publisher p has published so far (the counter, or its status file).
+peer_settled() { # p
+	case $1 in
+		ours | paced) ours_published ;;
+		*) status_settled "$PEER_STATUS" ;;
+	esac
+}
 # CPU ticks of the publisher: its process plus its server backend (or walsender).
 peer_pids() { # p
 	case $1 in
@@ -269,7 +274,7 @@ peer_throughput() {
 		# the clock starts here, before the publisher may start: drain_wait's own
 		# connection time is counted (its commit_epoch - t0)
 		t0=$(date +%s.%N)
-		PEER_BASE=$(peer_settled) # (before the resume: a fast peer settles before drain_wait starts)
+		PEER_BASE=$(peer_settled "$p") # (before the resume: a fast peer settles before drain_wait starts)
 		case $p in
 			ours) q -o /dev/null -c "SELECT outbox_resume()" ;;
 			logical | logmsg) kill -USR2 "$peer_pid" ;;
@@ -293,21 +298,6 @@ peer_throughput() {
 	say "  $key: ${R[$key.eps]} events/s (${R[$key.seconds]} s); ${R[$key.order_check]}"
 }
 
-# Copy the median repetition's events/s (and all of them) to the base key.
-peer_median() { # base reps
-	local list="" all="" r
-	# (a round that timed out has no figure: the median is over the others)
-	for r in $(seq "$2"); do
-		list="$list ${R[$1.r$r.eps]:-}"
-		all="$all${all:+, }$(fmt "${R[$1.r$r.eps]:-}" | sed 's/^-$/timed out/')"
-	done
-	res "$1.eps" "$(tr ' ' '\n' <<<"$list" | sed '/^$/d' | sort -n | awk '{ x[NR] = $1 } END { if (NR) print x[int((NR + 1) / 2)] }')"
-	res "$1.all" "$all"
-	list=""
-	for r in $(seq "$2"); do list="$list${list:+ | }r$r: ${R[$1.r$r.order_check]:-not run}"; done
-	res "$1.order_check" "$list"
-}
-
 # One steady-load run: pgbench --rate with publisher p alone.
 peer_steady() { # key p rate
 	local key=$1 p=$2 rate=$3 log pids c0 c1 c2 n base since
@@ -317,7 +307,7 @@ peer_steady() { # key p rate
 	peer_start "$p"
 	peer_warm "$p"
 	printf '%s\n' '\set id random(1, 10000)' "$(peer_steady_sql "$p" "$T")" >"$work/steady.sql"
-	base=$(peer_settled)
+	base=$(peer_settled "$p")
 	since=$(q -c "SELECT clock_timestamp()")
 	pids=$(peer_pids "$p" | xargs)
 	case $p in ours | paced) hist_start ;; esac
@@ -326,14 +316,9 @@ peer_steady() { # key p rate
 		{ cat "$log" >&2; exit 1; }
 	c1=$(cpu_of $pids)
 	n=$(sed -n 's/^number of transactions actually processed: \([0-9]*\).*/\1/p' "$log")
-	case $p in
-		ours | paced | relay | relay1000) peer_drain "$p" ;;
-		*)
-			for _ in $(seq $((DRAIN_TIMEOUT * 20))); do
-				[ "$(peer_settled)" -ge $((base + n)) ] && break
-				sleep 0.05
-			done ;;
-	esac
+	PEER_EXPECT=$n PEER_BASE=$base
+	peer_drain "$p"
+	PEER_BASE=
 	c2=$(cpu_of $pids)
 	case $p in ours | paced) hist_stop "$key" ;; esac
 	res "$key.events" "$n"
@@ -352,34 +337,50 @@ peer_steady() { # key p rate
 				i50 = int(0.5 * NR); if (i50 < 0.5 * NR) i50++; i99 = int(0.99 * NR); if (i99 < 0.99 * NR) i99++
 				printf "%d %.1f %.1f %.1f\n", NR, x[i50], x[i99], x[NR] }')" ;;
 	esac
+	res "$key.p50" "$(lf "$key" 2)"
+	res "$key.p99" "$(lf "$key" 3)"
 	say "  $key: ${R[$key.tps]} tps; count p50 p99 max (ms): ${R[$key.stats]}; CPU ${R[$key.cpu_pct]}% = ${R[$key.cpu_us]} µs/event"
 }
 
 # ------------------------------------------------------------ the section
 peers_run() {
+	local rtt r p rate
 	peers_setup
 	res load.p "$(cut -d' ' -f1-3 /proc/loadavg)"
 	say "p. peers: $(echo $PEERS raw) (load average ${R[load.p]})"
-	say "p1. throughput, $N events over $AGGS_MAIN aggregates in one transaction, 0 and 5 ms round trip"
+	say "p1. throughput, $N events over $AGGS_MAIN aggregates in one transaction, 0 and 5 ms round trip, $P_REPS interleaved round(s)"
 	# (A real cluster's round trip is its own: 0 stands for it, 5 is not run.)
 	local rtts="0 5"
 	[ -n "$kafka" ] && rtts=0
 	for rtt in $rtts; do
 		if [ -z "$kafka" ]; then mk rtt all "$rtt"; fi
-		reps=$P_REPS
-		[ "$rtt" = 0 ] || reps=1 # (as in (b) and (c): rounds at 0 ms only)
-		for r in $(seq "$reps"); do
+		for r in $(seq "$P_REPS"); do
 			for p in $PEERS raw; do peer_throughput "p.tp$rtt.$p.r$r" "$p" "$N" "$AGGS_MAIN" 1; done
 		done
-		for p in $PEERS raw; do peer_median "p.tp$rtt.$p" "$reps"; done
+		for p in $PEERS raw; do peer_rounds "p.tp$rtt.$p" "$P_REPS" eps seconds; done
 	done
 	if [ -z "$kafka" ]; then mk rtt all 0; fi
-	say "p2. $N events in 1,000 transactions, preloaded while the publisher was stopped"
-	for p in $PEERS; do peer_throughput "p.tx1000.$p" "$p" "$N" "$AGGS_MAIN" 1000; done
-	say "p3. steady load: pgbench --rate, $P_LAT_S s per rate, each publisher alone"
-	for rate in $P_RATES; do
-		for p in $PEERS paced; do peer_steady "p.st.$rate.$p" "$p" "$rate"; done
+	say "p2. $N events in 1,000 transactions, preloaded while the publisher was stopped, $P_REPS interleaved round(s)"
+	for r in $(seq "$P_REPS"); do
+		for p in $PEERS; do peer_throughput "p.tx1000.$p.r$r" "$p" "$N" "$AGGS_MAIN" 1000; done
 	done
+	for p in $PEERS; do peer_rounds "p.tx1000.$p" "$P_REPS" eps seconds preload_s ticks; done
+	say "p3. steady load: pgbench --rate, $P_LAT_S s per rate, each publisher alone, $P_ST_REPS interleaved round(s)"
+	for r in $(seq "$P_ST_REPS"); do
+		for rate in $P_RATES; do
+			for p in $PEERS paced; do peer_steady "p.st.$rate.$p.r$r" "$p" "$rate"; done
+		done
+	done
+	for rate in $P_RATES; do
+		for p in $PEERS paced; do peer_rounds "p.st.$rate.$p" "$P_ST_REPS" tps cpu_pct cpu_us p50 p99; done
+	done
+}
+# A publisher's rounds: medians and ranges of the fields, every round's
+# order check and its own totals line.
+peer_rounds() { # base reps field...
+	rounds_summary "$@"
+	rounds_text "$1" "$2" order_check
+	rounds_text "$1" "$2" line
 }
 
 # ------------------------------------------------------------ the report
@@ -408,12 +409,6 @@ peers_report() {
 		[ "$rate" = 1000 ] && continue
 		M+=("p.st.$rate.%.p50|p50 commit→ack at $(fmt "$rate")/s (ms)|lo" "p.st.$rate.%.p99|p99 commit→ack at $(fmt "$rate")/s (ms)|lo")
 	done
-	for rate in $P_RATES; do
-		for p in $PEERS paced; do
-			R[p.st.$rate.$p.p50]=$(lf "p.st.$rate.$p" 2)
-			R[p.st.$rate.$p.p99]=$(lf "p.st.$rate.$p" 3)
-		done
-	done
 	echo "## p. Peers: the extension beside PgQ, logical decoding, the polling relay and raw librdkafka"
 	echo
 	echo "Every figure in this section comes from the same run, on the same PostgreSQL (\`wal_level = logical\`"
@@ -441,22 +436,24 @@ peers_report() {
 	echo 'peers logical --dsn $DSN --brokers $BROKERS --slot $S --publication bench_peer_table --status-file F --latency-file L'
 	echo 'peers logical --dsn $DSN --brokers $BROKERS --slot $S --publication bench_peer_msgs --messages --status-file F --latency-file L'
 	echo 'relay raw --brokers $BROKERS --topic $T --events 100000 --aggregates 10000'
-	echo 'drain_wait --dsn $DSN --exec "<preload>" --outbox                    # the extension (nothing in outbox_pending)'
-	echo 'drain_wait --dsn $DSN --exec "<preload>" --table relay_outbox        # the relay'
-	echo 'drain_wait --dsn $DSN --exec "<preload>" --status-file F --events 100000    # PgQ, logical decoding'
+	echo 'drain_wait --dsn $DSN --exec "<preload>" --counter --events 100000        # the extension (events_published)'
+	echo 'drain_wait --dsn $DSN --exec "<preload>" --status-file F --events 100000  # the relays, PgQ, logical decoding'
 	echo "pgbench -n -M prepared -c $LAT_CLIENTS -j 2 --rate R -T $P_LAT_S -f <one emit statement>"
 	echo 'psql -c "CALL bench_sample_settled(0.02)"    # beside the extension under pgbench (run.sh creates it)'
 	echo '```'
 	echo
 	echo "**Method.** Throughput: the publisher runs and is warm (one event published first); one"
 	echo "transaction emits $(fmt "$N") events over $(fmt "$AGGS_MAIN") aggregates; timed from its commit until"
-	echo "everything is settled (the extension: nothing in \`outbox_pending\`; the relay: nothing with"
-	echo "\`published_at IS NULL\` in \`relay_outbox\`;"
-	echo "PgQ: the last batch finished; logical decoding: the slot's position confirmed past the last"
-	echo "commit), polled every 20 ms.  0 ms: the median of $P_REPS round(s) (each its own preload, publishers"
-	echo "interleaved); 5 ms round trip (\`rtt all 5\` on the mock): one round.  1,000 transactions: the same $(fmt "$N") events in 1,000 transactions of $(fmt $((N / 1000))), emitted"
+	echo "all of them are published, watching only what each publisher reports, polled every 20 ms: the"
+	echo "extension's shared-memory counter \`events_published\` (\`outbox_counters()\`, counted when a"
+	echo "settle commits), the others' status file (the relay: rows marked by committed batches; PgQ: the"
+	echo "last batch finished; logical decoding: the slot's position confirmed past the last commit) — no"
+	echo "table or view of any publisher is read while the clock runs, and no debug logging is on."
+	echo "Every figure: the median of $P_REPS round(s) for throughput, $P_ST_REPS for steady load (each its own"
+	echo "preload; rounds interleaved: every publisher once, then again), the range (min–max) in"
+	echo "parentheses; 5 ms round trip: \`rtt all 5\` on the mock.  1,000 transactions: the same $(fmt "$N") events in 1,000 transactions of $(fmt $((N / 1000))), emitted"
 	echo "while the publisher was stopped (the extension: \`outbox_pause()\`; the relay and PgQ: SIGSTOP, and"
-	echo "PgQ's ticker kept ticking every 10 ms meanwhile, as pgqd would: ${R[p.tx1000.pgq.ticks]:-?} ticks; logical"
+	echo "PgQ's ticker kept ticking every 10 ms meanwhile, as pgqd would: $(mr p.tx1000.pgq.ticks) ticks; logical"
 	echo "decoding: SIGUSR2, which settles, ends the stream and leaves the walsender idle), timed from just"
 	echo "before \`outbox_resume()\` / SIGCONT / SIGUSR2 (START_REPLICATION again from the confirmed"
 	echo "position) until all is settled.  Every throughput run's Kafka topic is read back by"
@@ -485,13 +482,10 @@ peers_report() {
 		IFS='|' read -r k title dir <<<"$m"
 		read -r best bn <<<"$(best_peer "$k" "$dir")"
 		printf '| %s |' "$title"
-		for p in $PEERS; do
-			v=$(eval "echo \${R[${k//%/$p}]:-}")
-			case $k in *.eps) v=$(fmt "$v") ;; esac
-			printf ' %s |' "${v:--}"
-		done
-		v=$(eval "echo \${R[${k//%/raw}]:-}")
-		printf ' %s | %s |\n' "$([ -n "$v" ] && fmt "$v" || echo -)" "$([ -n "$bn" ] && peer_name "$bn" || echo -)"
+		local f=echo
+		case $k in *.eps) f=fmt ;; esac
+		for p in $PEERS; do printf ' %s |' "$(mr "${k//%/$p}" "$f")"; done
+		printf ' %s | %s |\n' "$(mr "${k//%/raw}" fmt)" "$([ -n "$bn" ] && peer_name "$bn" || echo -)"
 	done
 	echo
 	echo "The same as ratios: **the value / the outbox worker's** (throughput: > 1 = faster than the"
@@ -512,8 +506,8 @@ peers_report() {
 		printf ' %s | **%s** |\n' "$(ratio "$(eval "echo \${R[${k//%/raw}]:-}")" "$o")" "$(ratio "$o" "$best")"
 	done
 	echo
-	echo "Throughput with 2 and 4 outbox workers (section e, same run, 10,000 aggregates, 0 ms): $(fmt "${R[e.ours.2.eps]}")/s and"
-	echo "$(fmt "${R[e.ours.4.eps]}")/s ($(ratio "${R[e.ours.2.eps]}" "${R[e.ours.1.eps]}")× and $(ratio "${R[e.ours.4.eps]}" "${R[e.ours.1.eps]}")× one worker's $(fmt "${R[e.ours.1.eps]}")/s there; $(ratio "${R[e.ours.2.eps]}" "$(best_peer 'p.tp0.%.eps' hi | cut -d' ' -f1)")× and"
+	echo "Throughput with 2 and 4 outbox workers (section e, same run, 10,000 aggregates, 0 ms, median (range) of $E_REPS round(s)): $(mrf e.ours.2.eps)/s and"
+	echo "$(mrf e.ours.4.eps)/s ($(ratio "${R[e.ours.2.eps]}" "${R[e.ours.1.eps]}")× and $(ratio "${R[e.ours.4.eps]}" "${R[e.ours.1.eps]}")× one worker's $(fmt "${R[e.ours.1.eps]}")/s there; $(ratio "${R[e.ours.2.eps]}" "$(best_peer 'p.tp0.%.eps' hi | cut -d' ' -f1)")× and"
 	echo "$(ratio "${R[e.ours.4.eps]}" "$(best_peer 'p.tp0.%.eps' hi | cut -d' ' -f1)")× the best peer of p1)."
 	echo
 	read -r best bn <<<"$(best_peer 'p.tp0.%.eps' hi)"
@@ -551,11 +545,12 @@ peers_report() {
 		echo "| $(fmt "$rate")/s | ${R[p.st.$rate.paced.cpu_us]:-} / ${R[p.st.$rate.ours.cpu_us]:-} / ${bcpu:-} ($(peer_name "$bn")) | ${R[p.st.$rate.paced.cpu_pct]:-} / ${R[p.st.$rate.ours.cpu_pct]:-} | ${R[p.st.$rate.paced.p50]:-} / ${R[p.st.$rate.ours.p50]:-} | ${R[p.st.$rate.paced.p99]:-} / ${R[p.st.$rate.ours.p99]:-} / ${bp99:--} | $ok |"
 	done
 	echo
-	echo "Order check of every throughput run (\`test/tools/order_check\`; first round shown per publisher, all rounds in results.tsv):"
+	echo "Order check of every throughput run, every round (\`test/tools/order_check\`):"
 	echo
 	for k in tp0 tp5 tx1000; do
 		for p in $PEERS; do
-			echo "- $k $(peer_name "$p"): \`${R[p.$k.$p.order_check]:-${R[p.$k.$p.r1.order_check]:-not run}}\`"
+			[ -n "${R[p.$k.$p.order_check]:-}" ] || continue
+			echo "- $k $(peer_name "$p") ($(oc_clean "${R[p.$k.$p.order_check]}")): \`${R[p.$k.$p.order_check]}\`"
 		done
 	done
 	echo
@@ -566,8 +561,9 @@ peers_report() {
 		echo "- $(peer_name "$p"): \`${R[p.tp0.$p.r1.line]:-}\`"
 	done
 	echo
-	echo "All rounds, events/s at 0 ms: $(for p in $PEERS raw; do printf '%s %s; ' "$p" "${R[p.tp0.$p.all]}"; done)"
-	echo "at 5 ms: $(for p in $PEERS raw; do printf '%s %s; ' "$p" "${R[p.tp5.$p.all]}"; done)"
-	echo "Achieved pgbench rates: $(for rate in $P_RATES; do for p in $PEERS paced; do printf '%s@%s %s; ' "$p" "$rate" "${R[p.st.$rate.$p.tps]}"; done; done)"
+	echo "All rounds, events/s at 0 ms: $(for p in $PEERS raw; do printf '%s %s; ' "$p" "${R[p.tp0.$p.eps.all]:-}"; done)"
+	echo "at 5 ms: $(for p in $PEERS raw; do printf '%s %s; ' "$p" "${R[p.tp5.$p.eps.all]:-}"; done)"
+	echo "1,000 transactions: $(for p in $PEERS; do printf '%s %s; ' "$p" "${R[p.tx1000.$p.eps.all]:-}"; done)"
+	echo "Achieved pgbench rates (median): $(for rate in $P_RATES; do for p in $PEERS paced; do printf '%s@%s %s; ' "$p" "$rate" "${R[p.st.$rate.$p.tps]:-}"; done; done)"
 	echo
 }

@@ -6,6 +6,7 @@
  *
  *	relay [relay] --dsn DSN --brokers LIST [--table relay_outbox]
  *		[--batch 100] [--poll-ms 100] [--until-empty] [--max-seconds S]
+ *		[--status-file F]
  *		[--delivery-timeout-ms 30000] [-X prop=val ...]
  *
  *		The hand-written relay every team writes, over a plain table
@@ -41,6 +42,10 @@
  *		two would keep per-aggregate order only by luck.
  *
  *		--until-empty: exit at the first empty fetch after a non-empty one.
+ *		--status-file F: after every batch's COMMIT, rewrite F with the
+ *		events marked since the start ("settled=N last_settle=EPOCH ...",
+ *		write_status_file() of bench_kafka.c), what drain_wait --status-file
+ *		polls: the end of a drain is known without querying the table.
  *		At exit (also on SIGTERM/SIGINT, after the current batch) it prints
  *		one line of totals (events, batches, time in each phase); SIGUSR1
  *		starts the totals afresh (run.sh sends it after a warm-up event).
@@ -82,6 +87,10 @@
 
 static volatile sig_atomic_t stop_requested = 0;
 static volatile sig_atomic_t reset_requested = 0;
+
+/* --status-file: where the relay reports its progress, and that progress */
+static const char *status_file = NULL;
+static long total_marked = 0;
 
 static void
 on_signal(int sig)
@@ -228,6 +237,20 @@ add_array_headers(rd_kafka_headers_t *hdrs, const PGresult *res, int row, int co
 
 /* ---- relay ------------------------------------------------------------- */
 
+/* Count events marked by a committed batch into the status file, if any. */
+static void
+report_marked(int n)
+{
+	struct timespec ts;
+
+	total_marked += n;
+	if (status_file == NULL)
+		return;
+	clock_gettime(CLOCK_REALTIME, &ts);
+	write_status_file(status_file, total_marked,
+					  (double) ts.tv_sec + (double) ts.tv_nsec / 1e9, total_marked, 0);
+}
+
 static int
 run_relay(const char *dsn, const char *brokers, const char *table, int batch,
 		  long poll_ms, bool until_empty, long max_seconds,
@@ -276,6 +299,7 @@ run_relay(const char *dsn, const char *brokers, const char *table, int batch,
 	}
 
 	rk = make_producer(brokers, "outbox-bench-relay", extra, nextra, dr_cb);
+	report_marked(0);
 	delivery.ok = calloc((size_t) batch, sizeof(bool));
 	ids_cap = (size_t) batch * 24 + 16;
 	ids = malloc(ids_cap);
@@ -400,6 +424,7 @@ run_relay(const char *dsn, const char *brokers, const char *table, int batch,
 		PQclear(exec_ok(conn, "COMMIT", PGRES_COMMAND_OK));
 		t4 = now_s();
 		last_commit = t4;
+		report_marked(nok);
 
 		nevents += nok;
 		nbatches++;
@@ -524,7 +549,7 @@ usage(FILE *out)
 {
 	fprintf(out,
 			"Usage: relay [relay] --dsn DSN --brokers LIST [--table relay_outbox] [--batch 100]\n"
-			"             [--poll-ms 100] [--until-empty] [--max-seconds S]\n"
+			"             [--poll-ms 100] [--until-empty] [--max-seconds S] [--status-file F]\n"
 			"             [--delivery-timeout-ms 30000] [-X PROP=VAL ...]\n"
 			"       relay raw --brokers LIST --topic T --events N [--aggregates A] [-X PROP=VAL ...]\n");
 }
@@ -575,6 +600,8 @@ main(int argc, char **argv)
 			brokers = val;
 		else if (strcmp(arg, "--table") == 0)
 			table = val;
+		else if (strcmp(arg, "--status-file") == 0)
+			status_file = val;
 		else if (strcmp(arg, "--topic") == 0)
 			topic = val;
 		else if (strcmp(arg, "--batch") == 0)

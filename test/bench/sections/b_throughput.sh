@@ -3,33 +3,31 @@
 # variables are defined by the parts before.
 
 # --------------------------------------------------- b. publish throughput
-set_debug on
 res load.b "$(cut -d' ' -f1-3 /proc/loadavg)"
-say "b. publish throughput: $N preloaded events (load average ${R[load.b]})"
-# copy the fields of the median repetition (by events/s) to the base key
-median_of() { # base reps
-	local base=$1 reps=$2 r list="" best f
-	for r in $(seq "$reps"); do list="$list ${R[$base.r$r.eps]}:$r"; done
-	best=$(tr ' ' '\n' <<<"$list" | sed '/^$/d' | sort -t: -k1,1n |
-		awk -F: '{ x[NR] = $2 } END { print x[int((NR + 1) / 2)] }')
-	for f in eps seconds table_seconds first_ack preload_s events batches relay; do
-		if [ -n "${R[$base.r$best.$f]:-}" ]; then res "$base.$f" "${R[$base.r$best.$f]}"; fi
-	done
-	list=""
-	for r in $(seq "$reps"); do list="$list${list:+, }$(printf '%.0f' "${R[$base.r$r.eps]}")"; done
-	res "$base.all" "$list"
-}
+say "b. publish throughput: $N preloaded events, $B_REPS interleaved round(s) (load average ${R[load.b]})"
+# Rounds interleaved (extension, relay, raw, then again): medians and ranges.
 for aggs in $B_AGGS; do
-	reps=1
-	[ "$aggs" = 10000 ] && reps=$B_REPS
-	for r in $(seq "$reps"); do measure_ours "b.ours.$aggs.r$r" "$N" "$aggs"; done
-	[ "$aggs" = 10000 ] && order_check b.ours.10000 outbox "$T"
-	median_of "b.ours.$aggs" "$reps"
-	for r in $(seq "$reps"); do measure_relay "b.relay.$aggs.r$r" "$N" "$aggs"; done
-	[ "$aggs" = 10000 ] && order_check b.relay.10000 relay_outbox "$T"
-	median_of "b.relay.$aggs" "$reps"
-	measure_raw "b.raw.$aggs" "$N" "$aggs"
+	for r in $(seq "$B_REPS"); do
+		measure_ours "b.ours.$aggs.r$r" "$N" "$aggs"
+		[ "$aggs" = 10000 ] && order_check "b.ours.10000.r$r" outbox "$T"
+		measure_relay "b.relay.$aggs.r$r" "$N" "$aggs"
+		[ "$aggs" = 10000 ] && order_check "b.relay.10000.r$r" relay_outbox "$T"
+		measure_raw "b.raw.$aggs.r$r" "$N" "$aggs"
+	done
+	rounds_summary "b.ours.$aggs" "$B_REPS" eps seconds table_seconds first_ack preload_s per_batch
+	rounds_summary "b.relay.$aggs" "$B_REPS" eps seconds preload_s
+	rounds_summary "b.raw.$aggs" "$B_REPS" eps seconds
+	rounds_text "b.relay.$aggs" "$B_REPS" relay
+	if [ "$aggs" = 10000 ]; then
+		rounds_text b.ours.10000 "$B_REPS" order_check
+		rounds_text b.relay.10000 "$B_REPS" order_check
+	fi
 done
+# One profile run per aggregate count, untimed (not in any figure): the
+# publisher's step timings from its debug1 lines.
+set_debug on
+for aggs in $B_AGGS; do measure_ours "b.profile.$aggs" "$N" "$aggs"; done
+set_debug off
 
 # (mock only: the marking by hand, and (c), which needs the mock's rtt)
 if [ "$real" = 0 ]; then
@@ -92,15 +90,18 @@ EOF
 	restart_pg 1
 
 	# ------------------------------------------------ c. round-trip sensitivity
-	say "c. round-trip delay (mock rtt all <ms>), $N events over $AGGS_MAIN aggregates"
+	say "c. round-trip delay (mock rtt all <ms>), $N events over $AGGS_MAIN aggregates, $B_REPS interleaved round(s)"
 	for rtt in 1 5 20; do
 		mk rtt all "$rtt"
-		measure_ours "c.ours.$rtt" "$N" "$AGGS_MAIN"
-		measure_relay "c.relay.$rtt" "$N" "$AGGS_MAIN"
-		measure_raw "c.raw.$rtt" "$N" "$AGGS_MAIN"
+		for r in $(seq "$B_REPS"); do
+			measure_ours "c.ours.$rtt.r$r" "$N" "$AGGS_MAIN"
+			measure_relay "c.relay.$rtt.r$r" "$N" "$AGGS_MAIN"
+			measure_raw "c.raw.$rtt.r$r" "$N" "$AGGS_MAIN"
+		done
+		rounds_summary "c.ours.$rtt" "$B_REPS" eps seconds per_batch
+		rounds_summary "c.relay.$rtt" "$B_REPS" eps seconds
+		rounds_summary "c.raw.$rtt" "$B_REPS" eps
+		rounds_text "c.relay.$rtt" "$B_REPS" relay
 	done
 	mk rtt all 0
 fi
-
-# (real mode: keep the per-batch timings for (d) too)
-[ "$real" = 1 ] || set_debug off

@@ -24,7 +24,7 @@ wait_sampler() { # file
 	done
 }
 lat_run() { # key side(ours|relay) rate [brokers]
-	local key=$1 side=$2 rate=$3 br=${4:-$brokers} since log pos
+	local key=$1 side=$2 rate=$3 br=${4:-$brokers} since log pos base n
 	log=$work/pgbench.$key.log
 	new_topic "${key//./-}"
 	reset_tables
@@ -43,6 +43,7 @@ lat_run() { # key side(ours|relay) rate [brokers]
 	fi
 	since=$(q -c "SELECT clock_timestamp()")
 	pos=$(stat -c %s "$pglog")
+	if [ "$side" = ours ]; then base=$(ours_published); else base=$(status_settled "$RELAY_STATUS"); fi
 	[ "$side" = ours ] && settle_sampler_start
 	snap_start
 	wait_sampler "$work/$key.waits" &
@@ -52,19 +53,22 @@ lat_run() { # key side(ours|relay) rate [brokers]
 	kill "$sampler" 2>/dev/null || true
 	wait "$sampler" 2>/dev/null || true
 	snap_end "$key" "$LAT_S"
+	n=$(sed -n 's/^number of transactions actually processed: \([0-9]*\).*/\1/p' "$log")
 	res "$key.tps" "$(sed -n 's/^tps = \([0-9.]*\) .*/\1/p' "$log" | xargs printf '%.0f')"
 	res "$key.pgbench_ms" "$(sed -n 's/^latency average = \([0-9.]*\) ms.*/\1/p' "$log") $(sed -n 's/^rate limit schedule lag: avg \([0-9.]*\) .*/\1/p' "$log")"
 	res "$key.waits" "$(sort "$work/$key.waits" | uniq -c | sort -rn | head -n 4 |
 		awk -v n="$(wc -l <"$work/$key.waits")" '{ printf "%s%s %.0f%%", (NR > 1 ? ", " : ""), $2, 100 * $1 / n }')"
 	if [ "$side" = ours ]; then
-		drain outbox
+		drain ours "$n" "" "$base"
 		settle_sampler_stop "$key"
-		sleep 0.3 # let the last batch's debug lines reach the log
-		res "$key.batches" "$(batch_stats "$pos")"
+		if [ "$PROFILING" = 1 ]; then
+			sleep 0.3 # let the last batch's debug lines reach the log
+			res "$key.batches" "$(batch_stats "$pos")"
+		fi
 		lat_stats "$key" outbox "$since"
 		lat_tail "$key" outbox "$since"
 	else
-		drain relay_outbox
+		drain "$RELAY_STATUS" "$n" "" "$base"
 		stop_relay
 		res "$key.relay" "${RELAY_LINE#relay: }"
 		lat_stats "$key" relay_outbox "$since"

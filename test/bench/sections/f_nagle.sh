@@ -12,10 +12,8 @@ brokers_main=$brokers
 brokers=$brokers2
 q -c "ALTER SYSTEM SET outbox.brokers = '$brokers2'"
 restart_pg 1
-set_debug on
 measure_ours f.ours.10000 "$N" "$AGGS_MAIN"
 measure_relay f.relay.10000 "$NAGLE_RELAY_N" "$AGGS_MAIN"
-set_debug off
 lat_run f.d.ours.2000 ours 2000
 lat_run f.d.relay.2000 relay 2000
 brokers=$brokers_main

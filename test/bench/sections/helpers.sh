@@ -16,18 +16,37 @@ restart_pg() { # workers
 	pg_ctl -D "$work/data" -l "$pglog" -w -t 120 -m fast restart >/dev/null
 	wait_workers "$1"
 }
-set_debug() { # on|off: per-batch timings of the publisher in the server log
+# The publisher's per-step timings (log_min_messages = debug1) for a profile
+# run only: the debug lines cost the worker, so no timed run has them.
+set_debug() { # on|off
 	if [ "$1" = on ]; then
 		q -c "ALTER SYSTEM SET log_min_messages = 'debug1'" -c "SELECT pg_reload_conf()" >/dev/null
+		PROFILING=1
 	else
 		q -c "ALTER SYSTEM RESET log_min_messages" -c "SELECT pg_reload_conf()" >/dev/null
+		PROFILING=0
 	fi
 	sleep 0.2
+}
+PROFILING=0
+# Until the extension's publishers have nothing pending, untimed, before a
+# reset: a backlog left by the previous step (section a's, say) would
+# otherwise still be in flight after the TRUNCATE, and its settles would
+# count as the next measurement's (the drains watch events_published).
+settle_backlog() {
+	local i
+	[ "$(q -c "SHOW outbox.workers")" = 0 ] && return 0
+	for i in $(seq $((DRAIN_TIMEOUT * 10))); do
+		[ "$(q -c "SELECT NOT EXISTS (SELECT 1 FROM outbox_pending)")" = t ] && return 0
+		sleep 0.1
+	done
+	say "  !! a backlog still pending after $DRAIN_TIMEOUT s before a reset"
 }
 reset_tables() {
 	# (A running publisher's read may hold aggregate_publication and wait for
 	# outbox: the TRUNCATE can lose a deadlock; it only has to be retried.)
 	local i
+	settle_backlog
 	for i in 1 2 3 4 5; do
 		q -c "TRUNCATE outbox, aggregate_publication, relay_outbox, bench_settled" 2>/dev/null && break
 		[ "$i" = 5 ] && q -c "TRUNCATE outbox, aggregate_publication, relay_outbox, bench_settled"
@@ -73,9 +92,11 @@ hist_stop() { # key: R[key.hist] = "count p50 p99 max" (ms) of the histogram's d
 			printf "%d %.1f %.1f %s\n", n, pct(0.5), pct(0.99), top }')"
 }
 
+RELAY_STATUS=$work/relay.status
 start_relay() { # brokers
+	rm -f "$RELAY_STATUS"
 	"$bench/relay" --dsn "$dsn" --brokers "$1" --batch 100 --poll-ms 100 \
-		--max-seconds 900 >"$work/relay.out" 2>>"$work/relay.err" &
+		--status-file "$RELAY_STATUS" --max-seconds 900 >"$work/relay.out" 2>>"$work/relay.err" &
 	relay_pid=$!
 }
 stop_relay() {
@@ -84,26 +105,31 @@ stop_relay() {
 	relay_pid=
 	RELAY_LINE=$(tail -n1 "$work/relay.out")
 }
-drain() { # table [exec-sql] -> $DRAIN_LINE
-	local rc=0
-	# (the extension: nothing in outbox_pending; a relay: no published_at IS NULL)
-	local what=(--table "$1")
-	[ "$1" = outbox ] && what=(--outbox)
-	if [ $# -gt 1 ]; then
-		DRAIN_LINE=$("$bench/drain_wait" --dsn "$dsn" "${what[@]}" --exec "$2" \
-			--interval-ms 20 --timeout-s "$DRAIN_TIMEOUT") || rc=$?
-	else
-		DRAIN_LINE=$("$bench/drain_wait" --dsn "$dsn" "${what[@]}" --interval-ms 20 \
-			--timeout-s "$DRAIN_TIMEOUT") || rc=$?
-	fi
+# The extension's events_published counter: shared memory, no table read.
+ours_published() {
+	q -c "SELECT coalesce(max(value), 0) FROM outbox_counters() WHERE name = 'events_published'"
+}
+# Settled count of a relay's or peer's status file (0 if none yet).
+status_settled() { sed -n 's/^settled=\([0-9]*\) .*/\1/p' "$1" 2>/dev/null | grep . || echo 0; }
+# Until a publisher has published n more events than its base (default: its
+# progress just before exec-sql runs), watching only what it reports: the
+# extension's events_published counter, or a relay's or peer's status file
+# (drain_wait; the outbox tables are not read while the clock runs).
+drain() { # ours|status-file events [exec-sql [base]] -> $DRAIN_LINE
+	local rc=0 what=(--counter) extra=()
+	[ "$1" = ours ] || what=(--status-file "$1")
+	[ -n "${3:-}" ] && extra+=(--exec "$3")
+	[ -n "${4:-}" ] && extra+=(--base "$4")
+	DRAIN_LINE=$("$bench/drain_wait" --dsn "$dsn" "${what[@]}" --events "$2" "${extra[@]}" \
+		--interval-ms 20 --timeout-s "$DRAIN_TIMEOUT") || rc=$?
 	[ "$rc" = 0 ] && return 0
-	[ "$1" = outbox ] || exit "$rc"
+	[ "$1" = ours ] || exit "$rc"
 	# A publisher stuck past the timeout: say where, drop its backlog (with the
 	# workers stopped: their open batch holds locks), and go on with the run.
 	stuck_n=$((${stuck_n:-0} + 1))
 	res "stuck.$stuck_n" "$(q -c "SELECT string_agg(state || ' / ' || coalesce(wait_event_type || ':' || wait_event, 'CPU')
 		|| ' / ' || left(query, 60), '; ') FROM pg_stat_activity WHERE backend_type = 'outbox publisher'")"
-	say "  !! nothing settled for $DRAIN_TIMEOUT s; the publisher: ${R[stuck.$stuck_n]}; dropping the backlog"
+	say "  !! not all published after $DRAIN_TIMEOUT s; the publisher: ${R[stuck.$stuck_n]}; dropping the backlog"
 	local w
 	w=$(q -c "SHOW outbox.workers")
 	restart_pg 0
@@ -112,14 +138,12 @@ drain() { # table [exec-sql] -> $DRAIN_LINE
 	DRAIN_LINE="events=0 seconds=timeout events_per_s= table_seconds= first_ack_s= exec_s="
 }
 warm_ours() { # topic: every worker's producer, connections and topic metadata ready
-	q -c "SELECT count(*) FROM generate_series(1, 64) i,
-		LATERAL outbox_emit('order', 'warmup-' || i, 'Warmup', '{}', topic => '$1') e" >/dev/null
-	drain outbox
+	drain ours 64 "SELECT count(*) FROM generate_series(1, 64) i,
+		LATERAL outbox_emit('order', 'warmup-' || i, 'Warmup', '{}', topic => '$1') e"
 }
 warm_relay() {
-	q -c "INSERT INTO relay_outbox (aggregate_id, aggregate_version, topic, headers, payload)
+	drain "$RELAY_STATUS" 1 "INSERT INTO relay_outbox (aggregate_id, aggregate_version, topic, headers, payload)
 		VALUES ('warmup', 1, '$1', '{\"event_id\": \"warmup-$tn\", \"event_type\": \"Warmup\", \"aggregate_type\": \"order\"}', '{}')"
-	drain relay_outbox
 }
 
 # CPU time (clock ticks) of the publishers: the extension's workers, or the
@@ -139,16 +163,66 @@ cpu_of() {
 counters() {
 	q -F ' ' -c "SELECT max(value) FILTER (WHERE name = 'batches'), max(value) FILTER (WHERE name = 'events_published') FROM outbox_counters()"
 }
+# events per read between two counters() lines ("batches events_published")
+per_batch() { # before after
+	awk -v a="$1" -v b="$2" 'BEGIN { split(a, x, " "); split(b, y, " ");
+		n = y[1] - x[1]; if (n > 0) printf "%.1f\n", (y[2] - x[2]) / n; else print "-" }'
+}
 HZ=$(getconf CLK_TCK)
 # usage: snap_start; <run>; snap_end key seconds -> key.pub_cpu (% of one CPU), key.per_batch
 snap_start() { SNAP_PIDS=$(pub_pids | xargs); SNAP_CPU=$(cpu_of $SNAP_PIDS); SNAP_CTR=$(counters); }
 snap_end() {
-	local c1 k1
+	local c1
 	c1=$(cpu_of $SNAP_PIDS)
-	k1=$(counters)
 	res "$1.pub_cpu" "$(awk -v a="$SNAP_CPU" -v b="$c1" -v hz="$HZ" -v s="$2" 'BEGIN { printf "%.0f\n", 100 * (b - a) / hz / s }')"
-	res "$1.per_batch" "$(awk -v a="$SNAP_CTR" -v b="$k1" 'BEGIN { split(a, x, " "); split(b, y, " ");
-		n = y[1] - x[1]; if (n > 0) printf "%.1f\n", (y[2] - x[2]) / n; else print "-" }')"
+	res "$1.per_batch" "$(per_batch "$SNAP_CTR" "$(counters)")"
+}
+
+# Rounds: R[base.f] = the median of R[base.rN.f] over N = 1..reps (a round
+# without the figure, e.g. timed out, left out; an even count: the mean of
+# the middle two), R[base.f.lo] and R[base.f.hi] its range, R[base.f.all]
+# every round's, in order.
+rounds_summary() { # base reps field...
+	local base=$1 reps=$2 f r v vals all stats
+	shift 2
+	for f in "$@"; do
+		vals="" all=""
+		for r in $(seq "$reps"); do
+			v=${R[$base.r$r.$f]:-}
+			all="$all${all:+, }${v:--}"
+			if [ -n "$v" ] && [ "$v" != - ]; then vals="$vals $v"; fi
+		done
+		[ -n "$vals" ] || continue
+		stats=$(tr ' ' '\n' <<<"$vals" | sed '/^$/d' | sort -g | awk '{ x[NR] = $1 } END {
+			m = NR % 2 ? x[(NR + 1) / 2] : (x[NR / 2] + x[NR / 2 + 1]) / 2; print m, x[1], x[NR] }')
+		res "$base.$f" "${stats%% *}"
+		stats=${stats#* }
+		res "$base.$f.lo" "${stats% *}"
+		res "$base.$f.hi" "${stats#* }"
+		res "$base.$f.all" "$all"
+	done
+}
+# Text fields of rounds (order checks, the relays' totals): "r1: x | r2: y".
+rounds_text() { # base reps field
+	local r s=""
+	for r in $(seq "$2"); do s="$s${s:+ | }r$r: ${R[$1.r$r.$3]:-not run}"; done
+	res "$1.$3" "$s"
+}
+# "median (min–max)" of a summarised figure (mr: as is; mrf: thousands
+# separated); the value alone when the rounds agree or there was one.
+mr() { # key [fmt]
+	local m=${R[$1]:-} lo=${R[$1.lo]:-} hi=${R[$1.hi]:-} f=${2:-echo}
+	[ -n "$m" ] || { echo -; return; }
+	if [ -z "$lo" ] || [ "$lo" = "$hi" ]; then $f "$m"; else echo "$($f "$m") ($($f "$lo")–$($f "$hi"))"; fi
+}
+mrf() { mr "$1" fmt; }
+# Whether order_check results are all clean: every round's result present
+# ("rN: messages=..."), every count of an anomaly 0.
+oc_clean() { # text: order_check result lines, or rounds_text of them
+	local bad
+	bad=$(grep -oE '(duplicates|gaps|inversions|lost|split|malformed|unexpected|mismatched)=[0-9?]+' <<<"$1" | grep -cvE '=0$' || true)
+	bad=$((bad + $(grep -oE 'r[0-9]+: [a-z]*' <<<"$1" | grep -cv 'messages$' || true)))
+	if [ "$bad" = 0 ] && grep -q 'messages=' <<<"$1"; then echo clean; else echo "**NOT CLEAN**"; fi
 }
 
 # report helpers
@@ -235,23 +309,29 @@ batch_stats() {
 		}'
 }
 
-# One extension throughput run: key prefix, events, aggregates.
+# One extension throughput run: key prefix, events, aggregates.  Events per
+# read from the counters (batches, events_published); the step timings from
+# the debug lines only in a profile run (set_debug on).
 measure_ours() {
-	local key=$1 n=$2 aggs=$3 pos
+	local key=$1 n=$2 aggs=$3 pos c0
 	new_topic "${key//./-}"
 	reset_tables
 	warm_ours "$T"
 	pos=$(stat -c %s "$pglog")
-	drain outbox "$(ours_preload "$n" "$aggs" "$T")"
+	c0=$(counters)
+	drain ours "$n" "$(ours_preload "$n" "$aggs" "$T")"
 	res "$key.eps" "$(kv "$DRAIN_LINE" events_per_s)"
 	res "$key.seconds" "$(kv "$DRAIN_LINE" seconds)"
 	res "$key.table_seconds" "$(kv "$DRAIN_LINE" table_seconds)"
 	res "$key.first_ack" "$(kv "$DRAIN_LINE" first_ack_s)"
 	res "$key.preload_s" "$(kv "$DRAIN_LINE" exec_s)"
 	res "$key.events" "$(kv "$DRAIN_LINE" events)"
-	sleep 0.3 # let the last batch's debug lines reach the log
-	res "$key.batches" "$(batch_stats "$pos")"
-	say "  $key: ${R[$key.eps]} events/s (${R[$key.seconds]} s; reads events/read fetch produce settles aggs/settle settle: ${R[$key.batches]})"
+	res "$key.per_batch" "$(per_batch "$c0" "$(counters)")"
+	if [ "$PROFILING" = 1 ]; then
+		sleep 0.3 # let the last batch's debug lines reach the log
+		res "$key.batches" "$(batch_stats "$pos")"
+	fi
+	say "  $key: ${R[$key.eps]} events/s (${R[$key.seconds]} s; events per read ${R[$key.per_batch]}${R[$key.batches]:+; reads events/read fetch produce settles aggs/settle settle: ${R[$key.batches]}})"
 }
 measure_relay() { # key events aggregates [brokers]
 	local key=$1 n=$2 aggs=$3 br=${4:-$brokers}
@@ -260,7 +340,7 @@ measure_relay() { # key events aggregates [brokers]
 	start_relay "$br"
 	warm_relay "$T"
 	kill -USR1 "$relay_pid"
-	drain relay_outbox "$(relay_preload "$n" "$aggs" "$T")"
+	drain "$RELAY_STATUS" "$n" "$(relay_preload "$n" "$aggs" "$T")"
 	stop_relay
 	res "$key.eps" "$(kv "$DRAIN_LINE" events_per_s)"
 	res "$key.seconds" "$(kv "$DRAIN_LINE" seconds)"
@@ -306,8 +386,8 @@ report_tail_table() {
 
 # The report's order checks of the 10,000-aggregate runs of (b).
 report_order_check() {
-	echo "Order check of the 10,000-aggregate runs (\`test/tools/order_check\`, every partition read back):"
+	echo "Order check of the 10,000-aggregate runs, every round (\`test/tools/order_check\`, every partition read back):"
 	echo
-	echo "- extension: \`${R[b.ours.10000.order_check]:-not run}\`"
-	echo "- relay: \`${R[b.relay.10000.order_check]:-not run}\`"
+	echo "- extension ($(oc_clean "${R[b.ours.10000.order_check]:-}")): \`${R[b.ours.10000.order_check]:-not run}\`"
+	echo "- relay ($(oc_clean "${R[b.relay.10000.order_check]:-}")): \`${R[b.relay.10000.order_check]:-not run}\`"
 }

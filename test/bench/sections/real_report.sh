@@ -39,8 +39,8 @@ if [ "$real" = 1 ]; then
 		done
 		echo
 		if [ "$B_REPS" -gt 1 ]; then
-			echo "10,000 aggregates: the median of $B_REPS repetitions; all of them, events/s: extension"
-			echo "${R[b.ours.10000.all]}; relay ${R[b.relay.10000.all]}."
+			echo "The median of $B_REPS interleaved rounds; every round, events/s at 10,000 aggregates: extension"
+			echo "${R[b.ours.10000.eps.all]}; relay ${R[b.relay.10000.eps.all]}."
 			echo
 		fi
 		echo "| aggregates | extension: s to drain (table) | first ack after commit | relay: s to drain |"
@@ -49,12 +49,12 @@ if [ "$real" = 1 ]; then
 			echo "| $(fmt "$a") | ${R[b.ours.$a.seconds]} (${R[b.ours.$a.table_seconds]}) | ${R[b.ours.$a.first_ack]} s | ${R[b.relay.$a.seconds]} |"
 		done
 		echo
-		echo "The extension's step means (ms, from the debug1 lines, as in (b); the d rows are from the"
-		echo "latency runs below):"
+		echo "The extension's step means (ms, from the debug1 lines of one extra, untimed profile run per"
+		echo "aggregate count, as in (b)):"
 		echo
 		echo "| run | reads | events/read | fetch | produce | settles | aggregates/settle | settle + commit |"
 		echo "|---|---:|---:|---:|---:|---:|---:|---:|"
-		for k in $(printf 'b.ours.%s ' $B_AGGS) $(printf 'd.ours.%s ' $RATES); do
+		for k in $(printf 'b.profile.%s ' $B_AGGS); do
 			echo "| $k | $(bfield "$k" 1) | $(bfield "$k" 2) | $(bfield "$k" 3) | $(bfield "$k" 4) | $(bfield "$k" 5) | $(bfield "$k" 6) | $(bfield "$k" 7) |"
 		done
 		echo

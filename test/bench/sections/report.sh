@@ -11,8 +11,9 @@ set +u
 
 Produced by \`test/bench/run.sh\` (${R[mode]} mode) on ${R[date]}; total run time ${R[total_s]} s.
 Do not edit by hand: run the benchmark again (as root: \`bash test/bench/run.sh\`,
-about 30 minutes; \`bash test/bench/run.sh quick\` checks the script in about 6 minutes
-and writes to /tmp/outbox-bench-quick/).  The peers — PgQ, logical decoding, the polling
+about 40 minutes; \`bash test/bench/run.sh quick\` checks the script in
+about 5 minutes and writes to /tmp/outbox-bench-quick/; \`bash test/bench/run.sh headline\`
+is the headline comparison alone).  The peers — PgQ, logical decoding, the polling
 relay and raw librdkafka beside the extension, every figure as a ratio to the extension and
 to the best peer — are in [section p](#p-peers-the-extension-beside-pgq-logical-decoding-the-polling-relay-and-raw-librdkafka).
 
@@ -138,17 +139,21 @@ EOF
 	echo "Method: the publisher (extension worker, or relay process) is running and warm (one event of"
 	echo "the same topic published first); one transaction emits (\`outbox_emit\` per row, from"
 	echo "\`generate_series\`) or inserts all events, aggregate \`order-<i mod A>\`; the clock starts when its"
-	echo "COMMIT returns; \`drain_wait\` polls \`SELECT EXISTS (SELECT 1 FROM outbox_pending)\` (the extension) or"
-	echo "\`SELECT EXISTS (SELECT 1 FROM relay_outbox WHERE published_at IS NULL)\` (the relay)"
-	echo "every 20 ms on one connection (= \`count(*) = 0\`, without counting 100,000 rows 50 times a second)"
-	echo "and stops the clock when nothing is pending.  events/s = events / that time.  Raw: time from the"
-	echo "first produce to the last ack."
+	echo "COMMIT returns; \`drain_wait\` stops it when the publisher has published them all, watching only"
+	echo "what the publisher reports, every 20 ms: the extension's shared-memory counter \`events_published\`"
+	echo "(\`outbox_counters()\`: counted when a settle commits; no table or view is read), the relay's status"
+	echo "file (rows marked by its committed batches).  No debug logging during any timed run.  events/s ="
+	echo "events / that time.  Raw: time from the first produce to the last ack.  $B_REPS interleaved"
+	echo "round(s) (extension, relay, raw, then again; each its own preload): the median, and the range"
+	echo "(min–max) in parentheses."
 	echo
 	echo "| aggregates | extension events/s | relay events/s | raw producer events/s | extension / relay | extension / raw | relay / raw |"
 	echo "|---:|---:|---:|---:|---:|---:|---:|"
 	for a in 10000 10 1; do
-		echo "| $(fmt $a) | $(fmt "${R[b.ours.$a.eps]}") | $(fmt "${R[b.relay.$a.eps]}") | $(fmt "${R[b.raw.$a.eps]}") | **$(ratio "${R[b.ours.$a.eps]}" "${R[b.relay.$a.eps]}")×** | $(ratio "${R[b.ours.$a.eps]}" "${R[b.raw.$a.eps]}") | $(ratio "${R[b.relay.$a.eps]}" "${R[b.raw.$a.eps]}") |"
+		echo "| $(fmt $a) | $(mrf b.ours.$a.eps) | $(mrf b.relay.$a.eps) | $(mrf b.raw.$a.eps) | **$(ratio "${R[b.ours.$a.eps]}" "${R[b.relay.$a.eps]}")×** | $(ratio "${R[b.ours.$a.eps]}" "${R[b.raw.$a.eps]}") | $(ratio "${R[b.relay.$a.eps]}" "${R[b.raw.$a.eps]}") |"
 	done
+	echo
+	echo "Medians of the same rounds:"
 	echo
 	echo "| aggregates | extension: s to drain (table: max(last_published_at) − commit) | first settle after commit (upper bound) | preload transaction | relay: s to drain | relay preload |"
 	echo "|---:|---|---:|---:|---:|---:|"
@@ -156,11 +161,10 @@ EOF
 		echo "| $(fmt $a) | ${R[b.ours.$a.seconds]} (${R[b.ours.$a.table_seconds]}) | ${R[b.ours.$a.first_ack]} s | ${R[b.ours.$a.preload_s]} s | ${R[b.relay.$a.seconds]} | ${R[b.relay.$a.preload_s]} s |"
 	done
 	echo
-	if [ "$B_REPS" -gt 1 ]; then
-		echo "10,000 aggregates: the median of $B_REPS repetitions (each its own preload), here and below;"
-		echo "all of them, events/s: extension ${R[b.ours.10000.all]}; relay ${R[b.relay.10000.all]}."
-		echo
-	fi
+	echo "Every round, events/s at 10,000 aggregates: extension ${R[b.ours.10000.eps.all]}; relay"
+	echo "${R[b.relay.10000.eps.all]}; raw ${R[b.raw.10000.eps.all]}.  Events per read of the extension"
+	echo "(\`outbox_counters()\`: events_published / batches over the run): $(mr b.ours.10000.per_batch)."
+	echo
 	report_order_check
 	echo
 	echo "Target: ≥ 25,000 events/s with one worker (100k over 10k aggregates):"
@@ -168,21 +172,21 @@ EOF
 	echo "Target: beat the relay 10×: $(met "${R[b.ours.10000.eps]} >= 10 * ${R[b.relay.10000.eps]}") at 10,000 aggregates ($(ratio "${R[b.ours.10000.eps]}" "${R[b.relay.10000.eps]}")×),"
 	echo "$(met "${R[b.ours.10.eps]} >= 10 * ${R[b.relay.10.eps]}") at 10 ($(ratio "${R[b.ours.10.eps]}" "${R[b.relay.10.eps]}")×), $(met "${R[b.ours.1.eps]} >= 10 * ${R[b.relay.1.eps]}") at 1 ($(ratio "${R[b.ours.1.eps]}" "${R[b.relay.1.eps]}")×)."
 	echo
-	echo "Where the extension's time goes — step means from the server log (\`log_min_messages = debug1\`:"
-	echo "\"fetched ... produced\" per read, \"settled ... in\" per settle; ms, integer resolution per line;"
-	echo "acknowledgements are awaited between the steps, not in one):"
+	echo "Where the extension's time goes — one extra run per aggregate count after the rounds, not in any"
+	echo "figure above, with \`log_min_messages = debug1\` (the debug lines cost the worker some of its"
+	echo "time, so no timed run has them): step means from the server log (\"fetched ... produced\" per"
+	echo "read, \"settled ... in\" per settle; ms, integer resolution per line; acknowledgements are awaited"
+	echo "between the steps, not in one):"
 	echo
 	echo "| run | reads | events/read | fetch | produce | settles | aggregates/settle | settle + commit | time in steps / drain time |"
 	echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|"
-	for k in b.ours.10000 b.ours.10 b.ours.1 c.ours.1 c.ours.5 c.ours.20 e.ours.1.cold e.ours.1 e.ours.2.cold e.ours.2 e.ours.4.cold e.ours.4 f.ours.10000; do
+	for k in b.profile.10000 b.profile.10 b.profile.1; do
 		[ -n "${R[$k.batches]:-}" ] || continue
 		b=$(bfield "$k" 1)
 		busy=$(awk -v b="$b" -v f="$(bfield "$k" 3)" -v p="$(bfield "$k" 4)" -v s="$(bfield "$k" 5)" -v t="$(bfield "$k" 7)" \
 			'BEGIN { print (b * (f + p) + s * t) / 1000 }')
 		echo "| $k | $b | $(bfield "$k" 2) | $(bfield "$k" 3) | $(bfield "$k" 4) | $(bfield "$k" 5) | $(bfield "$k" 6) | $(bfield "$k" 7) | $(ratio "$busy" "${R[$k.seconds]}") |"
 	done
-	echo
-	echo "(With several workers the time in steps is summed over all workers, so it can exceed 1.)"
 	echo
 	mk_=(${R[mark]:-})
 	if [ "${#mk_[@]}" = 3 ]; then
@@ -208,13 +212,14 @@ EOF
 
 	echo "## c. Round-trip sensitivity ($(fmt "$N") events, 10,000 aggregates)"
 	echo
-	echo "\`rtt all <ms>\` on the mock delays every broker response (as (b), same method)."
+	echo "\`rtt all <ms>\` on the mock delays every broker response (as (b), same method: $B_REPS interleaved"
+	echo "round(s) per round trip, median (min–max))."
 	echo
 	echo "| round trip | extension events/s | relay events/s | raw events/s | extension / relay | extension / raw |"
 	echo "|---:|---:|---:|---:|---:|---:|"
-	echo "| 0 ms (b) | $(fmt "${R[b.ours.10000.eps]}") | $(fmt "${R[b.relay.10000.eps]}") | $(fmt "${R[b.raw.10000.eps]}") | $(ratio "${R[b.ours.10000.eps]}" "${R[b.relay.10000.eps]}") | $(ratio "${R[b.ours.10000.eps]}" "${R[b.raw.10000.eps]}") |"
+	echo "| 0 ms (b) | $(mrf b.ours.10000.eps) | $(mrf b.relay.10000.eps) | $(mrf b.raw.10000.eps) | $(ratio "${R[b.ours.10000.eps]}" "${R[b.relay.10000.eps]}") | $(ratio "${R[b.ours.10000.eps]}" "${R[b.raw.10000.eps]}") |"
 	for rtt in 1 5 20; do
-		echo "| $rtt ms | $(fmt "${R[c.ours.$rtt.eps]}") | $(fmt "${R[c.relay.$rtt.eps]}") | $(fmt "${R[c.raw.$rtt.eps]}") | **$(ratio "${R[c.ours.$rtt.eps]}" "${R[c.relay.$rtt.eps]}")×** | $(ratio "${R[c.ours.$rtt.eps]}" "${R[c.raw.$rtt.eps]}") |"
+		echo "| $rtt ms | $(mrf c.ours.$rtt.eps) | $(mrf c.relay.$rtt.eps) | $(mrf c.raw.$rtt.eps) | **$(ratio "${R[c.ours.$rtt.eps]}" "${R[c.relay.$rtt.eps]}")×** | $(ratio "${R[c.ours.$rtt.eps]}" "${R[c.raw.$rtt.eps]}") |"
 	done
 	echo
 	echo "Target: ≥ 10,000 events/s with 5 ms RTT: $(met "${R[c.ours.5.eps]} >= 10000") ($(fmt "${R[c.ours.5.eps]}")/s)."
@@ -261,13 +266,13 @@ EOF
 
 	echo "## e. Scaling with publisher workers ($(fmt "$N") events, 10,000 aggregates)"
 	echo
-	echo "\`outbox.workers\` = 1, 2, 4 (restart each), as (b).  The workers split the aggregates by"
-	echo "\`hashtext(aggregate_id)\` bucket."
+	echo "\`outbox.workers\` = 1, 2, 4 (restart each), as (b); $E_REPS interleaved round(s) (1, 2, 4 workers,"
+	echo "then again), median (min–max).  The workers split the aggregates by \`hashtext(aggregate_id)\` bucket."
 	echo
 	echo "| workers | events/s | vs 1 worker | s to drain | first run right after the restart: events/s |"
 	echo "|---:|---:|---:|---:|---:|"
 	for w in 1 2 4; do
-		echo "| $w | $(fmt "${R[e.ours.$w.eps]}") | $(ratio "${R[e.ours.$w.eps]}" "${R[e.ours.1.eps]}") | ${R[e.ours.$w.seconds]} | $(fmt "${R[e.ours.$w.cold.eps]}") |"
+		echo "| $w | $(mrf e.ours.$w.eps) | $(ratio "${R[e.ours.$w.eps]}" "${R[e.ours.1.eps]}") | $(mr e.ours.$w.seconds) | $(mrf e.ours.$w.cold.eps) |"
 	done
 	echo
 

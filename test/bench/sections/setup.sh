@@ -19,8 +19,10 @@ if [ "$mode" = quick ]; then
 	LAT_S=4            # seconds per latency run
 	RATES="1000 2000"
 	NAGLE_RELAY_N=5000
-	B_REPS=1           # repetitions of (b, 10,000 aggregates)
-	P_REPS=1           # repetitions of the peers' throughput runs (p)
+	B_REPS=2           # interleaved rounds of (b) and (c)
+	E_REPS=1           # rounds of (e)
+	P_REPS=2           # rounds of the peers' throughput runs (p)
+	P_ST_REPS=1        # rounds of the peers' steady-load runs (p)
 	P_LAT_S=4          # seconds per steady-load run of (p)
 	P_RATES="1000 2000"
 else
@@ -32,14 +34,19 @@ else
 	RATES="500 1000 2000 5000"
 	NAGLE_RELAY_N=20000
 	B_REPS=3
+	E_REPS=3
 	P_REPS=3
+	P_ST_REPS=3
 	P_LAT_S=12
 	P_RATES="1000 2000 5000"
 fi
 B_AGGS="10000 10 1"   # aggregates of the throughput runs
+# headline mode: the full size, 3 rounds (quick: 2; BENCH_ROUNDS overrides)
+HL_REPS=${BENCH_ROUNDS:-$([ "$mode" = quick ] && echo 2 || echo 3)}
 if [ "$real" = 1 ]; then
 	B_AGGS="10000 1"
-	B_REPS=1           # a real run is ~10x slower: one repetition keeps it bounded
+	# (a real run is slower: quick mode keeps one round)
+	if [ "$mode" = quick ]; then B_REPS=1; else B_REPS=3; fi
 	if [ "$mode" = quick ]; then LAT_S=5 RATES=2000; else RATES="500 2000"; fi
 fi
 LAT_CLIENTS=8

@@ -24,15 +24,8 @@ if [ "${BENCH_PEERS_ONLY:-0}" = 1 ]; then
 	restart_pg 1
 	set +u
 	peers_run
-	# (e) for the report's 2- and 4-worker figures: one cold, one warm run each
-	set_debug on # (as in the full run's (e): the publisher's step timings)
-	say "e. workers: $N events over $AGGS_MAIN aggregates"
-	for w in 1 2 4; do
-		restart_pg "$w"
-		measure_ours "e.ours.$w.cold" "$N" "$AGGS_MAIN"
-		measure_ours "e.ours.$w" "$N" "$AGGS_MAIN"
-	done
-	set_debug off
+	# (e) for the report's 2- and 4-worker figures
+	. "$bench/sections/e_scaling.sh"
 	peers_report >"$out/peers.md"
 	say "done: $out/peers.md"
 	exit 0
