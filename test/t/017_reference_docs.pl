@@ -84,10 +84,12 @@ my @members = split /\n/, $node->safe_psql('postgres', q{
 	  FROM pg_depend
 	 WHERE refclassid = 'pg_extension'::regclass AND deptype = 'e'
 	   AND refobjid = (SELECT oid FROM pg_extension WHERE extname = 'outbox')
-	   -- from PostgreSQL 17 a table's or view's row type is a member too:
-	   -- documented with its relation
+	   -- from PostgreSQL 17 a table's or view's row type (and its array
+	   -- type) is a member too: documented with its relation
 	   AND NOT (classid = 'pg_type'::regclass AND EXISTS
-	            (SELECT 1 FROM pg_type t JOIN pg_class c ON c.oid = t.typrelid
+	            (SELECT 1 FROM pg_type t
+	               LEFT JOIN pg_type e ON e.oid = t.typelem
+	               JOIN pg_class c ON c.oid IN (t.typrelid, e.typrelid)
 	              WHERE t.oid = objid AND c.relkind <> 'c'))
 	 ORDER BY 1});
 cmp_ok(scalar @members, '>', 40, 'the extension has its objects');
