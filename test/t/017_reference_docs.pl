@@ -84,13 +84,13 @@ my @members = split /\n/, $node->safe_psql('postgres', q{
 	  FROM pg_depend
 	 WHERE refclassid = 'pg_extension'::regclass AND deptype = 'e'
 	   AND refobjid = (SELECT oid FROM pg_extension WHERE extname = 'outbox')
-	   -- from PostgreSQL 17 a table's or view's row type (and its array
-	   -- type) is a member too: documented with its relation
+	   -- from PostgreSQL 17 a table's or view's row type and every array
+	   -- type are members too: documented with their relation or element
 	   AND NOT (classid = 'pg_type'::regclass AND EXISTS
 	            (SELECT 1 FROM pg_type t
-	               LEFT JOIN pg_type e ON e.oid = t.typelem
-	               JOIN pg_class c ON c.oid IN (t.typrelid, e.typrelid)
-	              WHERE t.oid = objid AND c.relkind <> 'c'))
+	               LEFT JOIN pg_class c ON c.oid = t.typrelid
+	              WHERE t.oid = objid
+	                AND (t.typcategory = 'A' OR c.relkind <> 'c')))
 	 ORDER BY 1});
 cmp_ok(scalar @members, '>', 40, 'the extension has its objects');
 is_deeply([ grep { !$documented{$_} } @members ], [],
