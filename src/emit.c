@@ -1050,6 +1050,31 @@ emit_call_info(FunctionCallInfo fcinfo)
 	return info;
 }
 
+/* The attributes of emitted_event: id, event_id, aggregate_version, topic. */
+#define EMITTED_NATTS 4
+
+/*
+ * The emitted_event (type rettype) of values, with the type cache's
+ * descriptor: current, and a named type's (no blessing needed).
+ */
+static Datum
+emitted_event(Oid rettype, Datum *values)
+{
+	bool		nulls[EMITTED_NATTS] = {false, false, false, false};
+	TupleDesc	desc = lookup_rowtype_tupdesc(rettype, -1);
+	HeapTuple	tuple;
+
+	if (desc->natts != EMITTED_NATTS)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("outbox_emit: type %s has %d attributes, not %d",
+						format_type_be(rettype), desc->natts, EMITTED_NATTS),
+				 errhint("Re-create the outbox extension.")));
+	tuple = heap_form_tuple(desc, values, nulls);
+	ReleaseTupleDesc(desc);
+	return HeapTupleGetDatum(tuple);
+}
+
 /*
  * outbox_emit(aggregate_type, aggregate_id, event_type, payload,
  *			   topic, headers, event_id, aggregate_version), with a jsonb
@@ -1064,10 +1089,7 @@ emit_event(FunctionCallInfo fcinfo, bool raw, EmitTarget *target)
 	EmitTarget	own_target;
 	size_t		payload_bytes = 0;
 	size_t		header_bytes = 0;
-	Datum		result[4];
-	bool		result_nulls[4] = {false, false, false, false};
-	TupleDesc	result_desc;
-	HeapTuple	tuple;
+	Datum		result[EMITTED_NATTS];
 
 	emit_hide_statement = emit_has_huge_argument(fcinfo);
 	a.raw = raw;
@@ -1132,18 +1154,7 @@ emit_event(FunctionCallInfo fcinfo, bool raw, EmitTarget *target)
 		write_event(&a, target, info->nspid, result);
 	outbox_note_emit();
 
-	/* The type cache's descriptor, current (and blessed: a named type). */
-	result_desc = lookup_rowtype_tupdesc(info->rettype, -1);
-	if (result_desc->natts != lengthof(result))
-		ereport(ERROR,
-				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
-				 errmsg("outbox_emit: type %s has %d attributes, not %d",
-						format_type_be(info->rettype), result_desc->natts,
-						(int) lengthof(result)),
-				 errhint("Re-create the outbox extension.")));
-	tuple = heap_form_tuple(result_desc, result, result_nulls);
-	ReleaseTupleDesc(result_desc);
-	PG_RETURN_DATUM(HeapTupleGetDatum(tuple));
+	PG_RETURN_DATUM(emitted_event(info->rettype, result));
 }
 
 /* outbox_emit(): an event with a JSON payload (or none). */
