@@ -88,6 +88,13 @@ TimestampDifferenceMilliseconds(TimestampTz start_time, TimestampTz stop_time)
 #define outbox_create_wait_set(nevents) CreateWaitEventSet(TopMemoryContext, (nevents))
 #endif
 
+/* What an index access method keeps between inserts is released (17). */
+#if PG_VERSION_NUM >= 170000
+#define outbox_index_insert_cleanup(index, info) index_insert_cleanup((index), (info))
+#else
+#define outbox_index_insert_cleanup(index, info) ((void) 0)
+#endif
+
 
 /* shmem_request_hook arrived in 15; before, shared memory is asked for in _PG_init. */
 #define OUTBOX_HAVE_SHMEM_REQUEST_HOOK (PG_VERSION_NUM >= 150000)

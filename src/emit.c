@@ -33,12 +33,14 @@
 #include "access/xact.h"
 #include "catalog/index.h"
 #include "catalog/pg_am.h"
+#include "access/transam.h"
 #include "catalog/pg_type.h"
 #include "commands/trigger.h"
 #include "executor/executor.h"
 #include "fmgr.h"
 #include "funcapi.h"
 #include "miscadmin.h"
+#include "nodes/nodeFuncs.h"
 #include "optimizer/optimizer.h"
 #include "parser/parse_relation.h"
 #include "port/pg_bswap.h"
@@ -52,6 +54,7 @@
 #include "utils/memutils.h"
 #include "utils/rel.h"
 #include "utils/snapmgr.h"
+#include "utils/syscache.h"
 #include "utils/timestamp.h"
 #include "utils/typcache.h"
 #include "utils/uuid.h"
@@ -139,6 +142,30 @@ generate_uuid_v7(pg_uuid_t *uuid)
 	uuid->data[8] = (uuid->data[8] & 0x3f) | 0x80;	/* RFC 4122 variant */
 }
 
+/*
+ * A new UUID version 7 as text, as uuid_out() writes it (lowercase hex,
+ * 8-4-4-4-12), without a function call through fmgr.
+ */
+static char *
+uuid_v7_text(void)
+{
+	static const char hex[] = "0123456789abcdef";
+	pg_uuid_t	uuid;
+	char	   *out = palloc(2 * UUID_LEN + 5);
+	char	   *p = out;
+
+	generate_uuid_v7(&uuid);
+	for (int i = 0; i < UUID_LEN; i++)
+	{
+		if (i == 4 || i == 6 || i == 8 || i == 10)
+			*p++ = '-';
+		*p++ = hex[uuid.data[i] >> 4];
+		*p++ = hex[uuid.data[i] & 0x0f];
+	}
+	*p = '\0';
+	return out;
+}
+
 /* outbox_uuid_v7(): a new UUID version 7, as event ids are made. */
 Datum
 outbox_uuid_v7(PG_FUNCTION_ARGS)
@@ -200,12 +227,37 @@ typedef struct EmitRelations
 	Oid		   *index_oids;
 	IndexInfo **index_infos;	/* NULL: built per call */
 	MemoryContext cxt;			/* the defaults and index infos */
+	bool		defaults_builtin;	/* calling built-in functions only */
+	ExprState **default_states; /* kept (see kept_default_states), or NULL */
+	Oid			default_states_user;	/* whose EXECUTE rights they checked */
+	uint64		states_inval_count; /* emit_inval_count when set up */
+	MemoryContext states_cxt;	/* default_states', in cxt (NULL: none yet) */
 } EmitRelations;
 
 static EmitRelations rels;
 
 /* Set by an invalidation of the tables while load_relations() runs. */
 static bool rels_invalidated = false;
+
+/*
+ * Counts invalidations of functions, roles and role memberships: a cache
+ * built from them (kept_default_states(), call_cache) is current while the
+ * count is the one read before it was built.
+ */
+static uint64 emit_inval_count = 1;
+
+/*
+ * The result type and schema of the last emit function called, kept from
+ * one query to the next rather than looked up on each (a prepared
+ * statement's function is set up anew at each execution).
+ */
+static struct
+{
+	uint64		inval_count;	/* emit_inval_count when built (0: never) */
+	Oid			fn_oid;
+	Oid			rettype;		/* emitted_event */
+	Oid			nspid;			/* the extension's schema */
+}			call_cache;
 
 /*
  * The last version this transaction assigned, to the aggregate it emitted
@@ -265,6 +317,34 @@ emit_relcache_callback(Datum arg, Oid relid)
 		rels_invalidated = true;
 		last_emit.valid = false;
 	}
+}
+
+/*
+ * Syscache invalidation callback (functions, roles, role memberships): a
+ * function's result type, or the EXECUTE rights that kept default
+ * expressions were set up with, may have changed.
+ */
+static void
+emit_syscache_callback(Datum arg, int cacheid, uint32 hashvalue)
+{
+	emit_inval_count++;
+}
+
+/* Registers the callbacks that keep this file's caches current, once. */
+static void
+register_callbacks(void)
+{
+	static bool registered = false;
+
+	if (registered)
+		return;
+	CacheRegisterRelcacheCallback(emit_relcache_callback, (Datum) 0);
+	CacheRegisterSyscacheCallback(PROCOID, emit_syscache_callback, (Datum) 0);
+	CacheRegisterSyscacheCallback(AUTHOID, emit_syscache_callback, (Datum) 0);
+	CacheRegisterSyscacheCallback(AUTHMEMMEMROLE, emit_syscache_callback, (Datum) 0);
+	RegisterXactCallback(emit_xact_callback, NULL);
+	RegisterSubXactCallback(emit_subxact_callback, NULL);
+	registered = true;
 }
 
 /* A column of an extension table, or an error if it is missing. */
@@ -387,6 +467,40 @@ open_indexes(ResultRelInfo *rri)
 	}
 }
 
+/* check_functions_in_node() callback: whether a function is not built in. */
+static bool
+is_user_function(Oid funcid, void *context)
+{
+	return funcid >= FirstNormalObjectId;
+}
+
+/* Whether an expression calls a function that is not built in. */
+static bool
+calls_user_function(Node *node, void *context)
+{
+	if (node == NULL)
+		return false;
+	if (check_functions_in_node(node, is_user_function, context))
+		return true;
+	return expression_tree_walker(node, calls_user_function, context);
+}
+
+/*
+ * Closes what open_indexes() opened, as ExecCloseIndices() does, but keeps
+ * their locks until the transaction ends, as the outbox's: what planning
+ * an INSERT does, and the next emit of the transaction finds them taken.
+ */
+static void
+close_indexes(ResultRelInfo *rri)
+{
+	for (int i = 0; i < rri->ri_NumIndices; i++)
+	{
+		outbox_index_insert_cleanup(rri->ri_IndexRelationDescs[i],
+									rri->ri_IndexRelationInfo[i]);
+		index_close(rri->ri_IndexRelationDescs[i], NoLock);
+	}
+}
+
 /* The defaults of the outbox's columns that outbox_emit() does not set. */
 static void
 load_defaults(Relation rel)
@@ -395,7 +509,49 @@ load_defaults(Relation rel)
 
 	rels.defaults = palloc(sizeof(OutboxColumnDefault) * RelationGetDescr(rel)->natts);
 	rels.ndefaults = outbox_column_defaults(rel, rels.attnums, EMIT_NCOLUMNS, rels.defaults);
+	rels.defaults_builtin = true;
+	for (int i = 0; i < rels.ndefaults; i++)
+		if (calls_user_function((Node *) rels.defaults[i].expr, NULL))
+			rels.defaults_builtin = false;
 	MemoryContextSwitchTo(old);
+}
+
+/*
+ * The defaults' ExprStates kept from one call to the next (setting them up
+ * cost a fortieth of an emit), or NULL: then each call sets up its own.
+ * Kept only for defaults that call built-in functions alone (the table's
+ * own: no user code, which might emit while one is being evaluated); for
+ * the user whose EXECUTE rights their set-up checked; until the tables,
+ * functions, roles or memberships change.
+ */
+static ExprState **
+kept_default_states(void)
+{
+	uint64		inval_count = emit_inval_count;
+	ExprState **states;
+	MemoryContext old;
+
+	if (!rels.defaults_builtin)
+		return NULL;
+	if (rels.default_states != NULL && rels.default_states_user == GetUserId() &&
+		rels.states_inval_count == inval_count)
+		return rels.default_states;
+	rels.default_states = NULL;
+	if (rels.states_cxt == NULL)
+		rels.states_cxt = AllocSetContextCreate(rels.cxt, "outbox_emit defaults",
+												ALLOCSET_SMALL_SIZES);
+	else
+		MemoryContextReset(rels.states_cxt);
+	old = MemoryContextSwitchTo(rels.states_cxt);
+	states = palloc(sizeof(ExprState *) * Max(rels.ndefaults, 1));
+	for (int i = 0; i < rels.ndefaults; i++)
+		states[i] = ExecInitExpr(rels.defaults[i].expr, NULL);
+	MemoryContextSwitchTo(old);
+	/* An invalidation meanwhile makes the next call set them up again. */
+	rels.default_states = states;
+	rels.default_states_user = GetUserId();
+	rels.states_inval_count = inval_count;
+	return states;
 }
 
 /* Looks up the extension's tables in schema nspid. */
@@ -409,11 +565,12 @@ load_relations(Oid nspid)
 	{
 		rels.cxt = AllocSetContextCreate(CacheMemoryContext, "outbox_emit relations",
 										 ALLOCSET_SMALL_SIZES);
-		CacheRegisterRelcacheCallback(emit_relcache_callback, (Datum) 0);
-		RegisterXactCallback(emit_xact_callback, NULL);
-		RegisterSubXactCallback(emit_subxact_callback, NULL);
+		register_callbacks();
 	}
+	/* (Deletes states_cxt too.) */
 	MemoryContextReset(rels.cxt);
+	rels.states_cxt = NULL;
+	rels.default_states = NULL;
 	/* Valid only once complete (an error leaves it invalid) and current. */
 	rels.valid = false;
 	last_emit.valid = false;
@@ -514,9 +671,13 @@ open_target(EmitTarget *t, Oid nspid)
 	t->slot = ExecInitExtraTupleSlot(t->estate, desc, &TTSOpsVirtual);
 	t->found = table_slot_create(t->rel, &t->estate->es_tupleTable);
 	t->found_publication = table_slot_create(t->publication, &t->estate->es_tupleTable);
-	t->defaults = palloc(sizeof(ExprState *) * Max(rels.ndefaults, 1));
-	for (int i = 0; i < rels.ndefaults; i++)
-		t->defaults[i] = ExecInitExpr(rels.defaults[i].expr, NULL);
+	t->defaults = kept_default_states();
+	if (t->defaults == NULL)
+	{
+		t->defaults = palloc(sizeof(ExprState *) * Max(rels.ndefaults, 1));
+		for (int i = 0; i < rels.ndefaults; i++)
+			t->defaults[i] = ExecInitExpr(rels.defaults[i].expr, NULL);
+	}
 	MemoryContextSwitchTo(old_cxt);
 	t->open = true;
 }
@@ -529,7 +690,7 @@ close_target(EmitTarget *t)
 		return;
 	/* The relations a trigger's firing opened (ExecGetTriggerResultRel). */
 	ExecCloseResultRelations(t->estate);
-	ExecCloseIndices(t->rri);
+	close_indexes(t->rri);
 	ExecResetTupleTable(t->estate->es_tupleTable, false);
 	FreeExecutorState(t->estate);
 	index_close(t->publication_pkey, NoLock);
@@ -755,7 +916,20 @@ typedef struct EmitArgs
 	bool		payload_null;
 	bool		raw;			/* payload is text or bytea */
 	int64		version;		/* 0: the next one */
+	Datum		text[EMIT_NCOLUMNS];	/* the argument's text, if one is */
 } EmitArgs;
+
+/*
+ * A text column's value: the argument as given (no copy), or text made of
+ * value (a default topic, a new event id).
+ */
+static Datum
+arg_text(EmitArgs *a, EmitColumn column, const char *value)
+{
+	if (a->text[column] != (Datum) 0)
+		return a->text[column];
+	return CStringGetTextDatum(value);
+}
 
 /*
  * Serializes emitters of an aggregate until commit, so that versions are
@@ -804,11 +978,11 @@ write_event(EmitArgs *a, EmitTarget *t, Oid nspid, Datum *result)
 		open_target(t, nspid);
 
 	memset(nulls, false, sizeof(nulls));
-	values[COL_EVENT_ID] = CStringGetTextDatum(a->event_id);
-	values[COL_AGGREGATE_TYPE] = CStringGetTextDatum(a->aggregate_type);
-	values[COL_AGGREGATE_ID] = CStringGetTextDatum(a->aggregate_id);
-	values[COL_EVENT_TYPE] = CStringGetTextDatum(a->event_type);
-	values[COL_TOPIC] = CStringGetTextDatum(a->topic);
+	values[COL_EVENT_ID] = arg_text(a, COL_EVENT_ID, a->event_id);
+	values[COL_AGGREGATE_TYPE] = arg_text(a, COL_AGGREGATE_TYPE, a->aggregate_type);
+	values[COL_AGGREGATE_ID] = arg_text(a, COL_AGGREGATE_ID, a->aggregate_id);
+	values[COL_EVENT_TYPE] = arg_text(a, COL_EVENT_TYPE, a->event_type);
+	values[COL_TOPIC] = arg_text(a, COL_TOPIC, a->topic);
 	values[COL_HEADERS] = PointerGetDatum(a->headers);
 	nulls[COL_HEADERS] = a->headers == NULL;
 	/* A JSON payload goes to payload, a raw one to payload_bytes. */
@@ -842,29 +1016,63 @@ write_event(EmitArgs *a, EmitTarget *t, Oid nspid, Datum *result)
 /* What emit_event() keeps for the calls of one query. */
 typedef struct EmitCallInfo
 {
-	TupleDesc	tupdesc;		/* emitted_event, blessed */
+	Oid			rettype;		/* emitted_event */
 	Oid			nspid;			/* the extension's schema */
 } EmitCallInfo;
 
-/* The call's EmitCallInfo, made by its first call. */
+/* The call's EmitCallInfo, made by its first call from call_cache. */
 static EmitCallInfo *
 emit_call_info(FunctionCallInfo fcinfo)
 {
 	EmitCallInfo *info = fcinfo->flinfo->fn_extra;
-	MemoryContext old_cxt;
+	uint64		inval_count = emit_inval_count;
 	TupleDesc	tupdesc;
 
 	if (info != NULL)
 		return info;
-	old_cxt = MemoryContextSwitchTo(fcinfo->flinfo->fn_mcxt);
-	if (get_call_result_type(fcinfo, NULL, &tupdesc) != TYPEFUNC_COMPOSITE)
-		elog(ERROR, "outbox_emit must return a composite type");
-	info = palloc(sizeof(EmitCallInfo));
-	info->tupdesc = BlessTupleDesc(CreateTupleDescCopy(tupdesc));
-	info->nspid = get_func_namespace(fcinfo->flinfo->fn_oid);
-	MemoryContextSwitchTo(old_cxt);
+	if (call_cache.inval_count != inval_count || call_cache.fn_oid != fcinfo->flinfo->fn_oid)
+	{
+		register_callbacks();
+		call_cache.inval_count = 0;
+		if (get_call_result_type(fcinfo, NULL, &tupdesc) != TYPEFUNC_COMPOSITE ||
+			tupdesc->tdtypeid == RECORDOID)
+			elog(ERROR, "outbox_emit must return a named composite type");
+		call_cache.rettype = tupdesc->tdtypeid;
+		call_cache.nspid = get_func_namespace(fcinfo->flinfo->fn_oid);
+		call_cache.fn_oid = fcinfo->flinfo->fn_oid;
+		/* An invalidation meanwhile makes the next query look them up. */
+		call_cache.inval_count = inval_count;
+	}
+	info = MemoryContextAlloc(fcinfo->flinfo->fn_mcxt, sizeof(EmitCallInfo));
+	info->rettype = call_cache.rettype;
+	info->nspid = call_cache.nspid;
 	fcinfo->flinfo->fn_extra = info;
 	return info;
+}
+
+/* The attributes of emitted_event: id, event_id, aggregate_version, topic. */
+#define EMITTED_NATTS 4
+
+/*
+ * The emitted_event (type rettype) of values, with the type cache's
+ * descriptor: current, and a named type's (no blessing needed).
+ */
+static Datum
+emitted_event(Oid rettype, Datum *values)
+{
+	bool		nulls[EMITTED_NATTS] = {false, false, false, false};
+	TupleDesc	desc = lookup_rowtype_tupdesc(rettype, -1);
+	HeapTuple	tuple;
+
+	if (desc->natts != EMITTED_NATTS)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("outbox_emit: type %s has %d attributes, not %d",
+						format_type_be(rettype), desc->natts, EMITTED_NATTS),
+				 errhint("Re-create the outbox extension.")));
+	tuple = heap_form_tuple(desc, values, nulls);
+	ReleaseTupleDesc(desc);
+	return HeapTupleGetDatum(tuple);
 }
 
 /*
@@ -881,14 +1089,16 @@ emit_event(FunctionCallInfo fcinfo, bool raw, EmitTarget *target)
 	EmitTarget	own_target;
 	size_t		payload_bytes = 0;
 	size_t		header_bytes = 0;
-	Datum		result[4];
-	bool		result_nulls[4] = {false, false, false, false};
+	Datum		result[EMITTED_NATTS];
 
 	emit_hide_statement = emit_has_huge_argument(fcinfo);
 	a.raw = raw;
-	a.aggregate_type = emit_required_text_arg(fcinfo, 0, "aggregate_type");
-	a.aggregate_id = emit_required_text_arg(fcinfo, 1, "aggregate_id");
-	a.event_type = emit_required_text_arg(fcinfo, 2, "event_type");
+	memset(a.text, 0, sizeof(a.text));
+	a.aggregate_type = emit_required_text_arg(fcinfo, 0, "aggregate_type",
+											  &a.text[COL_AGGREGATE_TYPE]);
+	a.aggregate_id = emit_required_text_arg(fcinfo, 1, "aggregate_id",
+											&a.text[COL_AGGREGATE_ID]);
+	a.event_type = emit_required_text_arg(fcinfo, 2, "event_type", &a.text[COL_EVENT_TYPE]);
 
 	if (PG_ARGISNULL(4))
 	{
@@ -897,7 +1107,8 @@ emit_event(FunctionCallInfo fcinfo, bool raw, EmitTarget *target)
 	}
 	else
 	{
-		a.topic = text_to_cstring(PG_GETARG_TEXT_PP(4));
+		a.text[COL_TOPIC] = PointerGetDatum(PG_GETARG_TEXT_PP(4));
+		a.topic = text_to_cstring(DatumGetTextPP(a.text[COL_TOPIC]));
 		emit_validate_topic(a.topic, "the topic argument");
 	}
 
@@ -921,16 +1132,12 @@ emit_event(FunctionCallInfo fcinfo, bool raw, EmitTarget *target)
 	a.event_id_given = !PG_ARGISNULL(6);
 	if (a.event_id_given)
 	{
-		a.event_id = text_to_cstring(PG_GETARG_TEXT_PP(6));
+		a.text[COL_EVENT_ID] = PointerGetDatum(PG_GETARG_TEXT_PP(6));
+		a.event_id = text_to_cstring(DatumGetTextPP(a.text[COL_EVENT_ID]));
 		emit_check_identifier(a.event_id, "event_id");
 	}
 	else
-	{
-		pg_uuid_t	uuid;
-
-		generate_uuid_v7(&uuid);
-		a.event_id = DatumGetCString(DirectFunctionCall1(uuid_out, UUIDPGetDatum(&uuid)));
-	}
+		a.event_id = uuid_v7_text();
 
 	emit_check_record_size(payload_bytes, header_bytes,
 						   emit_publisher_record_bytes(a.aggregate_type, a.aggregate_id, a.event_type,
@@ -947,7 +1154,7 @@ emit_event(FunctionCallInfo fcinfo, bool raw, EmitTarget *target)
 		write_event(&a, target, info->nspid, result);
 	outbox_note_emit();
 
-	PG_RETURN_DATUM(HeapTupleGetDatum(heap_form_tuple(info->tupdesc, result, result_nulls)));
+	PG_RETURN_DATUM(emitted_event(info->rettype, result));
 }
 
 /* outbox_emit(): an event with a JSON payload (or none). */

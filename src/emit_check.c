@@ -156,9 +156,12 @@ outbox_check_arg(PG_FUNCTION_ARGS)
 	PG_RETURN_VOID();
 }
 
-/* Text argument argno, checked as an identifier; it must not be NULL. */
+/*
+ * Text argument argno, checked as an identifier; it must not be NULL.  The
+ * argument's text (detoasted) in *text_value.
+ */
 char *
-emit_required_text_arg(FunctionCallInfo fcinfo, int argno, const char *name)
+emit_required_text_arg(FunctionCallInfo fcinfo, int argno, const char *name, Datum *text_value)
 {
 	char	   *value;
 
@@ -166,7 +169,8 @@ emit_required_text_arg(FunctionCallInfo fcinfo, int argno, const char *name)
 		ereport(ERROR,
 				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
 				 errmsg("outbox_emit: %s must not be NULL", name)));
-	value = text_to_cstring(PG_GETARG_TEXT_PP(argno));
+	*text_value = PointerGetDatum(PG_GETARG_TEXT_PP(argno));
+	value = text_to_cstring(DatumGetTextPP(*text_value));
 	emit_check_identifier(value, name);
 	return value;
 }

@@ -24,7 +24,8 @@ extern bool emit_hide_statement;
 
 extern const char *emit_display(const char *value);
 extern void emit_check_identifier(const char *value, const char *name);
-extern char *emit_required_text_arg(FunctionCallInfo fcinfo, int argno, const char *name);
+extern char *emit_required_text_arg(FunctionCallInfo fcinfo, int argno, const char *name,
+									 Datum *text_value);
 extern char *emit_default_topic(const char *aggregate_type);
 extern void emit_validate_topic(const char *topic, const char *origin);
 extern size_t emit_validate_headers(Jsonb *headers);
