@@ -182,9 +182,9 @@ like($err, qr/invalid value for parameter "outbox.inbox_kafka_properties"/, 'unk
 # once subscribed with its new name.
 my $log_pos = -s $node->logfile;
 $node->safe_psql('consumer', 'SET ROLE app; ALTER FUNCTION app.apply(inbox_message) RENAME TO apply_v2');
-emit('renamed', '{}');
 ok($node->wait_for_log(qr/subscription "billing" is not applied: its handler no longer exists\n.*DETAIL:  No function app\.apply\(public\.inbox_message\) exists\..*renamed.*\n.*HINT:  Call inbox_subscribe\(\) again with the handler's current name\./,
 	$log_pos), 'a renamed handler is not found: the worker says so, with what to do');
+emit('renamed', '{}');
 sleep 2;
 is($node->safe_psql('consumer', q{SELECT count(*) FROM app.applied WHERE aggregate_id = 'renamed'}), '0',
 	'nothing is applied meanwhile');
@@ -192,10 +192,14 @@ $node->safe_psql('consumer', qq{SET ROLE app;
 	SELECT inbox_subscribe('billing', ARRAY['$topic'], 'app.apply_v2(inbox_message)'::regprocedure)});
 ok(poll_until($node, 'consumer', q{SELECT count(*) FROM app.applied WHERE aggregate_id = 'renamed'}, '1', 60),
 	'subscribed again with the new name, the handler runs');
+# Back to its name, subscribed again, and running before what follows.
 $node->safe_psql('consumer', qq{SET ROLE app; BEGIN;
 	ALTER FUNCTION app.apply_v2(inbox_message) RENAME TO apply;
 	SELECT inbox_subscribe('billing', ARRAY['$topic'], 'app.apply(inbox_message)'::regprocedure);
 	COMMIT});
+emit('renamed', '{}');
+ok(poll_until($node, 'consumer', q{SELECT count(*) FROM app.applied WHERE aggregate_id = 'renamed'}, '2', 60),
+	'and again under its old name');
 
 # A handler that became unusable is not run: its role lost EXECUTE.
 $node->safe_psql('consumer', 'REVOKE ALL ON SCHEMA app FROM app');
