@@ -7,6 +7,8 @@
 -- become those sql/outbox--0.2.0.sql creates, and every row is kept.  New:
 -- table inbox_consumer_state, and inbox_status's columns kafka_error and
 -- kafka_error_since (added at the end: the view is replaced in place).
+-- inbox_subscription.handler becomes text, the handler's schema-qualified
+-- signature, which pg_upgrade accepts (it refuses a regprocedure column).
 -- The other tables are unchanged (0.2.0 writes their defaults as
 -- pg_catalog.now() and pg_catalog.clock_timestamp(), the functions 0.1.0's
 -- now() and clock_timestamp() already resolved to).  Changed functions are
@@ -390,3 +392,13 @@ SELECT o.consumer, o.topic, o."partition",
 
 COMMENT ON VIEW @extschema@.inbox_status IS
 'per consumer and partition: lag to the high watermark, last applied, duplicates, gaps, errors, state (including the consumer''s Kafka connection: disconnected, error)';
+
+-- Last, so that every statement above runs under the search_path the
+-- script began with.  Each handler becomes what inbox_subscribe() now
+-- stores: its regprocedure text with every schema but pg_catalog named
+-- (app.apply(public.inbox_message)).  A handler already dropped prints as
+-- its OID, which the inbox workers never take for a function (they warn,
+-- as they did, that it no longer exists).
+SET LOCAL search_path = pg_catalog, pg_temp;
+ALTER TABLE @extschema@.inbox_subscription
+	ALTER COLUMN handler TYPE pg_catalog.text USING handler::pg_catalog.text;

@@ -975,10 +975,16 @@ CREATE TYPE @extschema@.inbox_message AS (
 
 -- One row per consumer: a Kafka consumer group, 'outbox.inbox.<system
 -- identifier>.<database oid>.<consumer>' (unique to this cluster and database).
+-- handler is the function's signature, every name but pg_catalog's
+-- schema-qualified (regprocedure's text under search_path pg_catalog),
+-- which the inbox workers resolve at each refresh: not a regprocedure,
+-- whose function OIDs pg_upgrade does not keep (it refuses such a table).
+-- owner may be a regrole: pg_upgrade keeps role OIDs, and a dump restores
+-- it by name.
 CREATE TABLE @extschema@.inbox_subscription (
 	consumer text PRIMARY KEY,
 	topics text[] NOT NULL,
-	handler regprocedure NOT NULL,
+	handler text NOT NULL,
 	-- The role that subscribed: the handler runs as this role.
 	owner regrole NOT NULL,
 	created_at timestamptz NOT NULL DEFAULT pg_catalog.now()

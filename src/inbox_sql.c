@@ -17,11 +17,17 @@
  * would run that role's code on the subscriber's say-so.  The topics must
  * be allowed by outbox.inbox_allowed_topics and not be Kafka's own.
  *
+ * inbox_subscription.handler holds the handler's schema-qualified
+ * signature as text, not a regprocedure: pg_upgrade keeps no function's
+ * OID and so refuses a table with a regprocedure column.  The inbox
+ * workers resolve it again at each refresh (inbox_resolve_handler).
+ *
  *-------------------------------------------------------------------------
  */
 #include "postgres.h"
 
 #include "access/htup_details.h"
+#include "access/xact.h"
 #include "catalog/pg_proc.h"
 #include "catalog/pg_type.h"
 #include "executor/spi.h"
@@ -208,6 +214,52 @@ inbox_handler_problem(Oid handler, Oid role)
 	return HANDLER_OK;
 }
 
+/*
+ * The function a stored handler signature names (inbox_subscription.handler),
+ * or InvalidOid: looked up by to_regprocedure() under the caller's
+ * search_path (the inbox worker's, pg_catalog and pg_temp; the signature
+ * is schema-qualified).  Before PostgreSQL 16 to_regprocedure() raises an
+ * error for a schema or type that does not exist rather than returning
+ * NULL, hence the subtransaction; and from 16 on it takes a bare number as
+ * an OID, which a signature never is (0.1.0's dropped handlers, printed as
+ * regprocedure, are such numbers): only "name(types)" is looked up.
+ */
+Oid
+inbox_resolve_handler(const char *signature)
+{
+	MemoryContext cxt = CurrentMemoryContext;
+	ResourceOwner owner = CurrentResourceOwner;
+	volatile Oid result = InvalidOid;
+
+	if (strchr(signature, '(') == NULL)
+		return InvalidOid;
+	BeginInternalSubTransaction(NULL);
+	MemoryContextSwitchTo(cxt);
+	PG_TRY();
+	{
+		LOCAL_FCINFO(fcinfo, 1);
+		Datum		oid;
+
+		InitFunctionCallInfoData(*fcinfo, NULL, 1, InvalidOid, NULL, NULL);
+		fcinfo->args[0].value = CStringGetTextDatum(signature);
+		fcinfo->args[0].isnull = false;
+		oid = to_regprocedure(fcinfo);
+		if (!fcinfo->isnull)
+			result = DatumGetObjectId(oid);
+		ReleaseCurrentSubTransaction();
+	}
+	PG_CATCH();
+	{
+		MemoryContextSwitchTo(cxt);
+		FlushErrorState();
+		RollbackAndReleaseCurrentSubTransaction();
+	}
+	PG_END_TRY();
+	MemoryContextSwitchTo(cxt);
+	CurrentResourceOwner = owner;
+	return result;
+}
+
 /* The handler: takes one inbox_message, returns void (or is a procedure). */
 static Oid
 handler_arg(FunctionCallInfo fcinfo, Oid nspid, Oid role)
@@ -348,6 +400,7 @@ inbox_subscribe(PG_FUNCTION_ARGS)
 	const char *schema;
 	Oid			save_userid;
 	int			save_sec;
+	int			nestlevel;
 	Oid			argtypes[4] = {TEXTOID, TEXTARRAYOID, OIDOID, OIDOID};
 	Datum		args[4];
 
@@ -370,12 +423,24 @@ inbox_subscribe(PG_FUNCTION_ARGS)
 	args[1] = PointerGetDatum(topics);
 	args[2] = ObjectIdGetDatum(handler);
 	args[3] = ObjectIdGetDatum(role);
+
+	/*
+	 * The handler is stored as its regprocedure text under search_path
+	 * pg_catalog, pg_temp, which qualifies every name not in pg_catalog
+	 * (the function's and inbox_message's schemas), as the inbox workers
+	 * resolve it and as the update from 0.1.0 converts it; on 0.1.0's
+	 * objects (the library updated first) the column is the regprocedure.
+	 */
+	nestlevel = NewGUCNestLevel();
+	(void) set_config_option("search_path", "pg_catalog, pg_temp", PGC_USERSET, PGC_S_SESSION,
+							 GUC_ACTION_SAVE, true, 0, false);
 	if (SPI_execute_with_args(psprintf("INSERT INTO %s.inbox_subscription AS s (consumer, topics, handler, owner) "
 									   "VALUES ($1, $2, $3::pg_catalog.regprocedure, $4::pg_catalog.regrole) "
 									   "ON CONFLICT (consumer) DO UPDATE SET topics = excluded.topics, "
 									   "handler = excluded.handler, owner = excluded.owner", schema),
 							  4, argtypes, args, NULL, false, 0) != SPI_OK_INSERT)
 		elog(ERROR, "could not write the inbox subscription");
+	AtEOXact_GUC(true, nestlevel);
 	SPI_finish();
 	SetUserIdAndSecContext(save_userid, save_sec);
 

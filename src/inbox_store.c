@@ -110,7 +110,7 @@ inbox_prepare_plans(void)
 	}
 
 	inbox_subs_plan = outbox_keep_plan(psprintf(
-								   "SELECT s.consumer, s.topics, s.topics::pg_catalog.text, s.handler::pg_catalog.oid, s.owner::pg_catalog.oid "
+								   "SELECT s.consumer, s.topics, s.topics::pg_catalog.text, s.handler::pg_catalog.text, s.owner::pg_catalog.oid "
 								   "FROM %s.inbox_subscription s ORDER BY s.consumer", s), 0, NULL);
 	offset_lock_plan = outbox_keep_plan(psprintf(
 										  "SELECT o.next_offset, o.attempts, o.last_error, o.next_attempt_at, "

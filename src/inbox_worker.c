@@ -282,21 +282,27 @@ inbox_worker_exit(int code, Datum arg)
 /*
  * Why a subscription cannot run (NULL if it can); checked at each refresh,
  * so that a role or handler changed since inbox_subscribe() (its owner, a
- * revoked privilege) or a topic outbox.inbox_allowed_topics no longer
- * allows stops it.
+ * revoked privilege, a renamed or dropped function) or a topic
+ * outbox.inbox_allowed_topics no longer allows stops it.  *handler is set
+ * to the function the stored signature names, or InvalidOid
+ * (*handler_missing: the problem is that there is none).
  */
 static const char *
-subscription_problem(Oid owner, Oid handler, ArrayType *topics)
+subscription_problem(Oid owner, const char *signature, Oid *handler,
+					 ArrayType *topics, bool *handler_missing)
 {
 	Datum	   *elems;
 	int			n;
 	InboxHandlerProblem problem;
 
+	*handler = inbox_resolve_handler(signature);
+	*handler_missing = false;
 	if (!SearchSysCacheExists1(AUTHOID, ObjectIdGetDatum(owner)))
 		return "its role no longer exists";
 	if (superuser_arg(owner))
 		return "its role is a superuser: handlers never run as one";
-	problem = inbox_handler_problem(handler, owner);
+	problem = inbox_handler_problem(*handler, owner);
+	*handler_missing = (problem == HANDLER_MISSING);
 	if (problem != HANDLER_OK)
 		return inbox_handler_problem_text(problem);
 	deconstruct_array(topics, TEXTOID, -1, false, TYPALIGN_INT, &elems, NULL, &n);
@@ -309,6 +315,30 @@ subscription_problem(Oid owner, Oid handler, ArrayType *topics)
 			return psprintf("topic \"%s\" may not be subscribed to: %s", topic, why);
 	}
 	return NULL;
+}
+
+/*
+ * Say that a subscription is not applied, and why; a handler that is not
+ * found is named as stored, with what to do when it was renamed.
+ */
+static void
+report_unusable(const char *consumer, const char *problem,
+				const char *signature, bool handler_missing)
+{
+	if (handler_missing)
+		ereport(WARNING,
+				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
+				 errmsg("outbox inbox: subscription \"%s\" is not applied: %s",
+						consumer, problem),
+				 errdetail("No function %s exists.  A subscription names its handler by schema, name and argument types: a handler renamed, moved to another schema or dropped is not found.",
+						   signature),
+				 errhint("Call inbox_subscribe() again with the handler's current name.")));
+	else
+		ereport(WARNING,
+				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
+				 errmsg("outbox inbox: subscription \"%s\" is not applied: %s",
+						consumer, problem),
+				 errhint("Subscribe again as a role that owns and may execute the handler, to allowed topics.")));
 }
 
 /* This worker's state of a subscription, or NULL. */
@@ -338,26 +368,34 @@ refresh_subscriptions(void)
 {
 	ListCell   *lc;
 	MemoryContext old;
+	SPITupleTable *rows;
+	uint64		nrows;
 
 	if (!inbox_prepare_plans())
 		return false;
 	if (SPI_execute_plan(inbox_subs_plan, NULL, NULL, true, 0) != SPI_OK_SELECT)
 		elog(ERROR, "could not read inbox subscriptions");
+	/* Held: resolving a handler runs a subtransaction. */
+	rows = SPI_tuptable;
+	nrows = SPI_processed;
 
 	foreach(lc, subs)
 		((InboxSub *) lfirst(lc))->seen = false;
-	for (uint64 i = 0; i < SPI_processed; i++)
+	for (uint64 i = 0; i < nrows; i++)
 	{
-		HeapTuple	tup = SPI_tuptable->vals[i];
-		TupleDesc	desc = SPI_tuptable->tupdesc;
+		HeapTuple	tup = rows->vals[i];
+		TupleDesc	desc = rows->tupdesc;
 		bool		isnull;
 		char	   *consumer = SPI_getvalue(tup, desc, 1);
 		char	   *topics = SPI_getvalue(tup, desc, 3);
-		Oid			handler = DatumGetObjectId(SPI_getbinval(tup, desc, 4, &isnull));
+		char	   *signature = SPI_getvalue(tup, desc, 4);
+		Oid			handler;
+		bool		handler_missing;
 		Oid			owner = DatumGetObjectId(SPI_getbinval(tup, desc, 5, &isnull));
 		InboxSub   *sub = find_sub(consumer);
 		ArrayType  *topic_array = DatumGetArrayTypeP(SPI_getbinval(tup, desc, 2, &isnull));
-		const char *problem = subscription_problem(owner, handler, topic_array);
+		const char *problem = subscription_problem(owner, signature, &handler, topic_array,
+												   &handler_missing);
 
 		if (sub != NULL)
 		{
@@ -383,11 +421,7 @@ refresh_subscriptions(void)
 		if ((problem != NULL) == sub->usable)
 		{
 			if (problem)
-				ereport(WARNING,
-						(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
-						 errmsg("outbox inbox: subscription \"%s\" is not applied: %s",
-								consumer, problem),
-						 errhint("Subscribe again as a role that owns and may execute the handler, to allowed topics.")));
+				report_unusable(consumer, problem, signature, handler_missing);
 			sub->usable = (problem == NULL);
 		}
 		if (!sub->usable)

@@ -82,5 +82,6 @@ extern void inbox_sql_init(void);
 extern const char *inbox_topic_problem(const char *topic);
 extern InboxHandlerProblem inbox_handler_problem(Oid handler, Oid role);
 extern const char *inbox_handler_problem_text(InboxHandlerProblem problem);
+extern Oid	inbox_resolve_handler(const char *signature);
 
 #endif							/* OUTBOX_INBOX_WORKER_H */

@@ -82,11 +82,13 @@ sub extension_tables
 }
 
 # A copy, as text, of every row of the extension's tables in $db, in
-# schema upgrade_snap (dropped before the schema is compared).
+# schema upgrade_snap (dropped before the schema is compared).  Under
+# search_path pg_catalog, as rows_changed: a regprocedure (0.1.0's
+# inbox_subscription.handler) prints as the text 0.2.0 stores instead.
 sub snapshot_rows
 {
 	my ($node, $db, $tables) = @_;
-	my $sql = 'CREATE SCHEMA upgrade_snap;';
+	my $sql = 'SET search_path = pg_catalog; CREATE SCHEMA upgrade_snap;';
 	for my $name (sort keys %$tables)
 	{
 		my $cols = join(', ', map { "${_}::text AS $_" } @{ $tables->{$name} });
@@ -102,7 +104,7 @@ sub rows_changed
 	my ($node, $db, $name, $cols) = @_;
 	my $now = join(', ', map { "${_}::text" } @$cols);
 	my $then = join(', ', @$cols);
-	return $node->safe_psql($db, qq{
+	return $node->safe_psql($db, qq{SET search_path = pg_catalog;
 		SELECT 'missing ' || (SELECT count(*) FROM (SELECT $then FROM upgrade_snap.$name
 													EXCEPT ALL SELECT $now FROM public.$name) m)
 			|| ', new ' || (SELECT count(*) FROM (SELECT $now FROM public.$name
@@ -229,6 +231,12 @@ sub make_states
 	consumer_objects($node, 'consumer');
 	$t->{c}->(q{SET ROLE app;
 		SELECT inbox_subscribe('billing', ARRAY['orders'], 'app.apply(inbox_message)'::regprocedure)});
+	# A subscription whose handler was dropped (no worker saw it there).
+	$t->{c}->(q{SET ROLE app; BEGIN;
+		CREATE FUNCTION app.gone(m inbox_message) RETURNS void LANGUAGE sql AS 'SELECT';
+		SELECT inbox_subscribe('gone', ARRAY['orders'], 'app.gone(inbox_message)'::regprocedure);
+		DROP FUNCTION app.gone(inbox_message);
+		COMMIT});
 	emit($node, 'o-1', 'orders', 5);
 	emit($node, 'o-2', 'orders', 3);
 	emit($node, 'f-1', 'orders', 1, '{"fail": true}');
@@ -322,8 +330,11 @@ sub resume_pair
 	my ($t) = @_;
 	my ($node, $mk, $to) = @$t{qw(node mk to)};
 	my ($p, $c) = @$t{qw(p c)};
+	my $log_pos = -s $node->logfile;
 	$node->append_conf('postgresql.conf', $t->{serving});
 	$node->restart;
+	ok($node->wait_for_log(qr/subscription "gone" is not applied: its handler no longer exists/, $log_pos),
+		"$to: a subscription whose handler was dropped is still not applied, and says so");
 	cmp_ok($p->(q{SELECT id FROM outbox_emit('order', 'o-1', 'E', '{}', topic => 'orders')}), '>', $t->{max_id},
 		"$to: event ids go on");
 	$p->(q{SELECT outbox_resume('z-1')});

@@ -15,6 +15,9 @@
 #     not just CREATE EXTENSION) of the updated and of a fresh database,
 #     normalised (OIDs, relfrozenxids and a table's column order, which
 #     ALTER TABLE ... ADD COLUMN cannot follow, left out);
+#   - inbox_subscription.handler holds each handler's schema-qualified
+#     signature as text, and no table of the extension has a column of a
+#     reg* type pg_upgrade refuses;
 # and the updated database survives pg_dump and pg_restore; and with the
 # workers back, the pending events reach Kafka, each aggregate complete and
 # in version order, and the inbox applies the new events exactly once, from
@@ -72,6 +75,21 @@ sub update_pair
 		rows_kept($t, $db);
 	}
 	is($t->{p}->('SELECT count(*) FROM outbox_pending'), $t->{pending}, "$to: the same events pending");
+	is($t->{c}->(q{SELECT string_agg(consumer || ' ' || pg_typeof(handler) || ' '
+		|| CASE WHEN handler ~ '^[0-9]+$' THEN 'oid' ELSE handler END, ',' ORDER BY consumer) FROM inbox_subscription}),
+		'billing text app.apply(public.inbox_message),gone text oid',
+		"$to: each handler is its schema-qualified signature as text (a dropped one's OID)");
+	# pg_upgrade refuses a table with a column of these types (their OIDs
+	# change); regrole, regclass and regtype it keeps.
+	is($t->{c}->(q{SELECT string_agg(c.relname || '.' || a.attname, ',')
+		  FROM pg_depend d JOIN pg_class c ON c.oid = d.objid AND d.classid = 'pg_class'::regclass
+		  JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
+		 WHERE d.refclassid = 'pg_extension'::regclass AND d.deptype = 'e'
+		   AND d.refobjid = (SELECT oid FROM pg_extension WHERE extname = 'outbox')
+		   AND a.atttypid IN ('regproc'::regtype, 'regprocedure'::regtype, 'regoper'::regtype,
+			   'regoperator'::regtype, 'regconfig'::regtype, 'regdictionary'::regtype,
+			   'regnamespace'::regtype, 'regcollation'::regtype)}), '',
+		"$to: no table of the extension has a column pg_upgrade refuses");
 }
 
 # The updated database's objects equal a fresh install's, and the updated

@@ -18,7 +18,8 @@ my ($node, $mk) = inbox_setup('inbox_e2e', brokers => 3, topics => ["$topic:4"],
 setup_consumer($node, 'billing', $topic);
 
 is($node->safe_psql('consumer', 'SELECT consumer, topics, handler, owner FROM inbox_subscription'),
-	"billing|{outbox.event.load}|app.apply(inbox_message)|app", 'the subscription records the subscribing role');
+	"billing|{outbox.event.load}|app.apply(public.inbox_message)|app",
+	'the subscription records the subscribing role, and the handler schema-qualified');
 
 # Concurrent emitters with rollbacks.
 emit_load($node, clients => 4, transactions => 300, aggregates => 50, events_per_tx => 2);

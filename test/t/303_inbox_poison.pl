@@ -2,7 +2,7 @@
 # then blocked (inbox_retry / inbox_skip), dead-lettered or skipped as
 # outbox.inbox_poison_policy says; an upstream gap is applied and counted,
 # or blocks the partition (outbox.inbox_gap_policy).  Also: who may
-# subscribe, and with what handler.
+# subscribe, and with what handler; a renamed handler is no longer found.
 use strict;
 use warnings;
 
@@ -163,6 +163,12 @@ $node->safe_psql('consumer', q{SET ROLE app; CREATE SCHEMA evil;
 	SELECT public.inbox_subscribe('hijack', ARRAY['x'], 'app.apply(public.inbox_message)'::regprocedure)});
 unlike($err, qr/hijacked/, 'a caller\'s operator is not run by inbox_subscribe');
 is($rc, 0, 'and the subscription is made') or diag $err;
+# The handler is stored by its signature, every schema named whatever the
+# caller's search_path.
+$node->safe_psql('consumer', q{SET ROLE app; SET search_path = app, public;
+	SELECT inbox_subscribe('hijack', ARRAY['x'], 'apply(inbox_message)'::regprocedure)});
+is($node->safe_psql('consumer', q{SELECT handler FROM inbox_subscription WHERE consumer = 'hijack'}),
+	'app.apply(public.inbox_message)', 'the handler is stored schema-qualified');
 $node->safe_psql('consumer', q{SET ROLE app; SELECT inbox_unsubscribe('hijack')});
 
 # The consumer properties are checked when set.
@@ -170,6 +176,30 @@ $node->safe_psql('consumer', q{SET ROLE app; SELECT inbox_unsubscribe('hijack')}
 like($err, qr/Property "enable.auto.commit" is set by the inbox worker/, 'reserved consumer properties are refused');
 ($rc, $out, $err) = $node->psql('consumer', q{ALTER SYSTEM SET outbox.inbox_kafka_properties = 'no.such.thing=1'});
 like($err, qr/invalid value for parameter "outbox.inbox_kafka_properties"/, 'unknown consumer properties are refused');
+
+# The handler renamed: the subscription names it by its signature, so it
+# is no longer found; the worker says so and what to do, and runs it again
+# once subscribed with its new name.
+my $log_pos = -s $node->logfile;
+$node->safe_psql('consumer', 'SET ROLE app; ALTER FUNCTION app.apply(inbox_message) RENAME TO apply_v2');
+ok($node->wait_for_log(qr/subscription "billing" is not applied: its handler no longer exists\n.*DETAIL:  No function app\.apply\(public\.inbox_message\) exists\..*renamed.*\n.*HINT:  Call inbox_subscribe\(\) again with the handler's current name\./,
+	$log_pos), 'a renamed handler is not found: the worker says so, with what to do');
+emit('renamed', '{}');
+sleep 2;
+is($node->safe_psql('consumer', q{SELECT count(*) FROM app.applied WHERE aggregate_id = 'renamed'}), '0',
+	'nothing is applied meanwhile');
+$node->safe_psql('consumer', qq{SET ROLE app;
+	SELECT inbox_subscribe('billing', ARRAY['$topic'], 'app.apply_v2(inbox_message)'::regprocedure)});
+ok(poll_until($node, 'consumer', q{SELECT count(*) FROM app.applied WHERE aggregate_id = 'renamed'}, '1', 60),
+	'subscribed again with the new name, the handler runs');
+# Back to its name, subscribed again, and running before what follows.
+$node->safe_psql('consumer', qq{SET ROLE app; BEGIN;
+	ALTER FUNCTION app.apply_v2(inbox_message) RENAME TO apply;
+	SELECT inbox_subscribe('billing', ARRAY['$topic'], 'app.apply(inbox_message)'::regprocedure);
+	COMMIT});
+emit('renamed', '{}');
+ok(poll_until($node, 'consumer', q{SELECT count(*) FROM app.applied WHERE aggregate_id = 'renamed'}, '2', 60),
+	'and again under its old name');
 
 # A handler that became unusable is not run: its role lost EXECUTE.
 $node->safe_psql('consumer', 'REVOKE ALL ON SCHEMA app FROM app');
