@@ -971,12 +971,27 @@ main(int argc, char **argv)
 			   *slot = NULL,
 			   *publication = NULL,
 			   *mode;
-	const char **extra = calloc((size_t) argc, sizeof(char *));
-	int			nextra = 0;
+	ToolList	extra = {0};
 	long		poll_ms = 10;
 	bool		messages = false;
 	rd_kafka_t *rk;
 	int			rc;
+	const ToolOpt opts[] = {
+		{"--dsn", OPT_STRING, &dsn, 0, 0},
+		{"--brokers", OPT_STRING, &brokers, 0, 0},
+		{"--topic", OPT_STRING, &topic, 0, 0},
+		{"--queue", OPT_STRING, &queue, 0, 0},
+		{"--consumer", OPT_STRING, &consumer, 0, 0},
+		{"--slot", OPT_STRING, &slot, 0, 0},
+		{"--publication", OPT_STRING, &publication, 0, 0},
+		{"--messages", OPT_FLAG, &messages, 0, 0},
+		{"--poll-ms", OPT_LONG, &poll_ms, 0, 3600000},
+		{"--max-seconds", OPT_LONG, &max_seconds, 0, 86400},
+		{"--status-file", OPT_STRING, &status_file, 0, 0},
+		{"--latency-file", OPT_STRING, &latency_file, 0, 0},
+		{"-X", OPT_LIST, &extra, 0, 0},
+		{NULL, OPT_FLAG, NULL, 0, 0}
+	};
 
 	if (argc < 2 || (strcmp(argv[1], "pgq") != 0 && strcmp(argv[1], "logical") != 0))
 	{
@@ -984,46 +999,7 @@ main(int argc, char **argv)
 		return argc > 1 && strcmp(argv[1], "--help") == 0 ? 0 : 2;
 	}
 	mode = argv[1];
-	for (int i = 2; i < argc; i++)
-	{
-		const char *arg = argv[i];
-		const char *val = i + 1 < argc ? argv[i + 1] : NULL;
-
-		if (strcmp(arg, "--messages") == 0)
-		{
-			messages = true;
-			continue;
-		}
-		if (val == NULL)
-			fatal("option %s needs an argument or is unknown (try --help)", arg);
-		if (strcmp(arg, "--dsn") == 0)
-			dsn = val;
-		else if (strcmp(arg, "--brokers") == 0)
-			brokers = val;
-		else if (strcmp(arg, "--topic") == 0)
-			topic = val;
-		else if (strcmp(arg, "--queue") == 0)
-			queue = val;
-		else if (strcmp(arg, "--consumer") == 0)
-			consumer = val;
-		else if (strcmp(arg, "--slot") == 0)
-			slot = val;
-		else if (strcmp(arg, "--publication") == 0)
-			publication = val;
-		else if (strcmp(arg, "--poll-ms") == 0)
-			poll_ms = parse_long(arg, val, 0, 3600000);
-		else if (strcmp(arg, "--max-seconds") == 0)
-			max_seconds = parse_long(arg, val, 0, 86400);
-		else if (strcmp(arg, "--status-file") == 0)
-			status_file = val;
-		else if (strcmp(arg, "--latency-file") == 0)
-			latency_file = val;
-		else if (strcmp(arg, "-X") == 0)
-			extra[nextra++] = val;
-		else
-			fatal("unknown option \"%s\" (try --help)", arg);
-		i++;
-	}
+	parse_options(argc, argv, 2, opts, usage);
 	if (dsn == NULL || brokers == NULL)
 		fatal("--dsn and --brokers are required (try --help)");
 	if (strcmp(mode, "pgq") == 0 && (topic == NULL || queue == NULL))
@@ -1038,7 +1014,7 @@ main(int argc, char **argv)
 	rk = make_producer(brokers,
 					   strcmp(mode, "pgq") == 0 ? "outbox-bench-pgq" :
 					   messages ? "outbox-bench-logmsg" : "outbox-bench-logical",
-					   extra, nextra, dr_cb);
+					   &extra, dr_cb);
 	if (strcmp(mode, "pgq") == 0)
 		rc = run_pgq(dsn, rk, topic, queue, consumer, poll_ms);
 	else
