@@ -354,25 +354,36 @@ hole_append(Agg *a, int64_t lo, int64_t hi)
 	a->nholes++;
 }
 
+/* bsearch(3) order of a version (key) against a hole's range [lo, hi]. */
+static int
+cmp_version_hole(const void *key, const void *elem)
+{
+	int64_t		v = *(const int64_t *) key;
+	const Hole *h = elem;
+
+	return v < h->lo ? -1 : v > h->hi ? 1 : 0;
+}
+
+/* bsearch(3) order of a version (key) against a database event's. */
+static int
+cmp_version_event(const void *key, const void *elem)
+{
+	int64_t		v = *(const int64_t *) key;
+	const DbEvent *e = elem;
+
+	return v < e->version ? -1 : v > e->version ? 1 : 0;
+}
+
 /* Index of the hole containing v, or -1. */
 static int
 hole_find(const Agg *a, int64_t v)
 {
-	int			lo = 0;
-	int			hi = a->nholes - 1;
+	const Hole *h;
 
-	while (lo <= hi)
-	{
-		int			mid = lo + (hi - lo) / 2;
-
-		if (v < a->holes[mid].lo)
-			hi = mid - 1;
-		else if (v > a->holes[mid].hi)
-			lo = mid + 1;
-		else
-			return mid;
-	}
-	return -1;
+	if (a->nholes == 0)
+		return -1;
+	h = bsearch(&v, a->holes, (size_t) a->nholes, sizeof(Hole), cmp_version_hole);
+	return h ? (int) (h - a->holes) : -1;
 }
 
 /* Mark v (inside hole i) as seen. */
@@ -526,21 +537,11 @@ static void
 match_event(const rd_kafka_message_t *m, const Agg *a, int64_t version,
 			const char *event_id, size_t len)
 {
-	int			lo = 0;
-	int			hi = a->nevents - 1;
 	const DbEvent *found = NULL;
 
-	while (lo <= hi && found == NULL)
-	{
-		int			mid = lo + (hi - lo) / 2;
-
-		if (version < a->events[mid].version)
-			hi = mid - 1;
-		else if (version > a->events[mid].version)
-			lo = mid + 1;
-		else
-			found = &a->events[mid];
-	}
+	if (a->nevents > 0)
+		found = bsearch(&version, a->events, (size_t) a->nevents, sizeof(DbEvent),
+						cmp_version_event);
 	if (found != NULL && strlen(found->event_id) == len &&
 		memcmp(found->event_id, event_id, len) == 0)
 		return;
@@ -973,6 +974,30 @@ consume_all(rd_kafka_t *rk, int64_t deadline)
 	return true;
 }
 
+static void say_anomaly(const char *kind, const Agg *a, const char *tname,
+						int32_t partition, int64_t offset, const char *fmt,...)
+			__attribute__((format(printf, 6, 7)));
+
+/*
+ * With --verbose, say one anomaly at a message: "order_check: <kind>:
+ * aggregate <id> at <topic> [<partition>] offset <offset>: <what>".
+ */
+static void
+say_anomaly(const char *kind, const Agg *a, const char *tname, int32_t partition,
+			int64_t offset, const char *fmt,...)
+{
+	va_list		ap;
+
+	if (!opt_verbose)
+		return;
+	printf("order_check: %s: aggregate %s at %s [%" PRId32 "] offset %" PRId64 ": ",
+		   kind, a->id, tname, partition, offset);
+	va_start(ap, fmt);
+	vprintf(fmt, ap);
+	va_end(ap);
+	putchar('\n');
+}
+
 /* ---- judging ---- */
 
 static void
@@ -1015,11 +1040,9 @@ judge_part(int pidx)
 			else
 			{
 				n_gaps++;
-				if (opt_verbose)
-					printf("order_check: gap: aggregate %s at %s [%" PRId32
-						   "] offset %" PRId64 ": starts at version %" PRId64
-						   " (1..%" PRId64 " not seen)\n",
-						   a->id, tname, p->partition, rec->offset, v, v - 1);
+				say_anomaly("gap", a, tname, p->partition, rec->offset,
+							"starts at version %" PRId64 " (1..%" PRId64 " not seen)",
+							v, v - 1);
 			}
 			if (v > 1)
 				hole_append(a, 1, v - 1);
@@ -1033,12 +1056,9 @@ judge_part(int pidx)
 		else if (v > a->highest + 1)
 		{
 			n_gaps++;
-			if (opt_verbose)
-				printf("order_check: gap: aggregate %s at %s [%" PRId32
-					   "] offset %" PRId64 ": version %" PRId64 " after %"
-					   PRId64 " (%" PRId64 "..%" PRId64 " not seen)\n",
-					   a->id, tname, p->partition, rec->offset, v, a->highest,
-					   a->highest + 1, v - 1);
+			say_anomaly("gap", a, tname, p->partition, rec->offset,
+						"version %" PRId64 " after %" PRId64 " (%" PRId64 "..%"
+						PRId64 " not seen)", v, a->highest, a->highest + 1, v - 1);
 			hole_append(a, a->highest + 1, v - 1);
 			a->highest = v;
 		}
@@ -1049,22 +1069,15 @@ judge_part(int pidx)
 			if (h < 0)
 			{
 				n_duplicates++;
-				if (opt_verbose)
-					printf("order_check: duplicate: aggregate %s at %s [%"
-						   PRId32 "] offset %" PRId64 ": version %" PRId64
-						   " seen before (highest %" PRId64 ")\n",
-						   a->id, tname, p->partition, rec->offset, v,
-						   a->highest);
+				say_anomaly("duplicate", a, tname, p->partition, rec->offset,
+							"version %" PRId64 " seen before (highest %" PRId64 ")",
+							v, a->highest);
 			}
 			else
 			{
 				n_inversions++;
-				if (opt_verbose)
-					printf("order_check: inversion: aggregate %s at %s [%"
-						   PRId32 "] offset %" PRId64 ": version %" PRId64
-						   " after %" PRId64 "\n",
-						   a->id, tname, p->partition, rec->offset, v,
-						   a->highest);
+				say_anomaly("inversion", a, tname, p->partition, rec->offset,
+							"version %" PRId64 " after %" PRId64, v, a->highest);
 				hole_fill(a, h, v);
 			}
 		}
