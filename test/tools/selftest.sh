@@ -128,6 +128,29 @@ wait_exit()
 	return 1
 }
 
+# expect_exit_0 PID NAME: passes NAME if PID exits, with status 0, within 10 s.
+expect_exit_0()
+{
+	if wait_exit "$1" 10 && [ "$exit_status" -eq 0 ]; then
+		pass "$2"
+	else
+		fail "$2" "status ${exit_status:-still running}"
+	fi
+}
+
+# expect_signal_exit_0 SIGNAL BROKERS WHAT: a mock of BROKERS brokers (WHAT)
+# sent SIGNAL exits 0.
+expect_signal_exit_0()
+{
+	local name=${1,,}
+	if start_mock "$name" --brokers "$2"; then
+		kill "-$1" "$last_pid"
+		expect_exit_0 "$last_pid" "SIG$1 makes mock_kafka exit 0"
+	else
+		fail "start $3 mock" "$(cat "$work/$name.log")"
+	fi
+}
+
 ctl()
 {
 	"$MOCKCTL" "$work/main.control" "$@"
@@ -561,11 +584,7 @@ fi
 # ---------------------------------------------------------------------
 
 check_ctl "quit" 0 quit
-if wait_exit "$main_pid" 10 && [ "$exit_status" -eq 0 ]; then
-	pass "quit makes mock_kafka exit 0"
-else
-	fail "quit makes mock_kafka exit 0" "status ${exit_status:-still running}"
-fi
+expect_exit_0 "$main_pid" "quit makes mock_kafka exit 0"
 if [ ! -e "$work/main.control" ] && [ ! -e "$work/main.bootstrap" ]; then
 	pass "mock_kafka removes its files on exit"
 else
@@ -578,27 +597,8 @@ else
 	fail "mockctl fails when the mock is gone" "$out"
 fi
 
-if start_mock term --brokers 1; then
-	kill -TERM "$last_pid"
-	if wait_exit "$last_pid" 10 && [ "$exit_status" -eq 0 ]; then
-		pass "SIGTERM makes mock_kafka exit 0"
-	else
-		fail "SIGTERM makes mock_kafka exit 0" "status ${exit_status:-still running}"
-	fi
-else
-	fail "start single-broker mock" "$(cat "$work/term.log")"
-fi
-
-if start_mock int --brokers 2; then
-	kill -INT "$last_pid"
-	if wait_exit "$last_pid" 10 && [ "$exit_status" -eq 0 ]; then
-		pass "SIGINT makes mock_kafka exit 0"
-	else
-		fail "SIGINT makes mock_kafka exit 0" "status ${exit_status:-still running}"
-	fi
-else
-	fail "start two-broker mock" "$(cat "$work/int.log")"
-fi
+expect_signal_exit_0 TERM 1 single-broker
+expect_signal_exit_0 INT 2 two-broker
 
 if start_mock short --max-seconds 1; then
 	if wait_exit "$last_pid" 5; then
