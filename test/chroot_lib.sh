@@ -1,5 +1,6 @@
 # test/chroot_lib.sh: a brand-new Debian 12 for a test, sourced by
-# test/fresh_machine.sh and test/package.sh.
+# test/fresh_machine.sh and test/package.sh, or an overlay of a
+# test/matrix.sh lane's chroot (test/pg_upgrade.sh, test/bench/lane.sh).
 #
 # A `debootstrap --variant=minbase bookworm` base (only the essential
 # packages) is made once and kept as a tarball in $OUTBOX_FRESH_CACHE
@@ -7,15 +8,69 @@
 # directory.  apt in the chroot uses the mirror the host's apt uses
 # (test/apt_mirror.sh reads /etc/apt/sources.list*), or $OUTBOX_FRESH_MIRROR.
 #
-# The caller runs as root in a private mount namespace (unshare --mount
-# --propagation private), defines say MESSAGE and sets budget (seconds)
-# and start (its start time).  chroot_session NAME makes the work directory
-# $work, removed on exit (kept if $keep is set); chroot_new $work makes the
-# chroot $chroot_root in it; bounded COMMAND... runs within the budget.
+# The caller runs as root in a private mount namespace (require_root,
+# then enter_private_namespace, unshare --mount --propagation private),
+# defines say MESSAGE and sets budget (seconds) and start (its start time).
+# chroot_session NAME makes the work directory $work, removed on exit (kept
+# if $keep is set); chroot_new $work makes the chroot $chroot_root in it, or
+# chroot_overlay LOWER an overlay of LOWER; bounded COMMAND... runs within
+# the budget.
 
 chroot_root=
 chroot_mounts=()
 chroot_name=
+
+# parse_flags USAGE FLAG... -- ARG...: for each ARG, one of the FLAGs
+# (--keep, --fresh), sets the variable of that name (keep, fresh) to 1; any
+# other ARG exits 2 with "usage: USAGE".
+parse_flags() {
+	local usage=$1 a
+	local -a flags=()
+	shift
+	while [ "$1" != -- ]; do
+		flags+=("$1")
+		shift
+	done
+	shift
+	for a in "$@"; do
+		case " ${flags[*]} " in
+			*" $a "*) printf -v "${a#--}" 1 ;;
+			*) echo "usage: $usage" >&2; exit 2 ;;
+		esac
+	done
+}
+
+# require_root NAME WHY: exits 2 saying NAME must run as root (WHY) unless
+# it does.
+require_root() {
+	if [ "$(id -u)" != 0 ]; then
+		echo "$1: must run as root ($2)" >&2
+		exit 2
+	fi
+}
+
+# enter_private_namespace PREFIX SCRIPT ARGS...: unless PREFIX_NS says this
+# is the re-run, runs SCRIPT ARGS... again in a private mount namespace (the
+# chroot's mounts stay invisible to the host and vanish with it), with
+# PREFIX_START the time of the first run; then sets start from it.
+enter_private_namespace() {
+	local ns=${1}_NS at=${1}_START
+	shift
+	if [ -z "${!ns:-}" ]; then
+		exec env "$ns=1" "$at=$(date +%s)" unshare --mount --propagation private -- "$@"
+	fi
+	start=${!at:-$(date +%s)}
+}
+
+# copy_tree SRC DEST: the tree tested, into DEST: the tracked files as they
+# are (git ls-files), or the whole tree without .git.
+copy_tree() {
+	if git -C "$1" rev-parse --is-inside-work-tree >/dev/null 2>&1; then
+		(cd "$1" && git ls-files -z | tar --null -T - -cf -) | tar -C "$2" -xf -
+	else
+		tar -C "$1" --exclude=.git -cf - . | tar -C "$2" -xf -
+	fi
+}
 
 # chroot_session NAME: $work, a new /var/tmp/outbox-NAME.XXXXXX, cleaned up
 # on exit.
@@ -133,6 +188,19 @@ chroot_mount() {
 		mount ${spec#* } "$target" || { echo "chroot: cannot mount $target" >&2; return 1; }
 		chroot_mounts+=("$target")
 	done
+}
+
+# chroot_overlay LOWER: $chroot_root, $work/root, a copy-on-write overlay of
+# the chroot LOWER (left as it is: writes go to $work/upper), mounted
+# (chroot_mount) and with the host's DNS.
+chroot_overlay() {
+	chroot_root=$work/root
+	mkdir "$chroot_root" "$work/upper" "$work/overlay-work" || return 1
+	mount -t overlay overlay -o "lowerdir=$1,upperdir=$work/upper,workdir=$work/overlay-work" \
+		"$chroot_root" || { echo "chroot: cannot mount an overlay of $1" >&2; return 1; }
+	chroot_mounts=("$chroot_root")
+	chroot_mount || return 1
+	cp /etc/resolv.conf "$chroot_root/etc/resolv.conf"
 }
 
 # chroot_cleanup: stops every process still running inside the chroot and

@@ -38,37 +38,23 @@ set -uo pipefail
 # the file during a run (e.g. checking out another commit) cannot break it.
 {
 
+src=$(cd "$(dirname "$0")/.." && pwd)
+# shellcheck source=test/chroot_lib.sh
+. "$src/test/chroot_lib.sh"
 fresh=
 keep=
-for a in "$@"; do
-	case $a in
-		--fresh) fresh=1 ;;
-		--keep) keep=1 ;;
-		*) echo "usage: $0 [--fresh] [--keep]" >&2; exit 2 ;;
-	esac
-done
-
-if [ "$(id -u)" != 0 ]; then
-	echo "fresh_machine: must run as root (debootstrap, chroot, mount)" >&2
-	exit 2
-fi
+parse_flags "$0 [--fresh] [--keep]" --fresh --keep -- "$@"
+require_root fresh_machine "debootstrap, chroot, mount"
 
 for c in git unshare mount chroot timeout tar; do
 	command -v "$c" >/dev/null || { echo "fresh_machine: command '$c' not found on the host" >&2; exit 2; }
 done
 
-src=$(cd "$(dirname "$0")/.." && pwd)
 budget=${OUTBOX_FRESH_TIMEOUT:-5400}
 
 # Private mount namespace: the chroot's mounts stay invisible to the host
 # and are dropped by the kernel when the last process in it exits.
-if [ -z "${OUTBOX_FRESH_NS:-}" ]; then
-	exec env OUTBOX_FRESH_NS=1 OUTBOX_FRESH_START="$(date +%s)" \
-		unshare --mount --propagation private -- "$0" "$@"
-fi
-start=${OUTBOX_FRESH_START:-$(date +%s)}
-# shellcheck source=test/chroot_lib.sh
-. "$src/test/chroot_lib.sh"
+enter_private_namespace OUTBOX_FRESH "$0" "$@"
 
 say() { echo "== fresh_machine: $*"; }
 chroot_session fresh

@@ -27,28 +27,14 @@
 set -uo pipefail
 {
 
-keep=
-for a in "$@"; do
-	case $a in
-		--keep) keep=1 ;;
-		*) echo "usage: $0 [--keep]" >&2; exit 2 ;;
-	esac
-done
-if [ "$(id -u)" != 0 ]; then
-	echo "package: must run as root (apt-get, debootstrap, chroot, mount)" >&2
-	exit 2
-fi
-
 src=$(cd "$(dirname "$0")/.." && pwd)
-# Private mount namespace: the chroot's mounts vanish with it.
-if [ -z "${OUTBOX_PACKAGE_NS:-}" ]; then
-	exec env OUTBOX_PACKAGE_NS=1 OUTBOX_PACKAGE_START="$(date +%s)" \
-		unshare --mount --propagation private -- "$0" "$@"
-fi
-start=${OUTBOX_PACKAGE_START:-$(date +%s)}
-budget=${OUTBOX_PACKAGE_TIMEOUT:-1200}
 # shellcheck source=test/chroot_lib.sh
 . "$src/test/chroot_lib.sh"
+keep=
+parse_flags "$0 [--keep]" --keep -- "$@"
+require_root package "apt-get, debootstrap, chroot, mount"
+enter_private_namespace OUTBOX_PACKAGE "$0" "$@"
+budget=${OUTBOX_PACKAGE_TIMEOUT:-1200}
 
 say() { echo "== package: $*"; }
 fail() { echo "package: FAIL ($*; logs in $work)"; keep=1; exit 1; }
@@ -59,11 +45,7 @@ chroot_session package
 # test/deb_build.sh installs the build tools it misses; chroot_new debootstrap.
 
 mkdir "$work/build" "$work/build/outbox"
-if git -C "$src" rev-parse --is-inside-work-tree >/dev/null 2>&1; then
-	(cd "$src" && git ls-files -z | tar --null -T - -cf -) | tar -C "$work/build/outbox" -xf -
-else
-	tar -C "$src" --exclude=.git -cf - . | tar -C "$work/build/outbox" -xf -
-fi
+copy_tree "$src" "$work/build/outbox"
 say "dpkg-buildpackage -us -uc -b, lintian (test/deb_build.sh)"
 bounded bash "$src/test/deb_build.sh" "$work/build/outbox" || fail "the build or lintian"
 deb=$(cd "$work/build" && ls postgresql-15-outbox_*_*.deb 2>/dev/null | head -n 1)

@@ -45,49 +45,32 @@ case $pair in
 	17-18) lane=sid old_suite=trixie ;;
 esac
 old=${pair%-*} new=${pair#*-}
-if [ "$(id -u)" != 0 ]; then
-	echo "pg_upgrade: must run as root (chroot, mount)" >&2
-	exit 2
-fi
 src=$(cd "$(dirname "$0")/.." && pwd)
+# shellcheck source=test/chroot_lib.sh
+. "$src/test/chroot_lib.sh"
+require_root pg_upgrade "chroot, mount"
 lower=${OUTBOX_MATRIX_CACHE:-/var/cache/outbox-matrix}/$lane
 if [ ! -x "$lower/usr/lib/postgresql/$new/bin/pg_ctl" ]; then
 	echo "pg_upgrade: no $lane chroot with PostgreSQL $new in $lower: run test/matrix.sh $lane first" >&2
 	exit 2
 fi
 # Private mount namespace: the overlay and the chroot's mounts vanish with it.
-if [ -z "${OUTBOX_PG_UPGRADE_NS:-}" ]; then
-	exec env OUTBOX_PG_UPGRADE_NS=1 OUTBOX_PG_UPGRADE_START="$(date +%s)" \
-		unshare --mount --propagation private -- "$0" "$@"
-fi
-start=${OUTBOX_PG_UPGRADE_START:-$(date +%s)}
+enter_private_namespace OUTBOX_PG_UPGRADE "$0" "$@"
 budget=${OUTBOX_PG_UPGRADE_TIMEOUT:-900}
-# shellcheck source=test/chroot_lib.sh
-. "$src/test/chroot_lib.sh"
 
 say() { echo "== pg_upgrade: $*"; }
 fail() { echo "pg_upgrade: FAIL ($1; logs in $work)"; keep=1; exit "${2:-1}"; }
 
 chroot_session pg_upgrade
 chroot_mirrors || fail "no mirror"
-chroot_root=$work/root
-mkdir "$chroot_root" "$work/upper" "$work/overlay-work"
-mount -t overlay overlay -o "lowerdir=$lower,upperdir=$work/upper,workdir=$work/overlay-work" \
-	"$chroot_root" || fail "cannot mount an overlay of $lower"
-chroot_mounts=("$chroot_root")
-chroot_mount || fail "mounts"
-cp /etc/resolv.conf "$chroot_root/etc/resolv.conf"
+chroot_overlay "$lower" || fail "cannot mount an overlay of $lower"
 {
 	echo "deb $mirror $old_suite main"
 	echo "deb $mirror $old_suite-updates main"
 	[ -n "$security_mirror" ] && echo "deb $security_mirror $old_suite-security main"
 } >"$chroot_root/etc/apt/sources.list.d/$old_suite.list"
 mkdir "$chroot_root/root/outbox-upgrade"
-if git -C "$src" rev-parse --is-inside-work-tree >/dev/null 2>&1; then
-	(cd "$src" && git ls-files -z | tar --null -T - -cf -) | tar -C "$chroot_root/root/outbox-upgrade" -xf -
-else
-	tar -C "$src" --exclude=.git -cf - . | tar -C "$chroot_root/root/outbox-upgrade" -xf -
-fi
+copy_tree "$src" "$chroot_root/root/outbox-upgrade"
 
 say "$lane ($lower, overlaid) with $old_suite's sources: postgresql-$old beside postgresql-$new"
 bounded chroot "$chroot_root" /usr/bin/env -i HOME=/root TERM=dumb DEBIAN_FRONTEND=noninteractive \

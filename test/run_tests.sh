@@ -74,6 +74,22 @@ result() {
 	fi
 }
 
+# installcheck_suite SUITE VAR DIR GLOB SUFFIX DIFFS: `make installcheck`
+# with VAR (REGRESS or ISOLATION) the tests of DIR matching GLOB (the other
+# kinds empty), DIFFS shown on failure.
+installcheck_suite() {
+	local rc=0 tests
+	local -A kinds=([REGRESS]= [ISOLATION]=)
+	tests=$(list_tests "$3" "$4" "$5") || rc=$?
+	if [ "$rc" = 0 ]; then
+		kinds[$2]=$(echo $tests)
+		make -s -C "$src" installcheck REGRESS="${kinds[REGRESS]}" \
+			ISOLATION="${kinds[ISOLATION]}" TAP_TESTS= || rc=$?
+	fi
+	[ "$rc" != 0 ] && cat "$6" 2>/dev/null | head -200
+	result "$1" $rc
+}
+
 needs_cluster() {
 	[ -d "$work/data" ] && return 0
 	# The pgTAP cluster, set up as make installcheck's temporary instances
@@ -94,18 +110,12 @@ needs_cluster() {
 for suite in $suites; do
 	case $suite in
 		regress)
-			rc=0
-			tests=$(list_tests "$src/test/sql" '[0-9]*.sql' '\.sql') &&
-			make -s -C "$src" installcheck REGRESS="$(echo $tests)" ISOLATION= TAP_TESTS= || rc=$?
-			[ "$rc" != 0 ] && cat "$src/regression.diffs" 2>/dev/null | head -200
-			result regress $rc
+			installcheck_suite regress REGRESS "$src/test/sql" '[0-9]*.sql' '\.sql' \
+				"$src/regression.diffs"
 			;;
 		isolation)
-			rc=0
-			tests=$(list_tests "$src/test/isolation/specs" '*.spec' '\.spec') &&
-			make -s -C "$src" installcheck ISOLATION="$(echo $tests)" REGRESS= TAP_TESTS= || rc=$?
-			[ "$rc" != 0 ] && cat "$src/output_iso/regression.diffs" 2>/dev/null | head -200
-			result isolation $rc
+			installcheck_suite isolation ISOLATION "$src/test/isolation/specs" '*.spec' '\.spec' \
+				"$src/output_iso/regression.diffs"
 			;;
 		pgtap)
 			needs_cluster

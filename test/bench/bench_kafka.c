@@ -1,8 +1,10 @@
 /*-------------------------------------------------------------------------
  *
  * bench_kafka.c
- *		Helpers shared by the benchmark tools: dying with a message, a clock,
- *		option parsing, checked libpq statements, and the one producer set-up
+ *		Helpers shared by the benchmark tools (with test/tools/tool_common.c
+ *		for dying, option parsing and librdkafka properties): a clock, the
+ *		status file, checked libpq statements, the inbox baselines' consumer
+ *		and connection, and the one producer set-up
  *		every Kafka-writing baseline uses (relay.c, peers.c), so that they
  *		differ from the extension in what they read, never in how they send.
  *
@@ -23,20 +25,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-
-/* Print "<program>: <message>" and exit with status 1. */
-void
-fatal(const char *fmt,...)
-{
-	va_list		ap;
-
-	fprintf(stderr, "%s: ", program_invocation_short_name);
-	va_start(ap, fmt);
-	vfprintf(stderr, fmt, ap);
-	va_end(ap);
-	fputc('\n', stderr);
-	exit(1);
-}
 
 /* Monotonic seconds. */
 double
@@ -70,20 +58,6 @@ write_status_file(const char *path, long settled, double last_settle,
 		fatal("could not write \"%s\": %s", path, strerror(errno));
 }
 
-/* Parse a decimal option value within [min, max], or die naming the option. */
-long
-parse_long(const char *opt, const char *val, long min, long max)
-{
-	char	   *end;
-	long		n;
-
-	errno = 0;
-	n = strtol(val, &end, 10);
-	if (errno || end == val || *end || n < min || n > max)
-		fatal("invalid %s \"%s\"", opt, val);
-	return n;
-}
-
 /* Run a statement (simple protocol) that must end in want; the result is the caller's. */
 PGresult *
 exec_ok(PGconn *conn, const char *sql, ExecStatusType want)
@@ -106,19 +80,9 @@ exec_params(PGconn *conn, const char *sql, int n, const char *const *params, Exe
 	return res;
 }
 
-/* Set one librdkafka property or die. */
-void
-conf_set(rd_kafka_conf_t *conf, const char *prop, const char *val)
-{
-	char		errstr[512];
-
-	if (rd_kafka_conf_set(conf, prop, val, errstr, sizeof(errstr)) != RD_KAFKA_CONF_OK)
-		fatal("%s", errstr);
-}
-
 /* The benchmark's producer (see the file header); says its settings on stderr. */
 rd_kafka_t *
-make_producer(const char *brokers, const char *client_id, const char **extra, int nextra,
+make_producer(const char *brokers, const char *client_id, const ToolList *extra,
 			  void (*dr_cb) (rd_kafka_t *rk, const rd_kafka_message_t *m, void *opaque))
 {
 	rd_kafka_conf_t *conf = rd_kafka_conf_new();
@@ -131,17 +95,7 @@ make_producer(const char *brokers, const char *client_id, const char **extra, in
 	conf_set(conf, "client.id", client_id);
 	conf_set(conf, "enable.idempotence", "true");
 	conf_set(conf, "partitioner", "murmur2_random");
-	for (int i = 0; i < nextra; i++)
-	{
-		char	   *prop = strdup(extra[i]);
-		char	   *eq = prop ? strchr(prop, '=') : NULL;
-
-		if (eq == NULL)
-			fatal("-X wants PROP=VAL, got \"%s\"", extra[i]);
-		*eq = '\0';
-		conf_set(conf, prop, eq + 1);
-		free(prop);
-	}
+	conf_set_extra(conf, extra);
 	if (rd_kafka_conf_get(conf, "linger.ms", linger, &sz) != RD_KAFKA_CONF_OK)
 		strcpy(linger, "?");
 	fprintf(stderr, "%s: %s, librdkafka %s, enable.idempotence=true partitioner=murmur2_random linger.ms=%s\n",
@@ -150,5 +104,87 @@ make_producer(const char *brokers, const char *client_id, const char **extra, in
 	rk = rd_kafka_new(RD_KAFKA_PRODUCER, conf, errstr, sizeof(errstr));
 	if (rk == NULL)
 		fatal("could not create producer: %s", errstr);
+	return rk;
+}
+
+/*
+ * Parse an inbox baseline's command line: the options both share into o
+ * (--max-seconds defaults to 600), then the tool's own in more (a table
+ * ended by a NULL name); die with the usage if a required one is missing.
+ */
+void
+parse_inbox_options(int argc, char **argv, InboxOptions *o, const ToolOpt *more)
+{
+	const ToolOpt common[] = {
+		{"--dsn", OPT_STRING, &o->dsn, 0, 0},
+		{"--brokers", OPT_STRING, &o->brokers, 0, 0},
+		{"--topic", OPT_STRING, &o->topic, 0, 0},
+		{"--group", OPT_STRING, &o->group, 0, 0},
+		{"--events", OPT_LONG, &o->events, 1, 1L << 40},
+		{"--max-seconds", OPT_DOUBLE, &o->max_seconds, 0, 86400},
+	};
+	const int	ncommon = sizeof(common) / sizeof(common[0]);
+	int			nmore = 0;
+	ToolOpt    *opts;
+
+	while (more[nmore].name != NULL)
+		nmore++;
+	opts = calloc((size_t) (ncommon + nmore + 1), sizeof(ToolOpt));
+	if (opts == NULL)
+		fatal("out of memory");
+	memcpy(opts, common, sizeof(common));
+	memcpy(opts + ncommon, more, (size_t) nmore * sizeof(ToolOpt));
+	memset(o, 0, sizeof(*o));
+	o->max_seconds = 600;
+	parse_options(argc, argv, 1, opts, NULL);
+	free(opts);
+	if (!o->dsn || !o->brokers || !o->topic || !o->group || o->events <= 0)
+		fatal("usage: %s --dsn DSN --brokers LIST --topic T --group G --events N",
+			  program_invocation_short_name);
+}
+
+/* Connect to dsn or die. */
+PGconn *
+connect_db(const char *dsn)
+{
+	PGconn	   *conn = PQconnectdb(dsn);
+
+	if (PQstatus(conn) != CONNECTION_OK)
+		fatal("could not connect: %s", PQerrorMessage(conn));
+	return conn;
+}
+
+/*
+ * The inbox baselines' consumer: a high-level consumer of group on
+ * brokers, with settings (NULL-ended name, value pairs) and an optional
+ * rebalance callback, subscribed to topic.
+ */
+rd_kafka_t *
+subscribe_consumer(const char *brokers, const char *group, const char *topic,
+				   const char *const *settings,
+				   void (*rebalance_cb) (rd_kafka_t *rk, rd_kafka_resp_err_t err,
+										 rd_kafka_topic_partition_list_t *parts,
+										 void *opaque))
+{
+	rd_kafka_conf_t *conf = rd_kafka_conf_new();
+	rd_kafka_topic_partition_list_t *tl;
+	char		errstr[512];
+	rd_kafka_t *rk;
+
+	conf_set(conf, "bootstrap.servers", brokers);
+	conf_set(conf, "group.id", group);
+	for (int i = 0; settings[i] != NULL; i += 2)
+		conf_set(conf, settings[i], settings[i + 1]);
+	if (rebalance_cb != NULL)
+		rd_kafka_conf_set_rebalance_cb(conf, rebalance_cb);
+	rk = rd_kafka_new(RD_KAFKA_CONSUMER, conf, errstr, sizeof(errstr));
+	if (rk == NULL)
+		fatal("could not create consumer: %s", errstr);
+	rd_kafka_poll_set_consumer(rk);
+	tl = rd_kafka_topic_partition_list_new(1);
+	rd_kafka_topic_partition_list_add(tl, topic, RD_KAFKA_PARTITION_UA);
+	if (rd_kafka_subscribe(rk, tl))
+		fatal("could not subscribe to \"%s\"", topic);
+	rd_kafka_topic_partition_list_destroy(tl);
 	return rk;
 }

@@ -2,9 +2,10 @@
  *
  * bench_kafka.h
  *		What the benchmark tools (relay, peers, drain_wait, the inbox consumers)
- *		share: dying with a message, a clock, option parsing, the status
- *		file a publisher reports its progress in, checked libpq statements
- *		and the benchmark's librdkafka producer.
+ *		share: all of test/tools/tool_common.h (dying with a message, option
+ *		parsing, librdkafka properties), a clock, the status file a
+ *		publisher reports its progress in, checked libpq statements, the
+ *		inbox baselines' consumer and the benchmark's librdkafka producer.
  *
  * test/bench/bench_kafka.h
  *
@@ -16,9 +17,9 @@
 #include <libpq-fe.h>
 #include <librdkafka/rdkafka.h>
 
-extern void fatal(const char *fmt,...) __attribute__((format(printf, 1, 2), noreturn));
+#include "tool_common.h"
+
 extern double now_s(void);
-extern long parse_long(const char *opt, const char *val, long min, long max);
 extern void write_status_file(const char *path, long settled, double last_settle,
 							  long acked, int paused);
 
@@ -26,9 +27,28 @@ extern PGresult *exec_ok(PGconn *conn, const char *sql, ExecStatusType want);
 extern PGresult *exec_params(PGconn *conn, const char *sql, int n,
 							 const char *const *params, ExecStatusType want);
 
-extern void conf_set(rd_kafka_conf_t *conf, const char *prop, const char *val);
+/* The command line both inbox baselines share. */
+typedef struct InboxOptions
+{
+	const char *dsn;
+	const char *brokers;
+	const char *topic;
+	const char *group;
+	long		events;
+	double		max_seconds;
+} InboxOptions;
+
+extern void parse_inbox_options(int argc, char **argv, InboxOptions *o,
+								const ToolOpt *more);
+extern PGconn *connect_db(const char *dsn);
+extern rd_kafka_t *subscribe_consumer(const char *brokers, const char *group,
+									  const char *topic, const char *const *settings,
+									  void (*rebalance_cb) (rd_kafka_t *rk,
+															rd_kafka_resp_err_t err,
+															rd_kafka_topic_partition_list_t *parts,
+															void *opaque));
 extern rd_kafka_t *make_producer(const char *brokers, const char *client_id,
-								 const char **extra, int nextra,
+								 const ToolList *extra,
 								 void (*dr_cb) (rd_kafka_t *rk,
 												const rd_kafka_message_t *m,
 												void *opaque));

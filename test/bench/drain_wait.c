@@ -111,41 +111,25 @@ progress(const Options *o, PGconn *conn, double *last)
 
 /* Parse the command line into o, or die with the usage. */
 static void
-parse_options(int argc, char **argv, Options *o)
+read_options(int argc, char **argv, Options *o)
 {
+	const ToolOpt opts[] = {
+		{"--counter", OPT_FLAG, &o->counter, 0, 0},
+		{"--dsn", OPT_STRING, &o->dsn, 0, 0},
+		{"--status-file", OPT_STRING, &o->status_file, 0, 0},
+		{"--events", OPT_LONG, &o->events, 1, 1000000000},
+		{"--base", OPT_LONG, &o->base, 0, 1000000000000L},
+		{"--exec", OPT_STRING, &o->exec, 0, 0},
+		{"--interval-ms", OPT_LONG, &o->interval_ms, 1, 3600000},
+		{"--timeout-s", OPT_LONG, &o->timeout_s, 1, 86400},
+		{NULL, OPT_FLAG, NULL, 0, 0}
+	};
+
 	memset(o, 0, sizeof(*o));
 	o->base = -1;
 	o->interval_ms = 20;
 	o->timeout_s = 600;
-	for (int i = 1; i < argc; i++)
-	{
-		const char *val = i + 1 < argc ? argv[i + 1] : NULL;
-
-		if (strcmp(argv[i], "--counter") == 0)
-		{
-			o->counter = true;
-			continue;
-		}
-		if (val == NULL)
-			fatal("option %s needs an argument", argv[i]);
-		if (strcmp(argv[i], "--dsn") == 0)
-			o->dsn = val;
-		else if (strcmp(argv[i], "--status-file") == 0)
-			o->status_file = val;
-		else if (strcmp(argv[i], "--events") == 0)
-			o->events = parse_long(argv[i], val, 1, 1000000000);
-		else if (strcmp(argv[i], "--base") == 0)
-			o->base = parse_long(argv[i], val, 0, 1000000000000L);
-		else if (strcmp(argv[i], "--exec") == 0)
-			o->exec = val;
-		else if (strcmp(argv[i], "--interval-ms") == 0)
-			o->interval_ms = parse_long(argv[i], val, 1, 3600000);
-		else if (strcmp(argv[i], "--timeout-s") == 0)
-			o->timeout_s = parse_long(argv[i], val, 1, 86400);
-		else
-			fatal("unknown option \"%s\"", argv[i]);
-		i++;
-	}
+	parse_options(argc, argv, 1, opts, NULL);
 	if (o->dsn == NULL || (o->status_file != NULL) + o->counter != 1 || o->events < 1)
 		fatal("usage: drain_wait --dsn DSN {--counter | --status-file F} --events N [--base B] [--exec SQL] [--interval-ms 20] [--timeout-s 600]");
 }
@@ -206,7 +190,7 @@ main(int argc, char **argv)
 				t0,
 				t1;
 
-	parse_options(argc, argv, &o);
+	read_options(argc, argv, &o);
 	conn = PQconnectdb(o.dsn);
 	if (PQstatus(conn) != CONNECTION_OK)
 		fatal("could not connect: %s", PQerrorMessage(conn));

@@ -249,65 +249,35 @@ self_cpu_s(void)
 int
 main(int argc, char **argv)
 {
-	const char *dsn = NULL,
-			   *brokers = NULL,
-			   *topic = NULL,
-			   *table = "bench_applied";
-	long		events = 0,
-				done = 0,
+	InboxOptions o;
+	const char *table = "bench_applied";
+	long		done = 0,
 				batch = 1000,
 				batch_ms = 100;
-	double		max_seconds = 600,
-				t0 = 0,
+	double		t0 = 0,
 				c0 = 0,
 				b0 = 0,
 				start = now_s();
-	char		errstr[512];
-	rd_kafka_conf_t *conf;
 	rd_kafka_t *rk;
-	rd_kafka_topic_partition_list_t *tl;
 	rd_kafka_message_t **msgs;
 	int			backend;
+	const char *const settings[] = {"enable.auto.commit", "false", NULL};
+	const ToolOpt opts[] = {
+		{"--table", OPT_STRING, &table, 0, 0},
+		{"--batch", OPT_LONG, &batch, 1, 1000000},
+		{"--batch-ms", OPT_LONG, &batch_ms, 1, 60000},
+		{NULL, OPT_FLAG, NULL, 0, 0}
+	};
 
-	for (int i = 1; i + 1 < argc; i += 2)
-	{
-		if (strcmp(argv[i], "--dsn") == 0) dsn = argv[i + 1];
-		else if (strcmp(argv[i], "--brokers") == 0) brokers = argv[i + 1];
-		else if (strcmp(argv[i], "--topic") == 0) topic = argv[i + 1];
-		else if (strcmp(argv[i], "--group") == 0) group = argv[i + 1];
-		else if (strcmp(argv[i], "--events") == 0) events = parse_long("--events", argv[i + 1], 1, 1L << 40);
-		else if (strcmp(argv[i], "--table") == 0) table = argv[i + 1];
-		else if (strcmp(argv[i], "--batch") == 0) batch = parse_long("--batch", argv[i + 1], 1, 1000000);
-		else if (strcmp(argv[i], "--batch-ms") == 0) batch_ms = parse_long("--batch-ms", argv[i + 1], 1, 60000);
-		else if (strcmp(argv[i], "--max-seconds") == 0) max_seconds = atof(argv[i + 1]);
-		else fatal("unknown option \"%s\"", argv[i]);
-	}
-	if (!dsn || !brokers || !topic || !group || events <= 0)
-		fatal("usage: inbox_batch_consumer --dsn DSN --brokers LIST --topic T --group G --events N");
-
+	parse_inbox_options(argc, argv, &o, opts);
+	group = o.group;
 	snprintf(copy_sql, sizeof(copy_sql), "COPY public.%s (aggregate_id, version, payload) FROM STDIN", table);
-	db = PQconnectdb(dsn);
-	if (PQstatus(db) != CONNECTION_OK)
-		fatal("could not connect: %s", PQerrorMessage(db));
+	db = connect_db(o.dsn);
 	backend = PQbackendPID(db);
-
-	conf = rd_kafka_conf_new();
-	conf_set(conf, "bootstrap.servers", brokers);
-	conf_set(conf, "group.id", group);
-	conf_set(conf, "enable.auto.commit", "false");
-	rd_kafka_conf_set_rebalance_cb(conf, rebalance_cb);
-	rk = rd_kafka_new(RD_KAFKA_CONSUMER, conf, errstr, sizeof(errstr));
-	if (!rk)
-		fatal("could not create consumer: %s", errstr);
-	rd_kafka_poll_set_consumer(rk);
-	tl = rd_kafka_topic_partition_list_new(1);
-	rd_kafka_topic_partition_list_add(tl, topic, RD_KAFKA_PARTITION_UA);
-	if (rd_kafka_subscribe(rk, tl))
-		fatal("could not subscribe to \"%s\"", topic);
-	rd_kafka_topic_partition_list_destroy(tl);
+	rk = subscribe_consumer(o.brokers, o.group, o.topic, settings, rebalance_cb);
 	msgs = malloc(sizeof(*msgs) * batch);
 
-	while (done < events && now_s() - start < max_seconds)
+	while (done < o.events && now_s() - start < o.max_seconds)
 	{
 		int			n = 0;
 		double		first = 0;
@@ -357,5 +327,5 @@ main(int argc, char **argv)
 	rd_kafka_destroy(rk);
 	PQfinish(db);
 	free(msgs);
-	return done >= events ? 0 : 1;
+	return done >= o.events ? 0 : 1;
 }

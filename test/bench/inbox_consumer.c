@@ -56,56 +56,29 @@ header(rd_kafka_message_t *m, const char *name, char *buf, size_t len)
 int
 main(int argc, char **argv)
 {
-	const char *dsn = NULL,
-			   *brokers = NULL,
-			   *topic = NULL,
-			   *group = NULL,
-			   *consumer = "hand";
-	long		events = 0,
-				done = 0;
-	double		max_seconds = 600,
-				t0 = 0,
+	InboxOptions o;
+	const char *consumer = "hand";
+	long		done = 0;
+	double		t0 = 0,
 				start = now_s();
-	char		errstr[512];
-	rd_kafka_conf_t *conf;
 	rd_kafka_t *rk;
 	rd_kafka_topic_partition_list_t *tl;
 	PGconn	   *db;
+	const char *const settings[] = {
+		"auto.offset.reset", "earliest",
+		"enable.auto.offset.store", "false",
+		NULL
+	};
+	const ToolOpt opts[] = {
+		{"--consumer", OPT_STRING, &consumer, 0, 0},
+		{NULL, OPT_FLAG, NULL, 0, 0}
+	};
 
-	for (int i = 1; i + 1 < argc; i += 2)
-	{
-		if (strcmp(argv[i], "--dsn") == 0) dsn = argv[i + 1];
-		else if (strcmp(argv[i], "--brokers") == 0) brokers = argv[i + 1];
-		else if (strcmp(argv[i], "--topic") == 0) topic = argv[i + 1];
-		else if (strcmp(argv[i], "--group") == 0) group = argv[i + 1];
-		else if (strcmp(argv[i], "--events") == 0) events = atol(argv[i + 1]);
-		else if (strcmp(argv[i], "--consumer") == 0) consumer = argv[i + 1];
-		else if (strcmp(argv[i], "--max-seconds") == 0) max_seconds = atof(argv[i + 1]);
-		else fatal("unknown option \"%s\"", argv[i]);
-	}
-	if (!dsn || !brokers || !topic || !group || events <= 0)
-		fatal("usage: inbox_consumer --dsn DSN --brokers LIST --topic T --group G --events N");
+	parse_inbox_options(argc, argv, &o, opts);
+	db = connect_db(o.dsn);
+	rk = subscribe_consumer(o.brokers, o.group, o.topic, settings, NULL);
 
-	db = PQconnectdb(dsn);
-	if (PQstatus(db) != CONNECTION_OK)
-		fatal("could not connect: %s", PQerrorMessage(db));
-
-	conf = rd_kafka_conf_new();
-	conf_set(conf, "bootstrap.servers", brokers);
-	conf_set(conf, "group.id", group);
-	conf_set(conf, "auto.offset.reset", "earliest");
-	conf_set(conf, "enable.auto.offset.store", "false");
-	rk = rd_kafka_new(RD_KAFKA_CONSUMER, conf, errstr, sizeof(errstr));
-	if (!rk)
-		fatal("could not create consumer: %s", errstr);
-	rd_kafka_poll_set_consumer(rk);
-	tl = rd_kafka_topic_partition_list_new(1);
-	rd_kafka_topic_partition_list_add(tl, topic, RD_KAFKA_PARTITION_UA);
-	if (rd_kafka_subscribe(rk, tl))
-		fatal("could not subscribe to \"%s\"", topic);
-	rd_kafka_topic_partition_list_destroy(tl);
-
-	while (done < events && now_s() - start < max_seconds)
+	while (done < o.events && now_s() - start < o.max_seconds)
 	{
 		rd_kafka_message_t *m = rd_kafka_consumer_poll(rk, 100);
 		char		event_id[128],
@@ -154,5 +127,5 @@ main(int argc, char **argv)
 	rd_kafka_consumer_close(rk);
 	rd_kafka_destroy(rk);
 	PQfinish(db);
-	return done == events ? 0 : 1;
+	return done == o.events ? 0 : 1;
 }

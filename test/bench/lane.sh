@@ -44,51 +44,28 @@ case $lane in
 		exit 2
 		;;
 esac
-if [ "$(id -u)" != 0 ]; then
-	echo "lane.sh: must run as root (mount, chroot)" >&2
-	exit 2
-fi
 src=$(cd "$(dirname "$0")/../.." && pwd)
+# shellcheck source=test/chroot_lib.sh
+. "$src/test/chroot_lib.sh"
+require_root lane.sh "mount, chroot"
 base=${OUTBOX_MATRIX_CACHE:-/var/cache/outbox-matrix}/$lane
 if [ ! -x "$base/usr/bin/apt-get" ]; then
 	echo "lane.sh: no chroot in $base: make it with test/matrix.sh $lane" >&2
 	exit 2
 fi
 # A private mount namespace: the mounts go with this process.
-if [ -z "${OUTBOX_BENCH_NS:-}" ]; then
-	exec env OUTBOX_BENCH_NS=1 unshare --mount --propagation private -- "$0" "$lane" "$@"
-fi
+enter_private_namespace OUTBOX_BENCH "$0" "$lane" "$@"
 
 say() { echo "== lane.sh $lane: $*"; }
 suffix=
 for a in "$@"; do case $a in headline | quick | real) suffix="$suffix-$a" ;; esac; done
 out=${BENCH_OUT:-/tmp/outbox-bench-$lane$suffix}
-work=$(mktemp -d "/var/tmp/outbox-bench-$lane.XXXXXX")
-root=$work/root
-mounts=()
-
-# Stop what runs in the overlay, unmount (the overlay last), remove it.
-release() {
-	"$src/test/chroot_release.sh" "$root" "${mounts[@]}"
-	if [ -n "${OUTBOX_BENCH_KEEP:-}" ]; then
-		echo "lane.sh: kept $work"
-	elif ! grep -q " $work" /proc/self/mounts; then
-		rm -rf "$work"
-	fi
-}
-trap release EXIT
-trap 'exit 130' INT TERM
-
-mkdir -p "$work/upper" "$work/ovl" "$root"
-mount -t overlay overlay -o "lowerdir=$base,upperdir=$work/upper,workdir=$work/ovl" "$root"
-mounts+=("$root")
-for spec in "proc -t proc proc" "sys -t sysfs -o ro sysfs" "dev --bind /dev" \
-	"dev/pts --bind /dev/pts" "dev/shm -t tmpfs -o mode=1777 tmpfs"; do
-	# shellcheck disable=SC2086
-	mount ${spec#* } "$root/${spec%% *}"
-	mounts+=("$root/${spec%% *}")
-done
-cp /etc/resolv.conf "$root/etc/resolv.conf"
+keep=${OUTBOX_BENCH_KEEP:-}
+# $work, /var/tmp/outbox-bench-LANE.XXXXXX: what runs in the overlay is
+# stopped, the overlay unmounted (last) and removed on exit.
+chroot_session "bench-$lane"
+chroot_overlay "$base"
+root=$chroot_root
 rev=$(git -C "$src" rev-parse --short HEAD)
 git clone -q --no-hardlinks "$src" "$root/opt/outbox"
 git -C "$root/opt/outbox" checkout -q --detach "$rev"

@@ -522,6 +522,36 @@ typedef struct Logical
 	uint64_t	received;		/* highest WAL end seen */
 } Logical;
 
+/*
+ * Produce, in the open transaction, the event whose fields stand at at[] in
+ * val/len: topic, key, version, event_id, event_type, aggregate_type and
+ * payload (NULL: tombstone), in that order, both pgoutput forms
+ * (a row, a logical message) being the same fields in other places.
+ */
+static void
+produce_fields(Logical *lg, const char *const *val, const int *len,
+			   const int at[7], int64_t created_us)
+{
+	char		topic[256];
+	Event		e = {0};
+
+	if (len[at[0]] >= (int) sizeof(topic))
+		fatal("topic too long");
+	memcpy(topic, val[at[0]], (size_t) len[at[0]]);
+	topic[len[at[0]]] = '\0';
+	e.topic = topic;
+	e.key = val[at[1]], e.keylen = len[at[1]];
+	e.version = val[at[2]], e.versionlen = len[at[2]];
+	e.event_id = val[at[3]], e.event_idlen = len[at[3]];
+	e.event_type = val[at[4]], e.event_typelen = len[at[4]];
+	e.aggregate_type = val[at[5]], e.aggregate_typelen = len[at[5]];
+	e.payload = val[at[6]], e.payloadlen = len[at[6]];
+	e.created_us = created_us;
+	txns[lg->cur % TXN_RING].outstanding++;
+	txns[lg->cur % TXN_RING].events++;
+	produce(lg->rk, &e, lg->cur);
+}
+
 /* Relation message: remember where our columns are. */
 static void
 on_relation(Logical *lg, Reader *r)
@@ -561,7 +591,6 @@ on_insert(Logical *lg, Reader *r)
 	const char *val[64];
 	int			len[64];
 	int			natts;
-	Event		e = {0};
 
 	if (relid != lg->relid || lg->cur < 0)
 		fatal("insert into an unknown relation %u, or outside a transaction", relid);
@@ -584,36 +613,17 @@ on_insert(Logical *lg, Reader *r)
 		else if (kind != 'n')
 			fatal("unexpected tuple column kind '%c'", kind);
 	}
-#define COL(c) val[lg->colpos[c]], len[lg->colpos[c]]
 	{
-		char		topic[256];
+		const int  *pos = lg->colpos;
+		const int	at[7] = {pos[COL_TOPIC], pos[COL_AGG_ID], pos[COL_VERSION],
+			pos[COL_EVENT_ID], pos[COL_EVENT_TYPE], pos[COL_AGG_TYPE], pos[COL_PAYLOAD]};
 
-		if (len[lg->colpos[COL_TOPIC]] >= (int) sizeof(topic))
-			fatal("topic too long");
-		memcpy(topic, COL(COL_TOPIC));
-		topic[len[lg->colpos[COL_TOPIC]]] = '\0';
-		e.topic = topic;
-		e.key = val[lg->colpos[COL_AGG_ID]];
-		e.keylen = len[lg->colpos[COL_AGG_ID]];
-		e.version = val[lg->colpos[COL_VERSION]];
-		e.versionlen = len[lg->colpos[COL_VERSION]];
-		e.event_id = val[lg->colpos[COL_EVENT_ID]];
-		e.event_idlen = len[lg->colpos[COL_EVENT_ID]];
-		e.event_type = val[lg->colpos[COL_EVENT_TYPE]];
-		e.event_typelen = len[lg->colpos[COL_EVENT_TYPE]];
-		e.aggregate_type = val[lg->colpos[COL_AGG_TYPE]];
-		e.aggregate_typelen = len[lg->colpos[COL_AGG_TYPE]];
-		e.payload = val[lg->colpos[COL_PAYLOAD]];
-		e.payloadlen = len[lg->colpos[COL_PAYLOAD]];
-		e.created_us = parse_timestamptz(COL(COL_CREATED));
-		if (e.key == NULL || e.version == NULL || e.event_id == NULL ||
-			e.event_type == NULL || e.aggregate_type == NULL)
-			fatal("outbox row with a NULL key column");
-		txns[lg->cur % TXN_RING].outstanding++;
-		txns[lg->cur % TXN_RING].events++;
-		produce(lg->rk, &e, lg->cur);
+		for (int i = 1; i < 6; i++)
+			if (val[at[i]] == NULL)
+				fatal("outbox row with a NULL key column");
+		produce_fields(lg, val, len, at,
+					   parse_timestamptz(val[pos[COL_CREATED]], len[pos[COL_CREATED]]));
 	}
-#undef COL
 }
 
 /* Logical message: "topic\nkey\nversion\nid\ntype\naggtype\ncreated_us\npayload". */
@@ -626,8 +636,7 @@ on_message(Logical *lg, Reader *r)
 			   *f[8];
 	int			flen[8];
 	uint32_t	clen;
-	char		topic[256];
-	Event		e = {0};
+	const int	at[7] = {0, 1, 2, 3, 4, 5, 7};
 
 	(void) rd64(r);				/* lsn */
 	prefix = rdstr(r);
@@ -648,21 +657,7 @@ on_message(Logical *lg, Reader *r)
 		flen[i] = (int) ((i < 7 ? nl : end) - content);
 		content = i < 7 ? nl + 1 : end;
 	}
-	if (flen[0] >= (int) sizeof(topic))
-		fatal("topic too long");
-	memcpy(topic, f[0], (size_t) flen[0]);
-	topic[flen[0]] = '\0';
-	e.topic = topic;
-	e.key = f[1], e.keylen = flen[1];
-	e.version = f[2], e.versionlen = flen[2];
-	e.event_id = f[3], e.event_idlen = flen[3];
-	e.event_type = f[4], e.event_typelen = flen[4];
-	e.aggregate_type = f[5], e.aggregate_typelen = flen[5];
-	e.created_us = parse_us(f[6], flen[6]);
-	e.payload = f[7], e.payloadlen = flen[7];
-	txns[lg->cur % TXN_RING].outstanding++;
-	txns[lg->cur % TXN_RING].events++;
-	produce(lg->rk, &e, lg->cur);
+	produce_fields(lg, f, flen, at, parse_us(f[6], flen[6]));
 }
 
 /* One pgoutput message of an XLogData record. */
@@ -971,12 +966,27 @@ main(int argc, char **argv)
 			   *slot = NULL,
 			   *publication = NULL,
 			   *mode;
-	const char **extra = calloc((size_t) argc, sizeof(char *));
-	int			nextra = 0;
+	ToolList	extra = {0};
 	long		poll_ms = 10;
 	bool		messages = false;
 	rd_kafka_t *rk;
 	int			rc;
+	const ToolOpt opts[] = {
+		{"--dsn", OPT_STRING, &dsn, 0, 0},
+		{"--brokers", OPT_STRING, &brokers, 0, 0},
+		{"--topic", OPT_STRING, &topic, 0, 0},
+		{"--queue", OPT_STRING, &queue, 0, 0},
+		{"--consumer", OPT_STRING, &consumer, 0, 0},
+		{"--slot", OPT_STRING, &slot, 0, 0},
+		{"--publication", OPT_STRING, &publication, 0, 0},
+		{"--messages", OPT_FLAG, &messages, 0, 0},
+		{"--poll-ms", OPT_LONG, &poll_ms, 0, 3600000},
+		{"--max-seconds", OPT_LONG, &max_seconds, 0, 86400},
+		{"--status-file", OPT_STRING, &status_file, 0, 0},
+		{"--latency-file", OPT_STRING, &latency_file, 0, 0},
+		{"-X", OPT_LIST, &extra, 0, 0},
+		{NULL, OPT_FLAG, NULL, 0, 0}
+	};
 
 	if (argc < 2 || (strcmp(argv[1], "pgq") != 0 && strcmp(argv[1], "logical") != 0))
 	{
@@ -984,46 +994,7 @@ main(int argc, char **argv)
 		return argc > 1 && strcmp(argv[1], "--help") == 0 ? 0 : 2;
 	}
 	mode = argv[1];
-	for (int i = 2; i < argc; i++)
-	{
-		const char *arg = argv[i];
-		const char *val = i + 1 < argc ? argv[i + 1] : NULL;
-
-		if (strcmp(arg, "--messages") == 0)
-		{
-			messages = true;
-			continue;
-		}
-		if (val == NULL)
-			fatal("option %s needs an argument or is unknown (try --help)", arg);
-		if (strcmp(arg, "--dsn") == 0)
-			dsn = val;
-		else if (strcmp(arg, "--brokers") == 0)
-			brokers = val;
-		else if (strcmp(arg, "--topic") == 0)
-			topic = val;
-		else if (strcmp(arg, "--queue") == 0)
-			queue = val;
-		else if (strcmp(arg, "--consumer") == 0)
-			consumer = val;
-		else if (strcmp(arg, "--slot") == 0)
-			slot = val;
-		else if (strcmp(arg, "--publication") == 0)
-			publication = val;
-		else if (strcmp(arg, "--poll-ms") == 0)
-			poll_ms = parse_long(arg, val, 0, 3600000);
-		else if (strcmp(arg, "--max-seconds") == 0)
-			max_seconds = parse_long(arg, val, 0, 86400);
-		else if (strcmp(arg, "--status-file") == 0)
-			status_file = val;
-		else if (strcmp(arg, "--latency-file") == 0)
-			latency_file = val;
-		else if (strcmp(arg, "-X") == 0)
-			extra[nextra++] = val;
-		else
-			fatal("unknown option \"%s\" (try --help)", arg);
-		i++;
-	}
+	parse_options(argc, argv, 2, opts, usage);
 	if (dsn == NULL || brokers == NULL)
 		fatal("--dsn and --brokers are required (try --help)");
 	if (strcmp(mode, "pgq") == 0 && (topic == NULL || queue == NULL))
@@ -1038,7 +1009,7 @@ main(int argc, char **argv)
 	rk = make_producer(brokers,
 					   strcmp(mode, "pgq") == 0 ? "outbox-bench-pgq" :
 					   messages ? "outbox-bench-logmsg" : "outbox-bench-logical",
-					   extra, nextra, dr_cb);
+					   &extra, dr_cb);
 	if (strcmp(mode, "pgq") == 0)
 		rc = run_pgq(dsn, rk, topic, queue, consumer, poll_ms);
 	else

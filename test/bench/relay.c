@@ -254,7 +254,7 @@ report_marked(int n)
 static int
 run_relay(const char *dsn, const char *brokers, const char *table, int batch,
 		  long poll_ms, bool until_empty, long max_seconds,
-		  long delivery_timeout_ms, const char **extra, int nextra)
+		  long delivery_timeout_ms, const ToolList *extra)
 {
 	PGconn	   *conn = PQconnectdb(dsn);
 	rd_kafka_t *rk;
@@ -298,7 +298,7 @@ run_relay(const char *dsn, const char *brokers, const char *table, int batch,
 		PQclear(res);
 	}
 
-	rk = make_producer(brokers, "outbox-bench-relay", extra, nextra, dr_cb);
+	rk = make_producer(brokers, "outbox-bench-relay", extra, dr_cb);
 	report_marked(0);
 	delivery.ok = calloc((size_t) batch, sizeof(bool));
 	ids_cap = (size_t) batch * 24 + 16;
@@ -466,7 +466,7 @@ typedef struct RawMsg
 
 static int
 run_raw(const char *brokers, const char *topic, long nevents, long naggs,
-		const char **extra, int nextra)
+		const ToolList *extra)
 {
 	RawMsg	   *msgs = calloc((size_t) nevents, sizeof(RawMsg));
 	rd_kafka_t *rk;
@@ -488,7 +488,7 @@ run_raw(const char *brokers, const char *topic, long nevents, long naggs,
 		snprintf(m->payload, sizeof(m->payload), PAYLOAD_FMT, i);
 	}
 
-	rk = make_producer(brokers, "outbox-bench-raw", extra, nextra, dr_cb);
+	rk = make_producer(brokers, "outbox-bench-raw", extra, dr_cb);
 
 	/* warm-up: metadata, broker connections, idempotent producer id */
 	delivery.generation = 1;
@@ -561,67 +561,38 @@ main(int argc, char **argv)
 			   *brokers = NULL,
 			   *topic = NULL,
 			   *table = "relay_outbox";
-	const char **extra = calloc((size_t) argc, sizeof(char *));
-	int			nextra = 0;
-	int			batch = 100;
-	long		poll_ms = 100,
+	ToolList	extra = {0};
+	long		batch = 100,
+				poll_ms = 100,
 				max_seconds = 0,
 				delivery_timeout_ms = 30000,
 				nevents = 0,
 				naggs = 10000;
 	bool		until_empty = false,
 				raw = false;
-	int			i = 1;
+	int			first = 1;
+	const ToolOpt opts[] = {
+		{"--dsn", OPT_STRING, &dsn, 0, 0},
+		{"--brokers", OPT_STRING, &brokers, 0, 0},
+		{"--table", OPT_STRING, &table, 0, 0},
+		{"--status-file", OPT_STRING, &status_file, 0, 0},
+		{"--topic", OPT_STRING, &topic, 0, 0},
+		{"--until-empty", OPT_FLAG, &until_empty, 0, 0},
+		{"--batch", OPT_LONG, &batch, 1, 1000000},
+		{"--poll-ms", OPT_LONG, &poll_ms, 0, 3600000},
+		{"--max-seconds", OPT_LONG, &max_seconds, 0, 86400},
+		{"--delivery-timeout-ms", OPT_LONG, &delivery_timeout_ms, 1, 3600000},
+		{"--events", OPT_LONG, &nevents, 1, 100000000},
+		{"--aggregates", OPT_LONG, &naggs, 1, 100000000},
+		{"-X", OPT_LIST, &extra, 0, 0},
+		{NULL, OPT_FLAG, NULL, 0, 0}
+	};
 
 	if (argc > 1 && strcmp(argv[1], "raw") == 0)
-		raw = true, i = 2;
+		raw = true, first = 2;
 	else if (argc > 1 && strcmp(argv[1], "relay") == 0)
-		i = 2;
-	for (; i < argc; i++)
-	{
-		const char *arg = argv[i];
-		const char *val = i + 1 < argc ? argv[i + 1] : NULL;
-
-		if (strcmp(arg, "--help") == 0)
-		{
-			usage(stdout);
-			return 0;
-		}
-		if (strcmp(arg, "--until-empty") == 0)
-		{
-			until_empty = true;
-			continue;
-		}
-		if (val == NULL)
-			fatal("option %s needs an argument or is unknown (try --help)", arg);
-		if (strcmp(arg, "--dsn") == 0)
-			dsn = val;
-		else if (strcmp(arg, "--brokers") == 0)
-			brokers = val;
-		else if (strcmp(arg, "--table") == 0)
-			table = val;
-		else if (strcmp(arg, "--status-file") == 0)
-			status_file = val;
-		else if (strcmp(arg, "--topic") == 0)
-			topic = val;
-		else if (strcmp(arg, "--batch") == 0)
-			batch = (int) parse_long(arg, val, 1, 1000000);
-		else if (strcmp(arg, "--poll-ms") == 0)
-			poll_ms = parse_long(arg, val, 0, 3600000);
-		else if (strcmp(arg, "--max-seconds") == 0)
-			max_seconds = parse_long(arg, val, 0, 86400);
-		else if (strcmp(arg, "--delivery-timeout-ms") == 0)
-			delivery_timeout_ms = parse_long(arg, val, 1, 3600000);
-		else if (strcmp(arg, "--events") == 0)
-			nevents = parse_long(arg, val, 1, 100000000);
-		else if (strcmp(arg, "--aggregates") == 0)
-			naggs = parse_long(arg, val, 1, 100000000);
-		else if (strcmp(arg, "-X") == 0)
-			extra[nextra++] = val;
-		else
-			fatal("unknown option \"%s\" (try --help)", arg);
-		i++;
-	}
+		first = 2;
+	parse_options(argc, argv, first, opts, usage);
 
 	signal(SIGTERM, on_signal);
 	signal(SIGUSR1, on_signal);
@@ -630,10 +601,10 @@ main(int argc, char **argv)
 	{
 		if (brokers == NULL || topic == NULL || nevents == 0)
 			fatal("raw needs --brokers, --topic and --events (try --help)");
-		return run_raw(brokers, topic, nevents, naggs, extra, nextra);
+		return run_raw(brokers, topic, nevents, naggs, &extra);
 	}
 	if (dsn == NULL || brokers == NULL)
 		fatal("--dsn and --brokers are required (try --help)");
-	return run_relay(dsn, brokers, table, batch, poll_ms, until_empty, max_seconds,
-					 delivery_timeout_ms, extra, nextra);
+	return run_relay(dsn, brokers, table, (int) batch, poll_ms, until_empty, max_seconds,
+					 delivery_timeout_ms, &extra);
 }

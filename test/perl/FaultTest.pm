@@ -27,7 +27,7 @@ use Time::HiRes qw(time sleep);
 
 use OutboxTest;
 
-our @EXPORT = qw(start_load stop_load pending max_id wait_backlog
+our @EXPORT = qw(start_load stop_load pending max_id wait_backlog immediate_restarts
   db_versions_contiguous judge verdict figures publisher_pids wait_publisher
   kill_publisher_in_batch install_phase_probe quiet_statements fault_conf
   stall_aggregates
@@ -107,7 +107,9 @@ sub _default_script
 #   max_tries: pgbench --max-tries (retries deadlocks and 40001);
 #   resilient: loop pgbench runs (of `chunk_s` seconds each) until
 #   stop_load(), so that emitters carry on across crash restarts and
-#   server restarts (a run aborted by a crash is simply started again).
+#   server restarts (a run aborted by a crash is simply started again);
+#   until_id: return only once that many events exist (at most within_s
+#   seconds, default 120), so that a fault lands on a load under way.
 # Returns a handle for stop_load().
 sub start_load
 {
@@ -150,6 +152,12 @@ sub start_load
 			'>', $h{log}, '2>&1');
 	}
 	push @loads, \%h;
+	if ($a{until_id})
+	{
+		my $t0 = time;
+		my $within = $a{within_s} // 120;
+		sleep 0.2 while max_id($node) < $a{until_id} && time - $t0 < $within;
+	}
 	return \%h;
 }
 
@@ -270,6 +278,34 @@ sub wait_backlog
 	}
 	diag "backlog up to id $id still pending after ${timeout}s";
 	return undef;
+}
+
+# Stop $node immediately and start it again, $n times, $o{every_s} s
+# apart (default 1.5; $o{down_s} s down, default 0), each time waiting up
+# to $o{timeout} s (default 120) for a publisher; then up to $o{backlog_s}
+# s (default the same) for the backlog of the last restart.  Returns the seconds from the last
+# start until that backlog was published, or undef.
+sub immediate_restarts
+{
+	my ($node, $n, %o) = @_;
+	my $timeout = $o{timeout} // 120;
+	my $t_last;
+
+	for my $i (1 .. $n)
+	{
+		sleep($o{every_s} // 1.5);
+		my ($pending, $before) = (pending($node), max_id($node));
+		$node->stop('immediate');
+		sleep $o{down_s} if $o{down_s};
+		$node->start;
+		$t_last = time;
+		ok(defined wait_publisher($node, 1, $timeout), "immediate restart $i: publisher running again");
+		note sprintf "immediate restart %d with %d pending: ids %d before, %d after recovery",
+		  $i, $pending, $before, max_id($node);
+	}
+	my $recover = wait_backlog($node, max_id($node), $o{backlog_s} // $timeout);
+	ok(defined $recover, 'backlog published after the last restart');
+	return defined $recover ? time - $t_last : undef;
 }
 
 # Versions in the database are 1..count for every aggregate.

@@ -37,11 +37,13 @@ sub pinned_init
 
 # A started node with the extension created in database "postgres" (the
 # launcher serves every database that has it).
-# %conf entries are appended to postgresql.conf as outbox.<key> = '<value>'.
+# %conf entries are appended to postgresql.conf as outbox.<key> = '<value>',
+# but for server_conf: lines of postgresql.conf appended as they are.
 sub outbox_node
 {
 	my ($name, $mk, %conf) = @_;
 	my $node = PostgreSQL::Test::Cluster->new($name);
+	my $server_conf = delete $conf{server_conf};
 
 	pinned_init($node);
 	$node->append_conf('postgresql.conf', qq{
@@ -56,6 +58,7 @@ log_min_messages = info
 	{
 		$node->append_conf('postgresql.conf', "outbox.$k = '$v'\n");
 	}
+	$node->append_conf('postgresql.conf', $server_conf) if defined $server_conf;
 	$node->start;
 	$node->safe_psql('postgres', 'CREATE EXTENSION outbox');
 	$last_node = $node;

@@ -33,7 +33,7 @@ use OutboxTest;
 use RealKafka;
 
 our @EXPORT = qw(real_cluster real_verdict real_read_all real_readback real_records
-  real_homes aggregates_on first_published_since);
+  real_homes aggregates_on first_published_since start_real_load);
 
 # Start a cluster in tmp_check/kafka_<test file> (bounded by max_seconds,
 # default 600).
@@ -46,6 +46,17 @@ sub real_cluster
 	note sprintf "real Kafka: %d nodes up in %.1f s (%s)", $a{brokers} // 3,
 	  $rk->{start_s}, $rk->bootstrap;
 	return $rk;
+}
+
+# The real-Kafka fault tests' load: 4 clients, 5 events a transaction over
+# 1000 aggregates at 120 transactions/s, carrying on across restarts
+# (resilient, at most 300 s); returns once 2000 events exist (at most 30 s).
+sub start_real_load
+{
+	my ($node) = @_;
+	return start_load($node, clients => 4, jobs => 1, resilient => 1,
+		events_per_tx => 5, aggregates => 1000, rate => 120, max_s => 300,
+		until_id => 2000, within_s => 30);
 }
 
 # The verdict: order checker over $a{topics} against the database (the

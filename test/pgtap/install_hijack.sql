@@ -20,6 +20,22 @@ BEGIN
 END
 $$;
 
+-- A trap: trap.fname(args) RETURNS result, recording label when called;
+-- then then_sql, if given (the aggregate or operator that calls it).
+CREATE FUNCTION pg_temp.plant_trap(fname text, args text, result text, label text,
+								   then_sql text DEFAULT NULL) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+	EXECUTE format('CREATE FUNCTION trap.%I(%s) RETURNS %s LANGUAGE plpgsql AS %L',
+				   fname, args, result,
+				   format('BEGIN PERFORM trap.sprung(%L); RETURN%s; END', label,
+						  CASE WHEN result = 'void' THEN '' ELSE ' NULL' END));
+	IF then_sql IS NOT NULL THEN
+		EXECUTE then_sql;
+	END IF;
+END
+$$;
+
 -- Functions: name, argument types, result type.
 CREATE TEMP TABLE trap_functions (name text, args text, result text);
 INSERT INTO trap_functions VALUES
@@ -37,18 +53,7 @@ INSERT INTO trap_functions VALUES
 	('pg_current_xact_id', '', 'xid8'),
 	('pg_snapshot_xmin', 'pg_snapshot', 'xid8'),
 	('text', 'uuid', 'text');
-DO $$
-DECLARE
-	f record;
-BEGIN
-	FOR f IN SELECT * FROM trap_functions LOOP
-		EXECUTE format('CREATE FUNCTION trap.%I(%s) RETURNS %s LANGUAGE plpgsql AS %L',
-					   f.name, f.args, f.result,
-					   format('BEGIN PERFORM trap.sprung(%L); RETURN%s; END', f.name,
-							  CASE WHEN f.result = 'void' THEN '' ELSE ' NULL' END));
-	END LOOP;
-END
-$$;
+DO $$ BEGIN PERFORM pg_temp.plant_trap(name, args, result, name) FROM trap_functions; END $$;
 
 -- Aggregates: name, argument type, result type.
 CREATE FUNCTION trap.agg_step0(state bigint) RETURNS bigint
@@ -60,19 +65,11 @@ INSERT INTO trap_aggregates VALUES
 	('max', 'bigint', 'bigint'), ('max', 'integer', 'integer'), ('array_agg', 'text', 'text[]'),
 	('jsonb_agg', 'jsonb', 'jsonb');
 DO $$
-DECLARE
-	a record;
-	n int := 0;
 BEGIN
-	FOR a IN SELECT * FROM trap_aggregates LOOP
-		n := n + 1;
-		EXECUTE format('CREATE FUNCTION trap.step_%s(%s, %s) RETURNS %s LANGUAGE plpgsql AS %L',
-					   n, a.result, a.arg, a.result,
-					   format('BEGIN PERFORM trap.sprung(%L); RETURN NULL; END',
-							  a.name || '(' || a.arg || ')'));
-		EXECUTE format('CREATE AGGREGATE trap.%I(%s) (SFUNC = trap.step_%s, STYPE = %s)',
-					   a.name, a.arg, n, a.result);
-	END LOOP;
+	PERFORM pg_temp.plant_trap('step_' || n, result || ', ' || arg, result, name || '(' || arg || ')',
+							   format('CREATE AGGREGATE trap.%I(%s) (SFUNC = trap.step_%s, STYPE = %s)',
+									  name, arg, n, result))
+	  FROM (SELECT *, row_number() OVER () AS n FROM trap_aggregates) a;
 END
 $$;
 
@@ -96,18 +93,11 @@ INSERT INTO trap_operators VALUES
 	('=', 'text', 'text[]', 'boolean'), ('=', 'name', 'name', 'boolean'),
 	('>=', 'xid8', 'xid8', 'boolean'), ('<', 'xid8', 'xid8', 'boolean');
 DO $$
-DECLARE
-	o record;
-	n int := 0;
 BEGIN
-	FOR o IN SELECT * FROM trap_operators LOOP
-		n := n + 1;
-		EXECUTE format('CREATE FUNCTION trap.op_%s(%s, %s) RETURNS %s LANGUAGE plpgsql AS %L',
-					   n, o.l, o.r, o.result,
-					   format('BEGIN PERFORM trap.sprung(%L); RETURN NULL; END', o.l || ' ' || o.op || ' ' || o.r));
-		EXECUTE format('CREATE OPERATOR trap.%s (LEFTARG = %s, RIGHTARG = %s, FUNCTION = trap.op_%s)',
-					   o.op, o.l, o.r, n);
-	END LOOP;
+	PERFORM pg_temp.plant_trap('op_' || n, l || ', ' || r, result, l || ' ' || op || ' ' || r,
+							   format('CREATE OPERATOR trap.%s (LEFTARG = %s, RIGHTARG = %s, FUNCTION = trap.op_%s)',
+									  op, l, r, n))
+	  FROM (SELECT *, row_number() OVER () AS n FROM trap_operators) o;
 END
 $$;
 RESET ROLE;

@@ -37,8 +37,7 @@ $mk->cmd('rtt all 20');
 
 my $t_start = time;
 my $load = start_load($node, clients => 4, events_per_tx => 5,
-	aggregates => 1000, rate => 200, resilient => 1, chunk_s => 3);
-sleep 0.2 while max_id($node) < 2000 && time - $t_start < 120;
+	aggregates => 1000, rate => 200, resilient => 1, chunk_s => 3, until_id => 2000);
 
 # Aim the kills at each phase of a batch in turn; a phase not caught
 # within 3 s falls back to any phase of a batch (within 30 s).
@@ -64,22 +63,7 @@ is($crashes, $kills, 'each SIGKILL was seen by the postmaster');
 my $reinit = () = $log =~ /all server processes terminated; reinitializing/g;
 is($reinit, $kills, 'each SIGKILL caused a crash restart');
 
-my $t_last;
-for my $i (1 .. $restarts)
-{
-	sleep 1.5;
-	my $pending = pending($node);
-	$node->stop('immediate');
-	sleep 0.5;
-	$node->start;
-	$t_last = time;
-	ok(defined wait_publisher($node, 1, 120), "immediate restart $i: publisher running again");
-	note sprintf "immediate restart %d with %d pending", $i, $pending;
-}
-my $backlog = max_id($node);
-my $recover = wait_backlog($node, $backlog, 180);
-ok(defined $recover, 'backlog published after the last restart');
-$recover = time - $t_last if defined $recover;
+my $recover = immediate_restarts($node, $restarts, down_s => 0.5, backlog_s => 180);
 
 # However slowly the machine goes, the emitters carry on until there is a
 # substantial load (bounded).

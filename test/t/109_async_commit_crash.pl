@@ -41,8 +41,8 @@ quiet_statements($node);
 
 my $t_start = time;
 my $load = start_load($node, clients => 4, events_per_tx => 2,
-	aggregates => 200, rate => 300, resilient => 1, chunk_s => 3);
-sleep 0.2 while max_id($node) < 1000 && time - $t_start < 20;
+	aggregates => 200, rate => 300, resilient => 1, chunk_s => 3,
+	until_id => 1000, within_s => 20);
 
 # Emitting backends: SIGKILL one, the postmaster restarts everything.
 for my $i (1 .. $kills)
@@ -77,22 +77,7 @@ my $log = slurp_file($node->logfile);
 my $reinit = () = $log =~ /all server processes terminated; reinitializing/g;
 is($reinit, $kills, 'each SIGKILL caused a crash restart');
 
-my $t_last;
-for my $i (1 .. $restarts)
-{
-	sleep 2;
-	my $before = max_id($node);
-	$node->stop('immediate');
-	$node->start;
-	$t_last = time;
-	ok(defined wait_publisher($node, 1, 60), "immediate restart $i: publisher running again");
-	note sprintf "immediate restart %d: ids %d before, %d after recovery",
-	  $i, $before, max_id($node);
-}
-my $backlog = max_id($node);
-my $recover = wait_backlog($node, $backlog, 60);
-ok(defined $recover, 'backlog published after the last restart');
-$recover = time - $t_last if defined $recover;
+my $recover = immediate_restarts($node, $restarts, every_s => 2, timeout => 60);
 
 ok(stop_load($load, 60), 'emitters stopped');
 ok(defined wait_published($node, 60), 'nothing pending after the load');

@@ -25,26 +25,15 @@ use constant PAGE => 8192;
 use constant SHORT_PHD => 24;
 use constant LONG_PHD => 40;
 
-my $mk = mock_setup();
-my $node = PostgreSQL::Test::Cluster->new('walpage');
-pinned_init($node);
-$node->append_conf('postgresql.conf', qq{
-shared_preload_libraries = 'outbox'
-outbox.database = 'postgres'
-outbox.brokers = '@{[ $mk->bootstrap ]}'
-outbox.poll_interval = '10min'
-outbox.retention = -1
-outbox.inbox_retention = -1
+my ($node, $mk) = outbox_setup('walpage', database => 'postgres', poll_interval => '10min',
+	retention => -1, inbox_retention => -1, server_conf => q{
 wal_level = minimal
 max_wal_senders = 0
 max_prepared_transactions = 2
 autovacuum = off
 checkpoint_timeout = '1h'
 max_wal_size = '1GB'
-log_min_messages = info
 });
-$node->start;
-$node->safe_psql('postgres', 'CREATE EXTENSION outbox');
 ok(defined wait_publisher($node, 1, 60), 'publisher running');
 
 # Connect the producer first, so that only the flush can hold the event up.

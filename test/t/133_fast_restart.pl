@@ -29,8 +29,8 @@ $mk->cmd('rtt all 20');
 
 my $t_start = time;
 my $load = start_load($node, clients => 4, events_per_tx => 2,
-	aggregates => 300, rate => 400, resilient => 1, chunk_s => 3);
-sleep 0.2 while max_id($node) < 1000 && time - $t_start < 30;
+	aggregates => 300, rate => 400, resilient => 1, chunk_s => 3,
+	until_id => 1000, within_s => 30);
 
 my $settled_stops = 0;
 for my $i (1 .. $restarts)

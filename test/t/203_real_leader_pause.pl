@@ -50,9 +50,7 @@ quiet_statements($node);
 note "kafka_properties: $props; pause ${pause_s} s x $rounds";
 
 my $t_start = time;
-my $load = start_load($node, clients => 4, jobs => 1, resilient => 1,
-	events_per_tx => 5, aggregates => 1000, rate => 120, max_s => 300);
-sleep 0.2 while max_id($node) < 2000 && time - $t_start < 30;
+my $load = start_real_load($node);
 cmp_ok(max_id($node), '>=', 2000, 'load under way before the first pause');
 
 my ($failover_max, $recover_max) = (0, 0);

@@ -25,9 +25,7 @@ my ($node, $rk) = outbox_setup('real_rolling', kafka => 'real', topics => ["$top
 quiet_statements($node);
 
 my $t_start = time;
-my $load = start_load($node, clients => 4, jobs => 1, resilient => 1,
-	events_per_tx => 5, aggregates => 1000, rate => 120, max_s => 300);
-sleep 0.2 while max_id($node) < 2000 && time - $t_start < 30;
+my $load = start_real_load($node);
 
 my $stall_max = 0;
 my @firsts;			# the first event seen published after each stop

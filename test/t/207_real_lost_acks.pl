@@ -35,9 +35,7 @@ quiet_statements($node);
 note "kafka_properties: $props; $rounds pauses of 2 s";
 
 my $t_start = time;
-my $load = start_load($node, clients => 4, jobs => 1, resilient => 1,
-	events_per_tx => 5, aggregates => 1000, rate => 120, max_s => 300);
-sleep 0.2 while max_id($node) < 2000 && time - $t_start < 30;
+my $load = start_real_load($node);
 
 my $recover = 0;
 for my $round (1 .. $rounds)

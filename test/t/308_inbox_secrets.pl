@@ -51,6 +51,18 @@ sub wait_for
 	  or diag $node->safe_psql('consumer', 'SELECT * FROM inbox_status');
 }
 
+# Write a working credentials file $file ($text, mode 0600) and reload: the
+# consumers run again ($running) and apply ($applied).
+sub fixed_by_file
+{
+	my ($file, $text, $running, $applied) = @_;
+	write_file_mode($file, $text, 0600);
+	$node->reload;
+	wait_for(q{SELECT bool_and(state = 'running' AND kafka_error IS NULL) FROM inbox_status},
+		$running);
+	emit_applied(5, $applied);
+}
+
 emit_applied(5, 'the consumer applies events');
 my $props = $node->safe_psql('consumer', 'SHOW outbox.inbox_kafka_properties');
 
@@ -101,11 +113,8 @@ wait_for(q{SELECT bool_and(kafka_error IS NOT NULL AND state IN ('error', 'disco
 like(wait_log(qr/recreating the consumers/), qr/Kafka settings changed, recreating the consumers/,
 	'a changed credentials file recreates the consumers');
 
-write_file_mode($creds, "sasl.password=Marker8Secret\nclient.id=inbox-creds-test\n", 0600);
-$node->reload;
-wait_for(q{SELECT bool_and(state = 'running' AND kafka_error IS NULL) FROM inbox_status},
-	'the file fixed: running again');
-emit_applied(5, 'and applying');
+fixed_by_file($creds, "sasl.password=Marker8Secret\nclient.id=inbox-creds-test\n",
+	'the file fixed: running again', 'and applying');
 
 # A key the worker owns, in the file: refused, named without its value.
 write_file_mode($creds, "group.id=Marker9Value\n", 0600);
@@ -118,11 +127,8 @@ write_file_mode($pub_creds, "security.protocol=ssl\nsasl.password=Marker10Secret
 reload_with($node, qq{outbox.inbox_kafka_credentials_file = ''\noutbox.kafka_credentials_file = '$pub_creds'});
 wait_for(q{SELECT bool_and(kafka_error IS NOT NULL) FROM inbox_status},
 	'the inbox applies outbox.kafka_credentials_file when it has no file of its own');
-write_file_mode($pub_creds, "sasl.password=Marker11Secret\n", 0600);
-$node->reload;
-wait_for(q{SELECT bool_and(state = 'running' AND kafka_error IS NULL) FROM inbox_status},
-	'fixed: running');
-emit_applied(5, 'everything applied');
+fixed_by_file($pub_creds, "sasl.password=Marker11Secret\n", 'fixed: running',
+	'everything applied');
 
 # 5. Nothing of it in the log.
 $log = slurp_file($node->logfile, $log_offset);

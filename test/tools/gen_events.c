@@ -26,20 +26,9 @@
 
 #include <librdkafka/rdkafka.h>
 
+#include "tool_common.h"
+
 static long delivery_failures = 0;
-
-static void
-fatal(const char *fmt,...)
-{
-	va_list		ap;
-
-	fprintf(stderr, "gen_events: ");
-	va_start(ap, fmt);
-	vfprintf(stderr, fmt, ap);
-	va_end(ap);
-	fputc('\n', stderr);
-	exit(1);
-}
 
 static void
 usage(FILE *out)
@@ -53,29 +42,6 @@ usage(FILE *out)
 			"  --expect-out FILE    write \"aggregate_id<TAB>V\" lines for order_check\n"
 			"  --no-idempotence     plain producer (retries may duplicate/reorder)\n"
 			"  -X PROP=VAL          extra librdkafka producer property (repeatable)\n");
-}
-
-static long
-parse_count(const char *opt, const char *val)
-{
-	char	   *end;
-	long		n;
-
-	errno = 0;
-	n = strtol(val, &end, 10);
-	if (errno || *end || n < 1 || n > 100000000)
-		fatal("invalid %s \"%s\"", opt, val);
-	return n;
-}
-
-static void
-conf_set(rd_kafka_conf_t *conf, const char *prop, const char *val)
-{
-	char		errstr[512];
-
-	if (rd_kafka_conf_set(conf, prop, val, errstr, sizeof(errstr)) !=
-		RD_KAFKA_CONF_OK)
-		fatal("%s", errstr);
 }
 
 static void
@@ -100,73 +66,37 @@ main(int argc, char **argv)
 	const char *topic = NULL;
 	const char *prefix = "agg";
 	const char *expect_out = NULL;
-	bool		idempotence = true;
 	long		naggs = 1000;
 	long		nversions = 10;
 	rd_kafka_conf_t *conf = rd_kafka_conf_new();
 	rd_kafka_t *rk;
 	char		errstr[512];
-	const char **extra = calloc((size_t) argc, sizeof(char *));
-	int			nextra = 0;
+	ToolList	extra = {0};
+	bool		no_idempotence = false;
 	long		v;
 	long		a;
-	int			i;
+	const ToolOpt opts[] = {
+		{"--brokers", OPT_STRING, &brokers, 0, 0},
+		{"--topic", OPT_STRING, &topic, 0, 0},
+		{"--prefix", OPT_STRING, &prefix, 0, 0},
+		{"--expect-out", OPT_STRING, &expect_out, 0, 0},
+		{"--aggregates", OPT_LONG, &naggs, 1, 100000000},
+		{"--versions", OPT_LONG, &nversions, 1, 100000000},
+		{"--no-idempotence", OPT_FLAG, &no_idempotence, 0, 0},
+		{"-X", OPT_LIST, &extra, 0, 0},
+		{NULL, OPT_FLAG, NULL, 0, 0}
+	};
 
-	for (i = 1; i < argc; i++)
-	{
-		const char *arg = argv[i];
-		const char *val = (i + 1 < argc) ? argv[i + 1] : NULL;
-
-		if (strcmp(arg, "--help") == 0)
-		{
-			usage(stdout);
-			return 0;
-		}
-		if (strcmp(arg, "--no-idempotence") == 0)
-		{
-			idempotence = false;
-			continue;
-		}
-		if (val == NULL)
-			fatal("option %s needs an argument or is unknown (try --help)",
-				  arg);
-		if (strcmp(arg, "--brokers") == 0)
-			brokers = val;
-		else if (strcmp(arg, "--topic") == 0)
-			topic = val;
-		else if (strcmp(arg, "--prefix") == 0)
-			prefix = val;
-		else if (strcmp(arg, "--expect-out") == 0)
-			expect_out = val;
-		else if (strcmp(arg, "--aggregates") == 0)
-			naggs = parse_count(arg, val);
-		else if (strcmp(arg, "--versions") == 0)
-			nversions = parse_count(arg, val);
-		else if (strcmp(arg, "-X") == 0)
-			extra[nextra++] = val;
-		else
-			fatal("unknown option \"%s\" (try --help)", arg);
-		i++;
-	}
+	parse_options(argc, argv, 1, opts, usage);
 	if (brokers == NULL || topic == NULL)
 		fatal("--brokers and --topic are required (try --help)");
 
 	conf_set(conf, "bootstrap.servers", brokers);
 	conf_set(conf, "client.id", "gen_events");
-	conf_set(conf, "enable.idempotence", idempotence ? "true" : "false");
+	conf_set(conf, "enable.idempotence", no_idempotence ? "false" : "true");
 	conf_set(conf, "linger.ms", "5");
 	/* -X last, so it can override the defaults above */
-	for (i = 0; i < nextra; i++)
-	{
-		char	   *prop = strdup(extra[i]);
-		char	   *eq = prop ? strchr(prop, '=') : NULL;
-
-		if (eq == NULL)
-			fatal("-X wants PROP=VAL, got \"%s\"", extra[i]);
-		*eq = '\0';
-		conf_set(conf, prop, eq + 1);
-		free(prop);
-	}
+	conf_set_extra(conf, &extra);
 	rd_kafka_conf_set_dr_msg_cb(conf, dr_cb);
 
 	rk = rd_kafka_new(RD_KAFKA_PRODUCER, conf, errstr, sizeof(errstr));

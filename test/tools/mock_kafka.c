@@ -38,6 +38,8 @@
 #include <librdkafka/rdkafka.h>
 #include <librdkafka/rdkafka_mock.h>
 
+#include "tool_common.h"
+
 #define MAX_CLIENTS		32
 #define MAX_LINE		4096
 #define MAX_TOKENS		1024
@@ -106,19 +108,6 @@ usage(FILE *out)
 			"  leader <topic> <partition> <broker|-1>\n");
 }
 
-static void
-die(const char *fmt,...)
-{
-	va_list		ap;
-
-	fprintf(stderr, "mock_kafka: ");
-	va_start(ap, fmt);
-	vfprintf(stderr, fmt, ap);
-	va_end(ap);
-	fputc('\n', stderr);
-	exit(1);
-}
-
 /*
  * From librdkafka 2.5 the mock answers a Produce (v10 and later) or Fetch
  * (v12 and later) that reaches a broker which is not the partition's leader
@@ -139,33 +128,13 @@ cap_leader_discovery_versions(void)
 		return;
 	if (rd_kafka_mock_set_apiversion(mcluster, produce_key, 0, 9) ||
 		rd_kafka_mock_set_apiversion(mcluster, fetch_key, 0, 11))
-		die("could not cap the Produce and Fetch versions of the mock cluster");
+		fatal("could not cap the Produce and Fetch versions of the mock cluster");
 }
 
 static void
 signal_handler(int signo)
 {
 	got_signal = signo;
-}
-
-/*
- * Strictly parse a decimal integer within [min, max].  Returns false on
- * junk, overflow or out-of-range values.
- */
-static bool
-parse_long(const char *s, long min, long max, long *result)
-{
-	char	   *end;
-	long		val;
-
-	if (s == NULL || *s == '\0')
-		return false;
-	errno = 0;
-	val = strtol(s, &end, 10);
-	if (errno != 0 || *end != '\0' || val < min || val > max)
-		return false;
-	*result = val;
-	return true;
 }
 
 /*
@@ -660,18 +629,18 @@ open_control_socket(int *port)
 
 	fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
 	if (fd < 0)
-		die("socket: %s", strerror(errno));
+		fatal("socket: %s", strerror(errno));
 	setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
 	memset(&addr, 0, sizeof(addr));
 	addr.sin_family = AF_INET;
 	addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
 	addr.sin_port = 0;
 	if (bind(fd, (struct sockaddr *) &addr, sizeof(addr)) != 0)
-		die("bind 127.0.0.1:0: %s", strerror(errno));
+		fatal("bind 127.0.0.1:0: %s", strerror(errno));
 	if (listen(fd, 16) != 0)
-		die("listen: %s", strerror(errno));
+		fatal("listen: %s", strerror(errno));
 	if (getsockname(fd, (struct sockaddr *) &addr, &addrlen) != 0)
-		die("getsockname: %s", strerror(errno));
+		fatal("getsockname: %s", strerror(errno));
 	*port = ntohs(addr.sin_port);
 	return fd;
 }
@@ -729,12 +698,12 @@ main(int argc, char **argv)
 		if (val == NULL)
 		{
 			usage(stderr);
-			die("option %s needs an argument (or is unknown)", arg);
+			fatal("option %s needs an argument (or is unknown)", arg);
 		}
 		if (strcmp(arg, "--brokers") == 0)
 		{
 			if (!parse_long(val, 1, MAX_BROKERS, &n))
-				die("invalid --brokers \"%s\" (valid: 1..%d)", val,
+				fatal("invalid --brokers \"%s\" (valid: 1..%d)", val,
 					MAX_BROKERS);
 			broker_cnt = (int) n;
 		}
@@ -745,7 +714,7 @@ main(int argc, char **argv)
 		else if (strcmp(arg, "--max-seconds") == 0)
 		{
 			if (!parse_long(val, 1, LONG_MAX / 2, &n))
-				die("invalid --max-seconds \"%s\"", val);
+				fatal("invalid --max-seconds \"%s\"", val);
 			max_seconds = n;
 		}
 		else if (strcmp(arg, "--topic") == 0)
@@ -754,16 +723,16 @@ main(int argc, char **argv)
 			char	   *colon;
 
 			if (ntopics == MAX_TOPICS)
-				die("too many --topic options (max %d)", MAX_TOPICS);
+				fatal("too many --topic options (max %d)", MAX_TOPICS);
 			copy = strdup(val);
 			colon = strrchr(copy, ':');
 			if (colon == NULL)
-				die("--topic wants NAME:PARTITIONS, got \"%s\"", val);
+				fatal("--topic wants NAME:PARTITIONS, got \"%s\"", val);
 			*colon = '\0';
 			if (!valid_topic_name(copy))
-				die("invalid topic name \"%s\"", copy);
+				fatal("invalid topic name \"%s\"", copy);
 			if (!parse_long(colon + 1, 1, 10000, &n))
-				die("invalid partition count in --topic \"%s\"", val);
+				fatal("invalid partition count in --topic \"%s\"", val);
 			topics[ntopics].name = copy;
 			topics[ntopics].partitions = (int) n;
 			ntopics++;
@@ -771,7 +740,7 @@ main(int argc, char **argv)
 		else
 		{
 			usage(stderr);
-			die("unknown option \"%s\"", arg);
+			fatal("unknown option \"%s\"", arg);
 		}
 		i++;
 	}
@@ -787,16 +756,14 @@ main(int argc, char **argv)
 
 	conf = rd_kafka_conf_new();
 	rd_kafka_conf_set_log_cb(conf, log_cb);
-	if (rd_kafka_conf_set(conf, "client.id", "mock_kafka", errstr,
-						  sizeof(errstr)) != RD_KAFKA_CONF_OK)
-		die("%s", errstr);
+	conf_set(conf, "client.id", "mock_kafka");
 	rk = rd_kafka_new(RD_KAFKA_PRODUCER, conf, errstr, sizeof(errstr));
 	if (rk == NULL)
-		die("could not create dummy producer: %s", errstr);
+		fatal("could not create dummy producer: %s", errstr);
 
 	mcluster = rd_kafka_mock_cluster_new(rk, broker_cnt);
 	if (mcluster == NULL)
-		die("could not create mock cluster with %d brokers", broker_cnt);
+		fatal("could not create mock cluster with %d brokers", broker_cnt);
 	cap_leader_discovery_versions();
 
 	for (i = 0; i < ntopics; i++)
@@ -808,7 +775,7 @@ main(int argc, char **argv)
 										 topics[i].partitions,
 										 broker_cnt < 3 ? broker_cnt : 3);
 		if (err)
-			die("could not create topic \"%s\": %s", topics[i].name,
+			fatal("could not create topic \"%s\": %s", topics[i].name,
 				rd_kafka_err2str(err));
 	}
 

@@ -52,6 +52,8 @@
 
 #include <librdkafka/rdkafka.h>
 
+#include "tool_common.h"
+
 #define EXIT_ANOMALIES	1
 #define EXIT_TIMEOUT	2
 #define EXIT_SETUP		3
@@ -135,8 +137,7 @@ static bool opt_print;
 static bool opt_verbose;
 static bool opt_any_start;
 static long timeout_ms = 30000;
-static const char **extra_conf;	/* "prop=val" strings from -X */
-static int	nextra_conf;
+static ToolList extra_conf;		/* "prop=val" strings from -X */
 
 /* aggregates, plus an open-addressing hash index over them */
 static Agg *aggs;
@@ -187,19 +188,6 @@ usage(FILE *out)
 			"  -X PROP=VAL        extra librdkafka consumer property (repeatable)\n"
 			"\n"
 			"Exit status: 0 ok, 1 anomalies, 2 read incomplete, 3 usage/setup error.\n");
-}
-
-static void
-fatal(const char *fmt,...)
-{
-	va_list		ap;
-
-	fprintf(stderr, "order_check: ");
-	va_start(ap, fmt);
-	vfprintf(stderr, fmt, ap);
-	va_end(ap);
-	fputc('\n', stderr);
-	exit(EXIT_SETUP);
 }
 
 static void *
@@ -366,25 +354,36 @@ hole_append(Agg *a, int64_t lo, int64_t hi)
 	a->nholes++;
 }
 
+/* bsearch(3) order of a version (key) against a hole's range [lo, hi]. */
+static int
+cmp_version_hole(const void *key, const void *elem)
+{
+	int64_t		v = *(const int64_t *) key;
+	const Hole *h = elem;
+
+	return v < h->lo ? -1 : v > h->hi ? 1 : 0;
+}
+
+/* bsearch(3) order of a version (key) against a database event's. */
+static int
+cmp_version_event(const void *key, const void *elem)
+{
+	int64_t		v = *(const int64_t *) key;
+	const DbEvent *e = elem;
+
+	return v < e->version ? -1 : v > e->version ? 1 : 0;
+}
+
 /* Index of the hole containing v, or -1. */
 static int
 hole_find(const Agg *a, int64_t v)
 {
-	int			lo = 0;
-	int			hi = a->nholes - 1;
+	const Hole *h;
 
-	while (lo <= hi)
-	{
-		int			mid = lo + (hi - lo) / 2;
-
-		if (v < a->holes[mid].lo)
-			hi = mid - 1;
-		else if (v > a->holes[mid].hi)
-			lo = mid + 1;
-		else
-			return mid;
-	}
-	return -1;
+	if (a->nholes == 0)
+		return -1;
+	h = bsearch(&v, a->holes, (size_t) a->nholes, sizeof(Hole), cmp_version_hole);
+	return h ? (int) (h - a->holes) : -1;
 }
 
 /* Mark v (inside hole i) as seen. */
@@ -538,21 +537,11 @@ static void
 match_event(const rd_kafka_message_t *m, const Agg *a, int64_t version,
 			const char *event_id, size_t len)
 {
-	int			lo = 0;
-	int			hi = a->nevents - 1;
 	const DbEvent *found = NULL;
 
-	while (lo <= hi && found == NULL)
-	{
-		int			mid = lo + (hi - lo) / 2;
-
-		if (version < a->events[mid].version)
-			hi = mid - 1;
-		else if (version > a->events[mid].version)
-			lo = mid + 1;
-		else
-			found = &a->events[mid];
-	}
+	if (a->nevents > 0)
+		found = bsearch(&version, a->events, (size_t) a->nevents, sizeof(DbEvent),
+						cmp_version_event);
 	if (found != NULL && strlen(found->event_id) == len &&
 		memcmp(found->event_id, event_id, len) == 0)
 		return;
@@ -728,24 +717,8 @@ make_consumer(void)
 
 	snprintf(group, sizeof(group), "order_check-%d", (int) getpid());
 	for (i = 0; i < sizeof(settings) / sizeof(settings[0]); i++)
-	{
-		if (rd_kafka_conf_set(conf, settings[i][0], settings[i][1], errstr,
-							  sizeof(errstr)) != RD_KAFKA_CONF_OK)
-			fatal("%s", errstr);
-	}
-	for (i = 0; i < (size_t) nextra_conf; i++)
-	{
-		char	   *prop = strdup(extra_conf[i]);
-		char	   *eq = prop ? strchr(prop, '=') : NULL;
-
-		if (eq == NULL)
-			fatal("-X wants PROP=VAL, got \"%s\"", extra_conf[i]);
-		*eq = '\0';
-		if (rd_kafka_conf_set(conf, prop, eq + 1, errstr,
-							  sizeof(errstr)) != RD_KAFKA_CONF_OK)
-			fatal("%s", errstr);
-		free(prop);
-	}
+		conf_set(conf, settings[i][0], settings[i][1]);
+	conf_set_extra(conf, &extra_conf);
 	rk = rd_kafka_new(RD_KAFKA_CONSUMER, conf, errstr, sizeof(errstr));
 	if (rk == NULL)
 		fatal("could not create consumer: %s", errstr);
@@ -1001,6 +974,30 @@ consume_all(rd_kafka_t *rk, int64_t deadline)
 	return true;
 }
 
+static void say_anomaly(const char *kind, const Agg *a, const char *tname,
+						int32_t partition, int64_t offset, const char *fmt,...)
+			__attribute__((format(printf, 6, 7)));
+
+/*
+ * With --verbose, say one anomaly at a message: "order_check: <kind>:
+ * aggregate <id> at <topic> [<partition>] offset <offset>: <what>".
+ */
+static void
+say_anomaly(const char *kind, const Agg *a, const char *tname, int32_t partition,
+			int64_t offset, const char *fmt,...)
+{
+	va_list		ap;
+
+	if (!opt_verbose)
+		return;
+	printf("order_check: %s: aggregate %s at %s [%" PRId32 "] offset %" PRId64 ": ",
+		   kind, a->id, tname, partition, offset);
+	va_start(ap, fmt);
+	vprintf(fmt, ap);
+	va_end(ap);
+	putchar('\n');
+}
+
 /* ---- judging ---- */
 
 static void
@@ -1043,11 +1040,9 @@ judge_part(int pidx)
 			else
 			{
 				n_gaps++;
-				if (opt_verbose)
-					printf("order_check: gap: aggregate %s at %s [%" PRId32
-						   "] offset %" PRId64 ": starts at version %" PRId64
-						   " (1..%" PRId64 " not seen)\n",
-						   a->id, tname, p->partition, rec->offset, v, v - 1);
+				say_anomaly("gap", a, tname, p->partition, rec->offset,
+							"starts at version %" PRId64 " (1..%" PRId64 " not seen)",
+							v, v - 1);
 			}
 			if (v > 1)
 				hole_append(a, 1, v - 1);
@@ -1061,12 +1056,9 @@ judge_part(int pidx)
 		else if (v > a->highest + 1)
 		{
 			n_gaps++;
-			if (opt_verbose)
-				printf("order_check: gap: aggregate %s at %s [%" PRId32
-					   "] offset %" PRId64 ": version %" PRId64 " after %"
-					   PRId64 " (%" PRId64 "..%" PRId64 " not seen)\n",
-					   a->id, tname, p->partition, rec->offset, v, a->highest,
-					   a->highest + 1, v - 1);
+			say_anomaly("gap", a, tname, p->partition, rec->offset,
+						"version %" PRId64 " after %" PRId64 " (%" PRId64 "..%"
+						PRId64 " not seen)", v, a->highest, a->highest + 1, v - 1);
 			hole_append(a, a->highest + 1, v - 1);
 			a->highest = v;
 		}
@@ -1077,22 +1069,15 @@ judge_part(int pidx)
 			if (h < 0)
 			{
 				n_duplicates++;
-				if (opt_verbose)
-					printf("order_check: duplicate: aggregate %s at %s [%"
-						   PRId32 "] offset %" PRId64 ": version %" PRId64
-						   " seen before (highest %" PRId64 ")\n",
-						   a->id, tname, p->partition, rec->offset, v,
-						   a->highest);
+				say_anomaly("duplicate", a, tname, p->partition, rec->offset,
+							"version %" PRId64 " seen before (highest %" PRId64 ")",
+							v, a->highest);
 			}
 			else
 			{
 				n_inversions++;
-				if (opt_verbose)
-					printf("order_check: inversion: aggregate %s at %s [%"
-						   PRId32 "] offset %" PRId64 ": version %" PRId64
-						   " after %" PRId64 "\n",
-						   a->id, tname, p->partition, rec->offset, v,
-						   a->highest);
+				say_anomaly("inversion", a, tname, p->partition, rec->offset,
+							"version %" PRId64 " after %" PRId64, v, a->highest);
 				hole_fill(a, h, v);
 			}
 		}
@@ -1163,64 +1148,39 @@ main(int argc, char **argv)
 	bool		complete;
 	int			rc;
 	int			i;
+	ToolList	topic_list = {0};
+	bool		help = false;
+	const ToolOpt opts[] = {
+		{"-h", OPT_FLAG, &help, 0, 0},
+		{"--print", OPT_FLAG, &opt_print, 0, 0},
+		{"--verbose", OPT_FLAG, &opt_verbose, 0, 0},
+		{"--any-start", OPT_FLAG, &opt_any_start, 0, 0},
+		{"--brokers", OPT_STRING, &brokers, 0, 0},
+		{"--topic", OPT_LIST, &topic_list, 0, 0},
+		{"--expect", OPT_STRING, &expect_file, 0, 0},
+		{"--events", OPT_STRING, &events_file, 0, 0},
+		{"--timeout-ms", OPT_LONG, &timeout_ms, 1, 86400 * 1000},
+		{"-X", OPT_LIST, &extra_conf, 0, 0},
+		{NULL, OPT_FLAG, NULL, 0, 0}
+	};
 
-	topics = xrealloc(NULL, (size_t) argc * sizeof(char *));
-	extra_conf = xrealloc(NULL, (size_t) argc * sizeof(char *));
-	for (i = 1; i < argc; i++)
+	fatal_exit_status = EXIT_SETUP;
+	parse_options(argc, argv, 1, opts, usage);
+	if (help)
 	{
-		const char *arg = argv[i];
-		const char *val = (i + 1 < argc) ? argv[i + 1] : NULL;
+		usage(stdout);
+		return 0;
+	}
+	/* a topic given twice would be assigned twice */
+	topics = xrealloc(NULL, (size_t) (topic_list.n + 1) * sizeof(char *));
+	for (i = 0; i < topic_list.n; i++)
+	{
+		int			t;
 
-		if (strcmp(arg, "--help") == 0 || strcmp(arg, "-h") == 0)
-		{
-			usage(stdout);
-			return 0;
-		}
-		else if (strcmp(arg, "--print") == 0)
-			opt_print = true;
-		else if (strcmp(arg, "--verbose") == 0)
-			opt_verbose = true;
-		else if (strcmp(arg, "--any-start") == 0)
-			opt_any_start = true;
-		else if (strcmp(arg, "--brokers") == 0 ||
-				 strcmp(arg, "--topic") == 0 ||
-				 strcmp(arg, "--expect") == 0 ||
-				 strcmp(arg, "--events") == 0 ||
-				 strcmp(arg, "--timeout-ms") == 0 ||
-				 strcmp(arg, "-X") == 0)
-		{
-			if (val == NULL)
-				fatal("option %s needs an argument", arg);
-			if (strcmp(arg, "-X") == 0)
-				extra_conf[nextra_conf++] = val;
-			else if (strcmp(arg, "--brokers") == 0)
-				brokers = val;
-			else if (strcmp(arg, "--topic") == 0)
-			{
-				int			t;
-
-				/* a topic given twice would be assigned twice */
-				for (t = 0; t < ntopics && strcmp(topics[t], val) != 0; t++)
-					;
-				if (t == ntopics)
-					topics[ntopics++] = val;
-			}
-			else if (strcmp(arg, "--expect") == 0)
-				expect_file = val;
-			else if (strcmp(arg, "--events") == 0)
-				events_file = val;
-			else
-			{
-				int64_t		n;
-
-				if (!parse_int64(val, strlen(val), 1, 86400 * 1000, &n))
-					fatal("invalid --timeout-ms \"%s\"", val);
-				timeout_ms = (long) n;
-			}
-			i++;
-		}
-		else
-			fatal("unknown option \"%s\" (try --help)", arg);
+		for (t = 0; t < ntopics && strcmp(topics[t], topic_list.items[i]) != 0; t++)
+			;
+		if (t == ntopics)
+			topics[ntopics++] = topic_list.items[i];
 	}
 	if (brokers == NULL || ntopics == 0)
 		fatal("--brokers and at least one --topic are required (try --help)");

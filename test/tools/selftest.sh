@@ -128,6 +128,44 @@ wait_exit()
 	return 1
 }
 
+# expect_output NAME PATTERN...: passes NAME if every PATTERN (grep) is in
+# the output of the last check.
+expect_output()
+{
+	local name=$1 pattern
+	shift
+	for pattern in "$@"; do
+		if ! grep -q "$pattern" <<<"$last_output"; then
+			fail "$name" "$last_output"
+			return
+		fi
+	done
+	pass "$name"
+}
+
+# expect_exit_0 PID NAME: passes NAME if PID exits, with status 0, within 10 s.
+expect_exit_0()
+{
+	if wait_exit "$1" 10 && [ "$exit_status" -eq 0 ]; then
+		pass "$2"
+	else
+		fail "$2" "status ${exit_status:-still running}"
+	fi
+}
+
+# expect_signal_exit_0 SIGNAL BROKERS WHAT: a mock of BROKERS brokers (WHAT)
+# sent SIGNAL exits 0.
+expect_signal_exit_0()
+{
+	local name=${1,,}
+	if start_mock "$name" --brokers "$2"; then
+		kill "-$1" "$last_pid"
+		expect_exit_0 "$last_pid" "SIG$1 makes mock_kafka exit 0"
+	else
+		fail "start $3 mock" "$(cat "$work/$name.log")"
+	fi
+}
+
 ctl()
 {
 	"$MOCKCTL" "$work/main.control" "$@"
@@ -333,11 +371,7 @@ check "--events: another event at a version, and a version unknown to the databa
 printf '# comment\ng1\t3\n' >"$work/good-less.exp"
 check "aggregate not in expect file is unexpected" 1 "lost=0 unexpected=1" \
 	--topic good --expect "$work/good-less.exp"
-if grep -q "unexpected: aggregate g2" <<<"$last_output"; then
-	pass "unexpected aggregate is printed"
-else
-	fail "unexpected aggregate is printed" "$last_output"
-fi
+expect_output "unexpected aggregate is printed" "unexpected: aggregate g2"
 
 produce_seq big b1 1 5000000 2
 printf 'b1\t5000000\n' >"$work/big.exp"
@@ -353,12 +387,8 @@ produce malformed m1 1 -k other >/dev/null
 produce malformed m1 1 >/dev/null
 check "malformed messages are counted" 1 "messages=4 accepted=1 malformed=3" \
 	--topic malformed --verbose
-if grep -q "missing header aggregate_version" <<<"$last_output" &&
-	grep -q "key does not match" <<<"$last_output"; then
-	pass "--verbose explains malformed messages"
-else
-	fail "--verbose explains malformed messages" "$last_output"
-fi
+expect_output "--verbose explains malformed messages" \
+	"missing header aggregate_version" "key does not match"
 
 produce pre s1 1 -p 0 >/dev/null
 produce pre s1 2 -p 0 >/dev/null
@@ -382,21 +412,13 @@ else
 fi
 
 check "--print shows messages" 0 "messages=5" --topic good --print
-if grep -q "aggregate_version=3" <<<"$last_output" &&
-	grep -q 'payload: {"aggregate":"g1","version":"3"}' <<<"$last_output"; then
-	pass "--print shows headers and payload"
-else
-	fail "--print shows headers and payload" "$last_output"
-fi
+expect_output "--print shows headers and payload" \
+	"aggregate_version=3" 'payload: {"aggregate":"g1","version":"3"}'
 
 check "--verbose lists anomalies" 1 "gaps=2" --topic holes --verbose
-if grep -q "gap: aggregate h1 at holes \[[0-9]*\] offset 1: version 5 after 1" <<<"$last_output" &&
-	grep -q "inversion: aggregate h1" <<<"$last_output" &&
-	grep -q "duplicate: aggregate h1" <<<"$last_output"; then
-	pass "--verbose anomaly lines"
-else
-	fail "--verbose anomaly lines" "$last_output"
-fi
+expect_output "--verbose anomaly lines" \
+	"gap: aggregate h1 at holes \[[0-9]*\] offset 1: version 5 after 1" \
+	"inversion: aggregate h1" "duplicate: aggregate h1"
 
 # ---------------------------------------------------------------------
 # control commands against a producer
@@ -440,11 +462,7 @@ else
 fi
 check "order_check times out with all brokers down" 2 "messages=0" \
 	--topic good --timeout-ms 1500
-if grep -q "timeout" <<<"$last_output"; then
-	pass "order_check says what timed out"
-else
-	fail "order_check says what timed out" "$last_output"
-fi
+expect_output "order_check says what timed out" "timeout"
 check_ctl "all_up" 0 all_up
 if out=$(produce ctl c3 1 -X message.timeout.ms=10000); then
 	pass "produce works after all_up"
@@ -506,11 +524,7 @@ check "delayed ack + client timeout duplicates the event" 0 \
 check_ctl "broker_errors 3 1 0:8000 (Fetch)" 0 broker_errors 3 1 0:8000
 check "order_check times out when a fetch never returns" 2 "" \
 	--topic lostack --timeout-ms 2500
-if grep -q "lostack \[0\] did not reach its high watermark 3" <<<"$last_output"; then
-	pass "timeout names the partition"
-else
-	fail "timeout names the partition" "$last_output"
-fi
+expect_output "timeout names the partition" "lostack \[0\] did not reach its high watermark 3"
 
 check_ctl "topic_create two 2 3" 0 topic_create two 2 3
 if kcat -L -b "$BS" -t two 2>/dev/null | grep -q 'topic "two" with 2 partitions'; then
@@ -561,11 +575,7 @@ fi
 # ---------------------------------------------------------------------
 
 check_ctl "quit" 0 quit
-if wait_exit "$main_pid" 10 && [ "$exit_status" -eq 0 ]; then
-	pass "quit makes mock_kafka exit 0"
-else
-	fail "quit makes mock_kafka exit 0" "status ${exit_status:-still running}"
-fi
+expect_exit_0 "$main_pid" "quit makes mock_kafka exit 0"
 if [ ! -e "$work/main.control" ] && [ ! -e "$work/main.bootstrap" ]; then
 	pass "mock_kafka removes its files on exit"
 else
@@ -578,27 +588,8 @@ else
 	fail "mockctl fails when the mock is gone" "$out"
 fi
 
-if start_mock term --brokers 1; then
-	kill -TERM "$last_pid"
-	if wait_exit "$last_pid" 10 && [ "$exit_status" -eq 0 ]; then
-		pass "SIGTERM makes mock_kafka exit 0"
-	else
-		fail "SIGTERM makes mock_kafka exit 0" "status ${exit_status:-still running}"
-	fi
-else
-	fail "start single-broker mock" "$(cat "$work/term.log")"
-fi
-
-if start_mock int --brokers 2; then
-	kill -INT "$last_pid"
-	if wait_exit "$last_pid" 10 && [ "$exit_status" -eq 0 ]; then
-		pass "SIGINT makes mock_kafka exit 0"
-	else
-		fail "SIGINT makes mock_kafka exit 0" "status ${exit_status:-still running}"
-	fi
-else
-	fail "start two-broker mock" "$(cat "$work/int.log")"
-fi
+expect_signal_exit_0 TERM 1 single-broker
+expect_signal_exit_0 INT 2 two-broker
 
 if start_mock short --max-seconds 1; then
 	if wait_exit "$last_pid" 5; then
