@@ -364,6 +364,38 @@ agg_cmp(const void *a, const void *b)
 }
 
 /*
+ * The aggregates of list (k of them) that were read before (stored) or,
+ * else, are still dirty, as array arguments in list order: their ctids
+ * (only where tids is not NULL: they are stored), ids and versions.
+ * Returns how many there are.
+ */
+static int
+aggregate_arrays(InboxAggregate **list, int k, bool stored, Datum *tids, Datum *ids, Datum *vers)
+{
+	Datum	   *t = palloc(sizeof(Datum) * Max(k, 1));
+	Datum	   *idv = palloc(sizeof(Datum) * Max(k, 1));
+	Datum	   *v = palloc(sizeof(Datum) * Max(k, 1));
+	int			m = 0;
+
+	for (int i = 0; i < k; i++)
+	{
+		if (stored ? !list[i]->stored : !list[i]->dirty)
+			continue;
+		t[m] = PointerGetDatum(&list[i]->tid);
+		idv[m] = CStringGetTextDatum(list[i]->aggregate_id);
+		v[m] = Int64GetDatum(list[i]->last_version);
+		m++;
+	}
+	if (m == 0)
+		return 0;
+	if (tids != NULL)
+		*tids = PointerGetDatum(construct_array(t, m, TIDOID, sizeof(ItemPointerData), false, TYPALIGN_SHORT));
+	*ids = PointerGetDatum(construct_array(idv, m, TEXTOID, -1, false, TYPALIGN_INT));
+	*vers = PointerGetDatum(construct_array(v, m, INT8OID, 8, FLOAT8PASSBYVAL, TYPALIGN_DOUBLE));
+	return m;
+}
+
+/*
  * Update the rows of the moved aggregates that inbox_load_aggregates read (list,
  * sorted), by ctid: no index descent, no speculative insertion.  Those
  * updated are no longer dirty.
@@ -371,27 +403,11 @@ agg_cmp(const void *a, const void *b)
 static void
 update_stored_aggregates(InboxSub *sub, HTAB *aggs, InboxAggregate **list, int k)
 {
-	Datum	   *tids = palloc(sizeof(Datum) * Max(k, 1));
-	Datum	   *ids = palloc(sizeof(Datum) * Max(k, 1));
-	Datum	   *vers = palloc(sizeof(Datum) * Max(k, 1));
-	int			m = 0;
 	Datum		args[4];
 
-	for (int i = 0; i < k; i++)
-	{
-		if (!list[i]->stored)
-			continue;
-		tids[m] = PointerGetDatum(&list[i]->tid);
-		ids[m] = CStringGetTextDatum(list[i]->aggregate_id);
-		vers[m] = Int64GetDatum(list[i]->last_version);
-		m++;
-	}
-	if (m == 0)
+	if (aggregate_arrays(list, k, true, &args[1], &args[2], &args[3]) == 0)
 		return;
 	args[0] = CStringGetTextDatum(sub->consumer);
-	args[1] = PointerGetDatum(construct_array(tids, m, TIDOID, sizeof(ItemPointerData), false, TYPALIGN_SHORT));
-	args[2] = PointerGetDatum(construct_array(ids, m, TEXTOID, -1, false, TYPALIGN_INT));
-	args[3] = PointerGetDatum(construct_array(vers, m, INT8OID, 8, FLOAT8PASSBYVAL, TYPALIGN_DOUBLE));
 	if (SPI_execute_plan(agg_update_plan, args, NULL, false, 0) != SPI_OK_UPDATE_RETURNING)
 		elog(ERROR, "could not update inbox aggregate versions");
 	for (uint64 i = 0; i < SPI_processed; i++)
@@ -412,12 +428,9 @@ inbox_flush_aggregates(InboxSub *sub, HTAB *aggs)
 {
 	long		n = hash_get_num_entries(aggs);
 	InboxAggregate **list = palloc(sizeof(InboxAggregate *) * Max(n, 1));
-	Datum	   *ids = palloc(sizeof(Datum) * Max(n, 1));
-	Datum	   *vers = palloc(sizeof(Datum) * Max(n, 1));
 	HASH_SEQ_STATUS seq;
 	InboxAggregate *a;
 	int			k = 0;
-	int			m = 0;
 	Datum		args[3];
 
 	hash_seq_init(&seq, aggs);
@@ -428,19 +441,9 @@ inbox_flush_aggregates(InboxSub *sub, HTAB *aggs)
 		return;
 	qsort(list, k, sizeof(InboxAggregate *), agg_cmp);
 	update_stored_aggregates(sub, aggs, list, k);
-	for (int i = 0; i < k; i++)
-	{
-		if (!list[i]->dirty)
-			continue;
-		ids[m] = CStringGetTextDatum(list[i]->aggregate_id);
-		vers[m] = Int64GetDatum(list[i]->last_version);
-		m++;
-	}
-	if (m == 0)
+	if (aggregate_arrays(list, k, false, NULL, &args[1], &args[2]) == 0)
 		return;
 	args[0] = CStringGetTextDatum(sub->consumer);
-	args[1] = PointerGetDatum(construct_array(ids, m, TEXTOID, -1, false, TYPALIGN_INT));
-	args[2] = PointerGetDatum(construct_array(vers, m, INT8OID, 8, FLOAT8PASSBYVAL, TYPALIGN_DOUBLE));
 	if (SPI_execute_plan(agg_flush_plan, args, NULL, false, 0) != SPI_OK_INSERT)
 		elog(ERROR, "could not store inbox aggregate versions");
 }
