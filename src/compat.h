@@ -30,6 +30,8 @@
 #include "utils/resowner.h"
 #include "utils/timestamp.h"
 #include "utils/tuplestore.h"
+
+#include "util.h"
 #if PG_VERSION_NUM >= 160000
 #include "nodes/miscnodes.h"
 #endif
@@ -242,29 +244,13 @@ outbox_jsonb_or_null(char *text, bool careful)
 		return (Datum) 0;
 	return result;
 #else
-	MemoryContext cxt = CurrentMemoryContext;
-	ResourceOwner owner = CurrentResourceOwner;
-	volatile Datum result = (Datum) 0;
+	bool		failed;
+	Datum		result;
 
 	if (!careful)
 		return DirectFunctionCall1(jsonb_in, CStringGetDatum(text));
-	BeginInternalSubTransaction(NULL);
-	MemoryContextSwitchTo(cxt);
-	PG_TRY();
-	{
-		result = DirectFunctionCall1(jsonb_in, CStringGetDatum(text));
-		ReleaseCurrentSubTransaction();
-	}
-	PG_CATCH();
-	{
-		MemoryContextSwitchTo(cxt);
-		FlushErrorState();
-		RollbackAndReleaseCurrentSubTransaction();
-	}
-	PG_END_TRY();
-	MemoryContextSwitchTo(cxt);
-	CurrentResourceOwner = owner;
-	return result;
+	result = outbox_call_catching(jsonb_in, CStringGetDatum(text), &failed);
+	return failed ? (Datum) 0 : result;
 #endif
 }
 

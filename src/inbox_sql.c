@@ -227,37 +227,13 @@ inbox_handler_problem(Oid handler, Oid role)
 Oid
 inbox_resolve_handler(const char *signature)
 {
-	MemoryContext cxt = CurrentMemoryContext;
-	ResourceOwner owner = CurrentResourceOwner;
-	volatile Oid result = InvalidOid;
+	bool		failed;
+	Datum		oid;
 
 	if (strchr(signature, '(') == NULL)
 		return InvalidOid;
-	BeginInternalSubTransaction(NULL);
-	MemoryContextSwitchTo(cxt);
-	PG_TRY();
-	{
-		LOCAL_FCINFO(fcinfo, 1);
-		Datum		oid;
-
-		InitFunctionCallInfoData(*fcinfo, NULL, 1, InvalidOid, NULL, NULL);
-		fcinfo->args[0].value = CStringGetTextDatum(signature);
-		fcinfo->args[0].isnull = false;
-		oid = to_regprocedure(fcinfo);
-		if (!fcinfo->isnull)
-			result = DatumGetObjectId(oid);
-		ReleaseCurrentSubTransaction();
-	}
-	PG_CATCH();
-	{
-		MemoryContextSwitchTo(cxt);
-		FlushErrorState();
-		RollbackAndReleaseCurrentSubTransaction();
-	}
-	PG_END_TRY();
-	MemoryContextSwitchTo(cxt);
-	CurrentResourceOwner = owner;
-	return result;
+	oid = outbox_call_catching(to_regprocedure, CStringGetTextDatum(signature), &failed);
+	return failed ? InvalidOid : DatumGetObjectId(oid);
 }
 
 /* The handler: takes one inbox_message, returns void (or is a procedure). */

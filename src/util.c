@@ -11,6 +11,7 @@
  */
 #include "postgres.h"
 
+#include "access/xact.h"
 #include "common/hashfn.h"
 #include "executor/executor.h"
 #include "executor/spi.h"
@@ -22,6 +23,7 @@
 #include "rewrite/rewriteHandler.h"
 #include "utils/guc.h"
 #include "utils/rel.h"
+#include "utils/resowner.h"
 
 #include "compat.h"
 #include "shmem.h"
@@ -239,4 +241,43 @@ outbox_reload_at_start(void)
 {
 	ConfigReloadPending = false;
 	ProcessConfigFile(PGC_SIGHUP);
+}
+
+/*
+ * fn(arg), or *failed if it raised an error or returned NULL: the error is
+ * caught by a subtransaction and discarded.  For a parse or look-up whose
+ * failure means "not there" where the server has no soft errors for it.
+ */
+Datum
+outbox_call_catching(PGFunction fn, Datum arg, bool *failed)
+{
+	MemoryContext cxt = CurrentMemoryContext;
+	ResourceOwner owner = CurrentResourceOwner;
+	volatile Datum result = (Datum) 0;
+	volatile bool ok = false;
+
+	BeginInternalSubTransaction(NULL);
+	MemoryContextSwitchTo(cxt);
+	PG_TRY();
+	{
+		LOCAL_FCINFO(fcinfo, 1);
+
+		InitFunctionCallInfoData(*fcinfo, NULL, 1, InvalidOid, NULL, NULL);
+		fcinfo->args[0].value = arg;
+		fcinfo->args[0].isnull = false;
+		result = fn(fcinfo);
+		ok = !fcinfo->isnull;
+		ReleaseCurrentSubTransaction();
+	}
+	PG_CATCH();
+	{
+		MemoryContextSwitchTo(cxt);
+		FlushErrorState();
+		RollbackAndReleaseCurrentSubTransaction();
+	}
+	PG_END_TRY();
+	MemoryContextSwitchTo(cxt);
+	CurrentResourceOwner = owner;
+	*failed = !ok;
+	return ok ? result : (Datum) 0;
 }

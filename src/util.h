@@ -12,6 +12,7 @@
 
 #include "postgres.h"
 
+#include "fmgr.h"
 #include "postmaster/bgworker.h"
 #include "storage/lock.h"
 
@@ -62,5 +63,7 @@ extern void outbox_bgworker_init(BackgroundWorker *worker, const char *function,
 								 const char *type, int restart_time);
 extern void outbox_test_start_delay(void);
 extern void outbox_reload_at_start(void);
+
+extern Datum outbox_call_catching(PGFunction fn, Datum arg, bool *failed);
 
 #endif							/* OUTBOX_UTIL_H */
