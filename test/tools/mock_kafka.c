@@ -97,6 +97,8 @@ usage(FILE *out)
 			"  --max-seconds S          exit after S seconds (default 3600)\n"
 			"  --topic NAME:PARTITIONS  pre-create a topic (repeatable)\n"
 			"\n"
+			"Environment: MOCK_KAFKA_DEBUG=mock logs requests and group states.\n"
+			"\n"
 			"Control commands (one per line, one reply line each):\n"
 			"  ping | bootstrap | help | quit\n"
 			"  down <broker> | up <broker> | all_down | all_up\n"
@@ -648,6 +650,9 @@ open_control_socket(int *port)
 static void
 log_cb(const rd_kafka_t *rkh, int level, const char *fac, const char *buf)
 {
+	struct timespec ts;
+	struct tm	tm;
+
 	(void) rkh;
 
 	/*
@@ -656,7 +661,11 @@ log_cb(const rd_kafka_t *rkh, int level, const char *fac, const char *buf)
 	 */
 	if (strstr(buf, "No `bootstrap.servers` configured") != NULL)
 		return;
-	fprintf(stderr, "mock_kafka: librdkafka %d %s: %s\n", level, fac, buf);
+	/* Wall-clock time, to line the mock's lines up with the server log's. */
+	clock_gettime(CLOCK_REALTIME, &ts);
+	gmtime_r(&ts.tv_sec, &tm);
+	fprintf(stderr, "%02d:%02d:%02d.%03ld mock_kafka: librdkafka %d %s: %s\n",
+			tm.tm_hour, tm.tm_min, tm.tm_sec, ts.tv_nsec / 1000000, level, fac, buf);
 }
 
 static double
@@ -757,6 +766,9 @@ main(int argc, char **argv)
 	conf = rd_kafka_conf_new();
 	rd_kafka_conf_set_log_cb(conf, log_cb);
 	conf_set(conf, "client.id", "mock_kafka");
+	/* MOCK_KAFKA_DEBUG=mock: the group coordinator's states, in the log. */
+	if (getenv("MOCK_KAFKA_DEBUG") != NULL)
+		conf_set(conf, "debug", getenv("MOCK_KAFKA_DEBUG"));
 	rk = rd_kafka_new(RD_KAFKA_PRODUCER, conf, errstr, sizeof(errstr));
 	if (rk == NULL)
 		fatal("could not create dummy producer: %s", errstr);
