@@ -28,6 +28,7 @@
 #include "utils/snapmgr.h"
 
 #include "shmem.h"
+#include "stats.h"
 #include "util.h"
 #include "publish.h"
 
@@ -222,6 +223,7 @@ publish_heap_fetch(Relation rel, ManifestEntry *entries, int n, HeapTuple *rows,
 	BlockNumber nblocks = RelationGetNumberOfBlocks(rel);
 	int		   *order = palloc(sizeof(int) * Max(n, 1));
 	Buffer		buf = InvalidBuffer;
+	int			nread = 0;
 
 	for (int i = 0; i < n; i++)
 		order[i] = i;
@@ -243,9 +245,11 @@ publish_heap_fetch(Relation rel, ManifestEntry *entries, int n, HeapTuple *rows,
 			LockBuffer(buf, BUFFER_LOCK_SHARE);
 		}
 		rows[order[k]] = fetch_on_page(rel, buf, e, snap);
+		nread++;
 	}
 	if (BufferIsValid(buf))
 		UnlockReleaseBuffer(buf);
+	outbox_count(OC_HEAP_ROWS_READ, nread);
 	pfree(order);
 	MemoryContextSwitchTo(oldcxt);
 }
