@@ -959,24 +959,42 @@ read_new_delta(const char *snapshot, int nshares, int share)
 }
 
 /*
+ * The run of a chunk's rows of one aggregate being streamed, and what was
+ * decided for it, looked up once per run rather than per row.
+ */
+typedef struct StreamRun
+{
+	const char *id;				/* the aggregate (the chunk's copy); NULL: none */
+	struct Progress *p;			/* its progress */
+	bool		caught;			/* read by index this time: its rows dropped */
+	bool		diverted;		/* in flight or diverted: its rows diverted */
+	bool		owed;			/* this read's delta owes it already */
+} StreamRun;
+
+/*
  * One row of the stream: into the flight, or, if its aggregate is in
  * flight or diverted, diverted (read by index later); dropped if its
  * aggregate was just read by index (that read saw it).
  */
 static void
-stream_row(ReadState *rs, HeapTuple tup, TupleDesc desc, const char *id, int64 seq,
+stream_row(ReadState *rs, HeapTuple tup, TupleDesc desc, StreamRun *run, int64 seq,
 		   const PublishProgress *pub)
 {
-	if (set_has(rs->caught, id))
+	if (run->caught)
 		return;
-	if (!has_room(rs) || publish_aggregate_busy(id) || publish_stream_is_diverted(id))
+	if (!has_room(rs) || run->diverted)
 	{
 		publish_stream_owe(seq);
-		publish_stream_divert(id, seq);
+		publish_stream_divert(run->id, seq);
+		run->diverted = true;
 		return;
 	}
-	if (set_add(rs->owed, id))
-		publish_stream_owe(seq);
+	if (!run->owed)
+	{
+		run->owed = true;
+		if (set_add(rs->owed, run->id))
+			publish_stream_owe(seq);
+	}
 	add_row(rs, tup, desc, publish_heap_columns(), seq, false, pub->has_row, pub->xmin,
 			&pub->tid);
 }
@@ -1078,20 +1096,32 @@ fetch_progress(Chunk *c, MemoryContext cxt)
 	Progress  **entries = MemoryContextAlloc(cxt, sizeof(Progress *) * Max(c->n, 1));
 	PublishProgress *found;
 	int			nids = 0;
+	Progress   *prev = NULL;	/* the previous row's aggregate */
+	int			prev_len = 0;
 
 	c->progress = publish_aggregate_table("outbox progress", sizeof(Progress), c->n, cxt);
 	c->aggregate_ids = MemoryContextAlloc(cxt, sizeof(char *) * c->n);
+
 	for (int i = 0; i < c->n; i++)
 	{
 		char	   *id;
 		Progress   *p;
 		bool		isnull;
 		bool		known;
+		text	   *t;
 
 		if (c->rows[i] == NULL)
 			continue;
-		id = TextDatumGetCString(heap_getattr(c->rows[i], c->col[EC_AGGREGATE_ID] + 1,
-											  RelationGetDescr(c->rel), &isnull));
+		t = DatumGetTextPP(heap_getattr(c->rows[i], c->col[EC_AGGREGATE_ID] + 1,
+										RelationGetDescr(c->rel), &isnull));
+		/* An aggregate's rows are together in the chunk: the same as before? */
+		if (prev != NULL && VARSIZE_ANY_EXHDR(t) == prev_len &&
+			memcmp(VARDATA_ANY(t), prev->aggregate_id, prev_len) == 0)
+		{
+			c->aggregate_ids[i] = prev->aggregate_id;
+			continue;
+		}
+		id = text_to_cstring(t);
 		p = hash_search(c->progress, &id, HASH_ENTER, &known);
 		if (!known)
 		{
@@ -1100,6 +1130,8 @@ fetch_progress(Chunk *c, MemoryContext cxt)
 			entries[nids++] = p;
 		}
 		c->aggregate_ids[i] = p->aggregate_id;
+		prev = p;
+		prev_len = strlen(p->aggregate_id);
 		pfree(id);
 	}
 	found = MemoryContextAlloc(cxt, sizeof(PublishProgress) * Max(nids, 1));
@@ -1116,22 +1148,29 @@ static void
 stream_chunk(ReadState *rs, Chunk *c, int64 seq)
 {
 	TupleDesc	desc = RelationGetDescr(c->rel);
+	StreamRun	run = {NULL};
 
 	for (int i = 0; i < c->n; i++)
 	{
 		HeapTuple	tup = c->rows[i];
-		Progress   *p;
 		bool		isnull;
 
 		if (tup == NULL)
 			continue;
-		p = hash_search(c->progress, &c->aggregate_ids[i], HASH_FIND, NULL);
-		if (p->state.has_row &&
-			(p->state.listed ||
+		if (c->aggregate_ids[i] != run.id)
+		{
+			run.id = c->aggregate_ids[i];
+			run.p = hash_search(c->progress, &run.id, HASH_FIND, NULL);
+			run.caught = set_has(rs->caught, run.id);
+			run.diverted = publish_aggregate_busy(run.id) || publish_stream_is_diverted(run.id);
+			run.owed = false;
+		}
+		if (run.p->state.has_row &&
+			(run.p->state.listed ||
 			 DatumGetInt64(heap_getattr(tup, c->col[EC_VERSION] + 1, desc, &isnull)) <=
-			 p->state.last_published_version))
+			 run.p->state.last_published_version))
 			continue;
-		stream_row(rs, tup, desc, p->aggregate_id, seq, &p->state);
+		stream_row(rs, tup, desc, &run, seq, &run.p->state);
 	}
 }
 
