@@ -12,12 +12,12 @@
 -- now() and clock_timestamp() already resolved to).  Changed functions are
 -- replaced in place, keeping their grants and comments; inbox_claim()
 -- becomes a C function authorising the calling role.  The outbox's txid
--- index is built again with the entries a publisher reads alone (the
--- aggregate's hash, version and id), from the rows there are.
+-- index is built again with the entries a publisher reads alone (version,
+-- id and aggregate of each event), from the rows there are.
 
 DROP INDEX @extschema@.outbox_txid_idx;
-CREATE INDEX outbox_txid_idx ON @extschema@.outbox (txid, (pg_catalog.hashtext(aggregate_id)))
-	INCLUDE (aggregate_version, id);
+CREATE INDEX outbox_txid_idx ON @extschema@.outbox (txid)
+	INCLUDE (aggregate_version, id, aggregate_id);
 
 CREATE OR REPLACE FUNCTION @extschema@.inbox_claim(consumer text, event_id text)
 RETURNS boolean

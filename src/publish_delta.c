@@ -8,19 +8,20 @@
  *	  version) in memory.
  *
  *	  The extension's txid index carries what the manifest needs besides
- *	  the row's place: (txid, hashtext(aggregate_id)) INCLUDE
- *	  (aggregate_version, id).  The delta is then read from the index
- *	  alone, without visiting the heap: a row's transaction is judged by the
- *	  txid in the entry (once per transaction, entries of one transaction
- *	  being adjacent), its share by the hash, and only this worker's share
- *	  is kept, so a worker's read of the heap is in proportion to its share,
- *	  once per row (publish_heap.c, where the row's own visibility is
- *	  checked).  An entry whose row version is not visible (an aborted
- *	  subtransaction's, an updated row's old version) is found missing
- *	  there and looked up by id: an updated row's versions share an id, so
- *	  the manifest keeps one entry per id.  Visiting the heap per entry to
- *	  learn the aggregate was half of a drain's time, and every worker paid
- *	  it for the whole delta.
+ *	  the row's place: (txid) INCLUDE (aggregate_version, id, aggregate_id).
+ *	  The delta is then read from the index alone, without visiting the
+ *	  heap: a row's transaction is judged by the txid in the entry (once per
+ *	  transaction, entries of one transaction being adjacent), its share by
+ *	  its aggregate's hash, and only this worker's share is kept, so a
+ *	  worker's read of the heap is in proportion to its share, once per row
+ *	  (publish_heap.c, where the row's own visibility is checked).  An entry
+ *	  whose row version is not visible (an aborted subtransaction's, an
+ *	  updated row's old version) is found missing there and looked up by
+ *	  id: an updated row's versions share an id, so the manifest keeps one
+ *	  entry per id.  Visiting the heap per entry to learn the aggregate was
+ *	  half of a drain's time, and every worker paid it for the whole delta.
+ *	  (Included columns, not keys: an emit's insert compares the txid alone,
+ *	  and computes no expression.)
  *
  *	  With an index on txid alone (as 0.1.0 made it, or an administrator)
  *	  each entry's row is visited in the heap; without a usable txid index
@@ -71,7 +72,6 @@
 #include "common/hashfn.h"
 #include "executor/tuptable.h"
 #include "miscadmin.h"
-#include "nodes/primnodes.h"
 #include "utils/builtins.h"
 #include "utils/fmgroids.h"
 #include "utils/fmgrprotos.h"
@@ -121,34 +121,13 @@ typedef struct DeltaRow
 } DeltaRow;
 
 /*
- * Is the index's second key hashtext(aggregate_id) under a deterministic
- * collation (the hash hash_bytes() gives, as the share and order use)?
- */
-static bool
-index_key_is_hash(Relation index)
-{
-	List	   *exprs = RelationGetIndexExpressions(index);
-	FuncExpr   *f;
-	Var		   *v;
-
-	if (list_length(exprs) != 1 || !IsA(linitial(exprs), FuncExpr))
-		return false;
-	f = (FuncExpr *) linitial(exprs);
-	if (f->funcid != F_HASHTEXT || list_length(f->args) != 1 || !IsA(linitial(f->args), Var))
-		return false;
-	v = (Var *) linitial(f->args);
-	return v->varattno == delta_columns[DC_AGGREGATE_ID] + 1 &&
-		OidIsValid(f->inputcollid) && get_collation_isdeterministic(f->inputcollid);
-}
-
-/*
  * The extension's index on outbox (txid), opened, if it is usable: looked up
  * by name under the heap's lock (a DROP INDEX before it left no stale OID;
  * one CONCURRENTLY, which does not conflict with that lock, can fail this
  * read once, and the loop reads again), a valid btree led by txid, not
  * partial.  NULL otherwise: the delta is then found by a sequential scan,
- * slower but the same rows.  *covering: it is the extension's (txid,
- * hashtext(aggregate_id)) INCLUDE (aggregate_version, id), read alone.
+ * slower but the same rows.  *covering: it is the extension's (txid)
+ * INCLUDE (aggregate_version, id, aggregate_id), read alone.
  */
 static Relation
 open_txid_index(Relation heap, bool *covering)
@@ -171,11 +150,10 @@ open_txid_index(Relation heap, bool *covering)
 		index_close(index, AccessShareLock);
 		return NULL;
 	}
-	*covering = index->rd_index->indnatts == 4 && index->rd_index->indnkeyatts == 2 &&
-		key->values[1] == 0 &&
-		key->values[2] == delta_columns[DC_VERSION] + 1 &&
-		key->values[3] == delta_columns[DC_ID] + 1 &&
-		index_key_is_hash(index);
+	*covering = index->rd_index->indnatts == 4 && index->rd_index->indnkeyatts == 1 &&
+		key->values[1] == delta_columns[DC_VERSION] + 1 &&
+		key->values[2] == delta_columns[DC_ID] + 1 &&
+		key->values[3] == delta_columns[DC_AGGREGATE_ID] + 1;
 	return index;
 }
 
@@ -331,8 +309,8 @@ add_if_in_delta(TupleTableSlot *slot, DeltaRows *d)
 
 /*
  * The delta's entries from the covering txid index alone (scan positioned
- * by the caller): (txid, hash) INCLUDE (version, id), each transaction's
- * verdict computed once for its run of adjacent entries.
+ * by the caller): (txid) INCLUDE (version, id, aggregate_id), each
+ * transaction's verdict computed once for its run of adjacent entries.
  */
 static void
 read_index_only(IndexScanDesc scan, DeltaRows *d)
@@ -347,9 +325,10 @@ read_index_only(IndexScanDesc scan, DeltaRows *d)
 		TupleDesc	desc = scan->xs_itupdesc;
 		bool		isnull[4];
 		Datum		txid = index_getattr(itup, 1, desc, &isnull[0]);
-		Datum		hash;
 		Datum		version;
 		Datum		id;
+		Datum		aggregate_id;
+		text	   *agg;
 
 		CHECK_FOR_INTERRUPTS();
 		if (isnull[0])
@@ -361,12 +340,17 @@ read_index_only(IndexScanDesc scan, DeltaRows *d)
 		}
 		if (!last_in)
 			continue;
-		hash = index_getattr(itup, 2, desc, &isnull[1]);
-		version = index_getattr(itup, 3, desc, &isnull[2]);
-		id = index_getattr(itup, 4, desc, &isnull[3]);
+		version = index_getattr(itup, 2, desc, &isnull[1]);
+		id = index_getattr(itup, 3, desc, &isnull[2]);
+		aggregate_id = index_getattr(itup, 4, desc, &isnull[3]);
 		if (isnull[1] || isnull[2] || isnull[3])
 			continue;
-		add_row(d, (uint32) DatumGetInt32(hash), DatumGetInt64(version), DatumGetInt64(id), tid);
+		agg = DatumGetTextPP(aggregate_id);
+		/* hashtext() of a deterministic collation, as the SQL share and order use */
+		add_row(d, hash_bytes((const unsigned char *) VARDATA_ANY(agg), VARSIZE_ANY_EXHDR(agg)),
+				DatumGetInt64(version), DatumGetInt64(id), tid);
+		if ((Pointer) agg != DatumGetPointer(aggregate_id))
+			pfree(agg);
 	}
 }
 
