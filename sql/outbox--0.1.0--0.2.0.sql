@@ -13,7 +13,13 @@
 -- pg_catalog.now() and pg_catalog.clock_timestamp(), the functions 0.1.0's
 -- now() and clock_timestamp() already resolved to).  Changed functions are
 -- replaced in place, keeping their grants and comments; inbox_claim()
--- becomes a C function authorising the calling role.
+-- becomes a C function authorising the calling role.  The outbox's txid
+-- index is built again with the entries a publisher reads alone (version,
+-- id and aggregate of each event), from the rows there are.
+
+DROP INDEX @extschema@.outbox_txid_idx;
+CREATE INDEX outbox_txid_idx ON @extschema@.outbox (txid)
+	INCLUDE (aggregate_version, id, aggregate_id);
 
 CREATE OR REPLACE FUNCTION @extschema@.inbox_claim(consumer text, event_id text)
 RETURNS boolean

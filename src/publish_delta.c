@@ -7,8 +7,27 @@
  *	  through the txid index and ordered by aggregate (hashtext, then
  *	  version) in memory.
  *
- *	  Without a usable txid index (dropped, invalid) the same rows are found
- *	  by a sequential scan, as the statement it replaces would have.
+ *	  The extension's txid index carries what the manifest needs besides
+ *	  the row's place: (txid) INCLUDE (aggregate_version, id, aggregate_id).
+ *	  The delta is then read from the index alone, without visiting the
+ *	  heap: a row's transaction is judged by the txid in the entry (once per
+ *	  transaction, entries of one transaction being adjacent), its share by
+ *	  its aggregate's hash, and only this worker's share is kept, so a
+ *	  worker's read of the heap is in proportion to its share, once per row
+ *	  (publish_heap.c, where the row's own visibility is checked).  An entry
+ *	  whose row version is not visible (an aborted subtransaction's, an
+ *	  updated row's old version) is found missing there and looked up by
+ *	  id: an updated row's versions share an id, so the manifest keeps one
+ *	  entry per id.  Visiting the heap per entry to learn the aggregate cost
+ *	  2,000 instructions an entry (a sixth of a drain's reading, callgrind),
+ *	  and every worker paid it for the whole delta.
+ *	  (Included columns, not keys: an emit's insert compares the txid alone,
+ *	  and computes no expression.)
+ *
+ *	  With an index on txid alone (as 0.1.0 made it, or an administrator)
+ *	  each entry's row is visited in the heap; without a usable txid index
+ *	  (dropped, invalid) the same rows are found by a sequential scan, as
+ *	  the statement it replaces would have.
  *
  *	  It replaces one SQL statement: its executor start-up (an init plan,
  *	  a sort node) was most of a small read's cost under a steady load, and
@@ -41,6 +60,8 @@
 #include "postgres.h"
 
 #include "access/genam.h"
+#include "access/itup.h"
+#include "access/transam.h"
 #include "access/xact.h"
 #include "access/xlog.h"
 #include "access/relscan.h"
@@ -63,6 +84,7 @@
 
 #include "compat.h"
 #include "shmem.h"
+#include "stats.h"
 #include "util.h"
 #include "publish.h"
 
@@ -103,28 +125,37 @@ typedef struct DeltaRow
  * The extension's index on outbox (txid), opened, if it is usable: looked up
  * by name under the heap's lock (a DROP INDEX before it left no stale OID;
  * one CONCURRENTLY, which does not conflict with that lock, can fail this
- * read once, and the loop reads again), a valid btree on txid alone, not
+ * read once, and the loop reads again), a valid btree led by txid, not
  * partial.  NULL otherwise: the delta is then found by a sequential scan,
- * slower but the same rows.
+ * slower but the same rows.  *covering: it is the extension's (txid)
+ * INCLUDE (aggregate_version, id, aggregate_id), read alone.
  */
 static Relation
-open_txid_index(Relation heap)
+open_txid_index(Relation heap, bool *covering)
 {
 	Oid			indexoid = get_relname_relid("outbox_txid_idx", RelationGetNamespace(heap));
 	Relation	index;
+	int2vector *key;
 
+	*covering = false;
 	if (!OidIsValid(indexoid) || get_rel_relkind(indexoid) != RELKIND_INDEX)
 		return NULL;
 	index = index_open(indexoid, AccessShareLock);
-	if (index->rd_index->indrelid == RelationGetRelid(heap) &&
-		index->rd_rel->relam == BTREE_AM_OID &&
-		index->rd_index->indisvalid &&
-		index->rd_index->indnkeyatts == 1 &&
-		index->rd_index->indkey.values[0] == delta_columns[DC_TXID] + 1 &&
-		RelationGetIndexPredicate(index) == NIL)
-		return index;
-	index_close(index, AccessShareLock);
-	return NULL;
+	key = &index->rd_index->indkey;
+	if (index->rd_index->indrelid != RelationGetRelid(heap) ||
+		index->rd_rel->relam != BTREE_AM_OID ||
+		!index->rd_index->indisvalid ||
+		key->values[0] != delta_columns[DC_TXID] + 1 ||
+		RelationGetIndexPredicate(index) != NIL)
+	{
+		index_close(index, AccessShareLock);
+		return NULL;
+	}
+	*covering = index->rd_index->indnatts == 4 && index->rd_index->indnkeyatts == 1 &&
+		key->values[1] == delta_columns[DC_VERSION] + 1 &&
+		key->values[2] == delta_columns[DC_ID] + 1 &&
+		key->values[3] == delta_columns[DC_AGGREGATE_ID] + 1;
+	return index;
 }
 
 /* Delta row order: by hash, then version (then id: a stable order). */
@@ -202,27 +233,64 @@ in_share(uint32 h, int nshares, int share)
 	return nshares == 1 || (int) (OUTBOX_PUBLISH_BUCKET(h) % nshares) == share;
 }
 
+/* The delta's rows as they are found: an array that grows. */
+typedef struct DeltaRows
+{
+	DeltaRow   *rows;
+	int			n;
+	int			size;
+	int			nvisited;		/* rows visited in the heap to find them */
+	int			nshares;		/* this worker's share of the buckets */
+	int			share;
+	Datum		from;			/* the previous read's snapshot */
+	Datum		to;				/* this read's */
+} DeltaRows;
+
+/* Is transaction txid (xid8) of the delta: unseen by from, seen by to? */
+static bool
+txid_in_delta(DeltaRows *d, Datum txid)
+{
+	return !DatumGetBool(DirectFunctionCall2(pg_visible_in_snapshot, txid, d->from)) &&
+		DatumGetBool(DirectFunctionCall2(pg_visible_in_snapshot, txid, d->to));
+}
+
+/* Add a row of the delta (hash: hashtext(aggregate_id)) if of our share. */
+static inline void
+add_row(DeltaRows *d, uint32 h, int64 version, int64 id, ItemPointer tid)
+{
+	DeltaRow   *r;
+
+	if (!in_share(h, d->nshares, d->share))
+		return;
+	if (d->n == d->size)
+	{
+		d->size *= 2;
+		d->rows = repalloc_huge(d->rows, sizeof(DeltaRow) * d->size);
+	}
+	r = &d->rows[d->n++];
+	r->hash = (int32) h;
+	r->version = version;
+	r->id = id;
+	r->tid = *tid;
+}
+
 /*
- * The rows of the slot's row version into rows[*n] if it is of the delta
- * (between the snapshots from and to) and of this worker's share.
+ * The row of the slot's row version, if it is of the delta and of this
+ * worker's share.
  */
 static void
-add_if_in_delta(TupleTableSlot *slot, Datum from, Datum to, int nshares, int share,
-				DeltaRow **rows, int *n, int *size)
+add_if_in_delta(TupleTableSlot *slot, DeltaRows *d)
 {
 	bool		isnull;
 	Datum		txid = slot_getattr(slot, delta_columns[DC_TXID] + 1, &isnull);
 	text	   *agg;
-	uint32		h;
-	DeltaRow   *r;
 	Datum		id;
 	Datum		version;
 	Datum		aggregate_id;
 
+	d->nvisited++;
 	/* (Not before the previous snapshot's xmin: visible in it.) */
-	if (isnull ||
-		DatumGetBool(DirectFunctionCall2(pg_visible_in_snapshot, txid, from)) ||
-		!DatumGetBool(DirectFunctionCall2(pg_visible_in_snapshot, txid, to)))
+	if (isnull || !txid_in_delta(d, txid))
 		return;
 	/* NOT NULL in the schema; a row without them is no event to publish. */
 	aggregate_id = slot_getattr(slot, delta_columns[DC_AGGREGATE_ID] + 1, &isnull);
@@ -236,25 +304,85 @@ add_if_in_delta(TupleTableSlot *slot, Datum from, Datum to, int nshares, int sha
 		return;
 	agg = DatumGetTextPP(aggregate_id);
 	/* hashtext() of a deterministic collation, as the SQL share and order use */
-	h = hash_bytes((const unsigned char *) VARDATA_ANY(agg), VARSIZE_ANY_EXHDR(agg));
-	if (!in_share(h, nshares, share))
-		return;
-	if (*n == *size)
+	add_row(d, hash_bytes((const unsigned char *) VARDATA_ANY(agg), VARSIZE_ANY_EXHDR(agg)),
+			DatumGetInt64(version), DatumGetInt64(id), &slot->tts_tid);
+}
+
+/*
+ * The delta's entries from the covering txid index alone (scan positioned
+ * by the caller): (txid) INCLUDE (version, id, aggregate_id), each
+ * transaction's verdict computed once for its run of adjacent entries.
+ */
+static void
+read_index_only(IndexScanDesc scan, DeltaRows *d)
+{
+	FullTransactionId last = InvalidFullTransactionId;
+	bool		last_in = false;
+	ItemPointer tid;
+
+	while ((tid = index_getnext_tid(scan, ForwardScanDirection)) != NULL)
 	{
-		*size *= 2;
-		*rows = repalloc_huge(*rows, sizeof(DeltaRow) * *size);
+		IndexTuple	itup = scan->xs_itup;
+		TupleDesc	desc = scan->xs_itupdesc;
+		bool		isnull[4];
+		Datum		txid = index_getattr(itup, 1, desc, &isnull[0]);
+		Datum		version;
+		Datum		id;
+		Datum		aggregate_id;
+		text	   *agg;
+
+		CHECK_FOR_INTERRUPTS();
+		if (isnull[0])
+			continue;
+		if (!FullTransactionIdEquals(DatumGetFullTransactionId(txid), last))
+		{
+			last = DatumGetFullTransactionId(txid);
+			last_in = txid_in_delta(d, txid);
+		}
+		if (!last_in)
+			continue;
+		version = index_getattr(itup, 2, desc, &isnull[1]);
+		id = index_getattr(itup, 3, desc, &isnull[2]);
+		aggregate_id = index_getattr(itup, 4, desc, &isnull[3]);
+		if (isnull[1] || isnull[2] || isnull[3])
+			continue;
+		agg = DatumGetTextPP(aggregate_id);
+		/* hashtext() of a deterministic collation, as the SQL share and order use */
+		add_row(d, hash_bytes((const unsigned char *) VARDATA_ANY(agg), VARSIZE_ANY_EXHDR(agg)),
+				DatumGetInt64(version), DatumGetInt64(id), tid);
+		if ((Pointer) agg != DatumGetPointer(aggregate_id))
+			pfree(agg);
 	}
-	r = &(*rows)[(*n)++];
-	r->hash = (int32) h;
-	r->version = DatumGetInt64(version);
-	r->id = DatumGetInt64(id);
-	r->tid = slot->tts_tid;
+}
+
+/* Find the delta's rows through the txid index from the previous xmin on. */
+static void
+read_by_txid_index(Relation heap, Relation index, bool covering, TupleTableSlot *slot,
+				   DeltaRows *d)
+{
+	IndexScanDesc scan = outbox_index_beginscan(heap, index, GetActiveSnapshot(), 1, 0);
+	ScanKeyData key;
+
+	ScanKeyInit(&key, 1, BTGreaterEqualStrategyNumber, F_XID8GE,
+				DirectFunctionCall1(pg_snapshot_xmin, d->from));
+	scan->xs_want_itup = covering;
+	index_rescan(scan, &key, 1, NULL, 0);
+	if (covering)
+		read_index_only(scan, d);
+	else
+		while (index_getnext_slot(scan, ForwardScanDirection, slot))
+		{
+			CHECK_FOR_INTERRUPTS();
+			add_if_in_delta(slot, d);
+		}
+	index_endscan(scan);
 }
 
 /*
  * The delta between snapshot from (the previous read's, as text) and the
  * read's snapshot to: its entries (palloc'd in the current context) in
- * aggregate order, of the share-th of nshares shares.  Returns how many.
+ * aggregate order, one per row (by id), of the share-th of nshares shares.
+ * Returns how many.
  */
 int
 publish_delta_read(const char *from, const char *to, int nshares, int share,
@@ -263,33 +391,29 @@ publish_delta_read(const char *from, const char *to, int nshares, int share,
 	MemoryContext cxt = AllocSetContextCreate(CurrentMemoryContext, "outbox delta",
 											  ALLOCSET_DEFAULT_SIZES);
 	MemoryContext oldcxt = MemoryContextSwitchTo(cxt);
-	Datum		from_snap = DirectFunctionCall1(pg_snapshot_in, CStringGetDatum(from));
-	Datum		to_snap = DirectFunctionCall1(pg_snapshot_in, CStringGetDatum(to));
 	Relation	heap = publish_open_table(publish_heap_relid(), AccessShareLock, ACL_SELECT,
 										  delta_names, DC_NCOLUMNS, delta_columns);
-	Relation	index = open_txid_index(heap);
+	bool		covering;
+	Relation	index = open_txid_index(heap, &covering);
 	TupleTableSlot *slot = table_slot_create(heap, NULL);
-	int			size = 1024;
-	int			n = 0;
-	DeltaRow   *rows = palloc(sizeof(DeltaRow) * size);
+	DeltaRows	d;
 	ManifestEntry *out;
+	int			n = 0;
+
+	d.from = DirectFunctionCall1(pg_snapshot_in, CStringGetDatum(from));
+	d.to = DirectFunctionCall1(pg_snapshot_in, CStringGetDatum(to));
+	d.nshares = nshares;
+	d.share = share;
+	d.size = 1024;
+	d.n = 0;
+	d.nvisited = 0;
+	d.rows = palloc(sizeof(DeltaRow) * d.size);
 
 	note_async_emits();
 
 	if (index != NULL)
 	{
-		IndexScanDesc scan = outbox_index_beginscan(heap, index, GetActiveSnapshot(), 1, 0);
-		ScanKeyData key;
-
-		ScanKeyInit(&key, 1, BTGreaterEqualStrategyNumber, F_XID8GE,
-					DirectFunctionCall1(pg_snapshot_xmin, from_snap));
-		index_rescan(scan, &key, 1, NULL, 0);
-		while (index_getnext_slot(scan, ForwardScanDirection, slot))
-		{
-			CHECK_FOR_INTERRUPTS();
-			add_if_in_delta(slot, from_snap, to_snap, nshares, share, &rows, &n, &size);
-		}
-		index_endscan(scan);
+		read_by_txid_index(heap, index, covering, slot, &d);
 		index_close(index, NoLock);
 	}
 	else
@@ -299,21 +423,26 @@ publish_delta_read(const char *from, const char *to, int nshares, int share,
 		while (table_scan_getnextslot(scan, ForwardScanDirection, slot))
 		{
 			CHECK_FOR_INTERRUPTS();
-			add_if_in_delta(slot, from_snap, to_snap, nshares, share, &rows, &n, &size);
+			add_if_in_delta(slot, &d);
 		}
 		table_endscan(scan);
 	}
 	ExecDropSingleTupleTableSlot(slot);
 	table_close(heap, NoLock);
+	outbox_count(OC_HEAP_ROWS_READ, d.nvisited);
 
-	sort_delta_rows(rows, n);
+	sort_delta_rows(d.rows, d.n);
 	MemoryContextSwitchTo(oldcxt);
-	out = palloc_extended(sizeof(ManifestEntry) * Max(n, 1), MCXT_ALLOC_HUGE);
-	for (int i = 0; i < n; i++)
+	out = palloc_extended(sizeof(ManifestEntry) * Max(d.n, 1), MCXT_ALLOC_HUGE);
+	for (int i = 0; i < d.n; i++)
 	{
-		out[i].id = rows[i].id;
-		out[i].tid = rows[i].tid;
-		out[i].hash = rows[i].hash;
+		/* An id's versions are adjacent (same hash and version): one entry. */
+		if (n > 0 && out[n - 1].id == d.rows[i].id)
+			continue;
+		out[n].id = d.rows[i].id;
+		out[n].tid = d.rows[i].tid;
+		out[n].hash = d.rows[i].hash;
+		n++;
 	}
 	MemoryContextDelete(cxt);
 	*entries = out;

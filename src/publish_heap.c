@@ -27,7 +27,9 @@
 #include "utils/rls.h"
 #include "utils/snapmgr.h"
 
+#include "compat.h"
 #include "shmem.h"
+#include "stats.h"
 #include "util.h"
 #include "publish.h"
 
@@ -166,15 +168,36 @@ publish_heap_columns(void)
 	return table_columns;
 }
 
-/* qsort comparator: entries' positions by their tid. */
-static int
-entry_cmp(const void *a, const void *b, void *arg)
+/* An entry's place as one number (block, then offset), and its position. */
+typedef struct PlaceOrder
 {
-	ManifestEntry *entries = (ManifestEntry *) arg;
+	uint64		place;
+	int			pos;
+} PlaceOrder;
 
-	return ItemPointerCompare(&entries[*(const int *) a].tid,
-							  &entries[*(const int *) b].tid);
+/*
+ * sort_places(places, n): by place, the comparison inlined (qsort_arg()
+ * calling ItemPointerCompare() through pointers was a twelfth of a fetch).
+ */
+#if OUTBOX_HAVE_SORT_TEMPLATE
+#define ST_SORT sort_places
+#define ST_ELEMENT_TYPE PlaceOrder
+#define ST_COMPARE(a, b) ((a)->place < (b)->place ? -1 : (a)->place > (b)->place ? 1 : 0)
+#define ST_SCOPE static
+#define ST_DEFINE
+#include "lib/sort_template.h"
+#else
+/* qsort comparator for PostgreSQL 13, which has no sort template. */
+static int
+place_cmp(const void *a, const void *b)
+{
+	uint64		x = ((const PlaceOrder *) a)->place;
+	uint64		y = ((const PlaceOrder *) b)->place;
+
+	return x < y ? -1 : x > y ? 1 : 0;
 }
+#define sort_places(places, n) qsort(places, n, sizeof(PlaceOrder), place_cmp)
+#endif
 
 /*
  * The row of entry e on the locked page of buf if it is still there and
@@ -220,18 +243,23 @@ publish_heap_fetch(Relation rel, ManifestEntry *entries, int n, HeapTuple *rows,
 	MemoryContext oldcxt = MemoryContextSwitchTo(cxt);
 	Snapshot	snap = GetActiveSnapshot();
 	BlockNumber nblocks = RelationGetNumberOfBlocks(rel);
-	int		   *order = palloc(sizeof(int) * Max(n, 1));
+	PlaceOrder *order = palloc(sizeof(PlaceOrder) * Max(n, 1));
 	Buffer		buf = InvalidBuffer;
+	int			nread = 0;
 
 	for (int i = 0; i < n; i++)
-		order[i] = i;
-	qsort_arg(order, n, sizeof(int), entry_cmp, entries);
+	{
+		order[i].place = ((uint64) ItemPointerGetBlockNumber(&entries[i].tid) << 16) |
+			ItemPointerGetOffsetNumber(&entries[i].tid);
+		order[i].pos = i;
+	}
+	sort_places(order, n);
 	for (int k = 0; k < n; k++)
 	{
-		ManifestEntry *e = &entries[order[k]];
+		ManifestEntry *e = &entries[order[k].pos];
 		BlockNumber blk = ItemPointerGetBlockNumber(&e->tid);
 
-		rows[order[k]] = NULL;
+		rows[order[k].pos] = NULL;
 		/* A place past the end: the table was truncated since. */
 		if (blk >= nblocks)
 			continue;
@@ -242,10 +270,12 @@ publish_heap_fetch(Relation rel, ManifestEntry *entries, int n, HeapTuple *rows,
 			buf = ReadBuffer(rel, blk);
 			LockBuffer(buf, BUFFER_LOCK_SHARE);
 		}
-		rows[order[k]] = fetch_on_page(rel, buf, e, snap);
+		rows[order[k].pos] = fetch_on_page(rel, buf, e, snap);
+		nread++;
 	}
 	if (BufferIsValid(buf))
 		UnlockReleaseBuffer(buf);
+	outbox_count(OC_HEAP_ROWS_READ, nread);
 	pfree(order);
 	MemoryContextSwitchTo(oldcxt);
 }

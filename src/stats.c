@@ -41,6 +41,7 @@ const char *const outbox_counter_names[OC_NUM_COUNTERS] = {
 	[OC_ORDER_GUARD_STOPS] = "order_guard_stops",
 	[OC_ORDER_VIOLATIONS] = "order_violations",
 	[OC_STALE_REPORTS] = "stale_reports",
+	[OC_HEAP_ROWS_READ] = "heap_rows_read",
 	[OC_WORKER_ERRORS] = "worker_errors",
 	[OC_RETENTION_DELETED] = "retention_deleted",
 	[OC_INBOX_RETENTION_DELETED] = "inbox_retention_deleted",

@@ -5,7 +5,7 @@ BEGIN;
 CREATE SCHEMA ob;
 CREATE EXTENSION outbox SCHEMA ob;
 
-SELECT plan(193);
+SELECT plan(194);
 
 -- Extension
 
@@ -254,7 +254,10 @@ SELECT throws_ok($$INSERT INTO ob.publisher_control (singleton) VALUES (false)$$
 SELECT indexes_are('ob', 'outbox', ARRAY['outbox_pkey', 'outbox_event_id_key',
                    'outbox_position_unique', 'outbox_txid_idx', 'outbox_disposed_idx'],
                    'outbox has exactly the expected indexes');
-SELECT has_index('ob', 'outbox', 'outbox_txid_idx', 'txid', 'the stream index is on txid');
+SELECT has_index('ob', 'outbox', 'outbox_txid_idx', ARRAY['txid', 'aggregate_version', 'id', 'aggregate_id'],
+                 'the stream index is on txid and carries each event''s version, id and aggregate');
+SELECT is((SELECT indnkeyatts FROM pg_index WHERE indexrelid = 'ob.outbox_txid_idx'::regclass),
+          1::int2, 'the stream index''s key is txid alone (the rest is included)');
 SELECT index_is_type('ob', 'outbox', 'outbox_txid_idx', 'btree', 'the stream index is a btree');
 SELECT is((SELECT indpred IS NULL FROM pg_index WHERE indexrelid = 'ob.outbox_txid_idx'::regclass),
           true, 'the stream index holds every row (no predicate)');

@@ -3,6 +3,7 @@
 use strict;
 use warnings;
 
+use IPC::Run;
 use PostgreSQL::Test::Utils;
 use Test::More;
 
@@ -11,9 +12,32 @@ use MockKafka;
 use OutboxTest;
 
 my ($node, $mk) = outbox_setup('shape', max_seconds => 600,
-	mock_cmds => [ 'topic_create outbox.event.order 3 1' ]);
+	mock_cmds => [ 'topic_create outbox.event.order 3 1', 'topic_create outbox.event.json 1 1' ]);
 
 check_message_shape($node, $mk->bootstrap);
+
+# The publisher writes a JSON payload's text itself (src/publish_read.c):
+# byte for byte what jsonb_out() gives, for every kind of value, escapes,
+# nesting and raw scalars.  One aggregate on one partition: the records in
+# offset order are the events in version order.
+my @json = (
+	'{"total": 10}', '{}', '[]', 'null', 'true', 'false', '42', '-3.140', '1e3',
+	'"a raw \\"string\\" \\\\ with escapes"',
+	'[1, "a", null, true, false, 1.50, -0.0001, 12345678901234567890.123, [], {}]',
+	'{"s": "quote \\" backslash \\\\ slash / ctrl \\u0001\\u001f \\b\\f\\n\\r\\t é 😀 end"}',
+	'{"k\\"ey\\n": 1, "": "", "a": {"b": [1, {"c": []}], "d": {}}, "e": [[], [[1]], {"f": "g"}]}',
+	'{"long": "' . ('plain text ' x 50) . '\\t' . ('more ' x 50) . '"}');
+$node->safe_psql('postgres', join '',
+	map { "SELECT outbox_emit('json', 'j-1', 'Json', \$j\$$_\$j\$::jsonb);\n" } @json);
+ok(defined wait_published($node, 60), 'JSON payloads of every kind published');
+my $db = $node->safe_psql('postgres',
+	q{SELECT payload::text FROM outbox WHERE aggregate_id = 'j-1' ORDER BY aggregate_version});
+my ($values, $kerr) = ('', '');
+IPC::Run::run([ 'kcat', '-C', '-b', $mk->bootstrap, '-t', 'outbox.event.json', '-e', '-q',
+				'-f', '%s\n' ], '>', \$values, '2>', \$kerr, IPC::Run::timeout(60));
+chomp $values;
+is($values, $db, 'each JSON payload is sent as jsonb_out() writes it, byte for byte')
+  or diag $kerr;
 
 $node->stop;
 $mk->stop;
