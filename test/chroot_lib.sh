@@ -181,6 +181,14 @@ chroot_configure() {
 # (PostgreSQL's shared memory), undone by chroot_cleanup.
 chroot_mount() {
 	local spec target
+	# The root a mount point of its own, as a machine's is: a private mount
+	# namespace made inside (test/package.sh and test/matrix.sh, run by
+	# .ci/run in test/fresh_machine.sh's chroot) needs one.
+	if ! mountpoint -q "$chroot_root"; then
+		mount --bind "$chroot_root" "$chroot_root" ||
+			{ echo "chroot: cannot bind-mount $chroot_root on itself" >&2; return 1; }
+		chroot_mounts+=("$chroot_root")
+	fi
 	for spec in "proc -t proc proc" "sys -t sysfs -o ro sysfs" "dev --bind /dev" \
 		"dev/pts --bind /dev/pts" "dev/shm -t tmpfs -o mode=1777 tmpfs"; do
 		target=$chroot_root/${spec%% *}
