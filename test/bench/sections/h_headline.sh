@@ -103,7 +103,7 @@ headline_report() {
 	echo
 	echo "$(fmt "$N") events over $(fmt "$AGGS_MAIN") aggregates preloaded in one transaction while the publisher"
 	echo "runs, warm; timed from the commit until the publisher has published them all, watching only what"
-	echo "it reports, every 20 ms (the extension: its shared-memory counter \`events_published\`; PgQ and"
+	echo "it reports, every ${BENCH_DRAIN_INTERVAL_MS:-2} ms (the extension: its shared-memory counter \`events_published\`; PgQ and"
 	echo "logical decoding: their status file), no debug logging.  1,000 transactions: the same events"
 	echo "preloaded in 1,000 transactions while the publisher was stopped, timed from its resumption."
 	[ -n "$kafka" ] || echo "5 ms round trip: the mock delays every broker response by 5 ms (\`rtt all 5\`)."

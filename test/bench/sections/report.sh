@@ -140,7 +140,7 @@ EOF
 	echo "the same topic published first); one transaction emits (\`outbox_emit\` per row, from"
 	echo "\`generate_series\`) or inserts all events, aggregate \`order-<i mod A>\`; the clock starts when its"
 	echo "COMMIT returns; \`drain_wait\` stops it when the publisher has published them all, watching only"
-	echo "what the publisher reports, every 20 ms: the extension's shared-memory counter \`events_published\`"
+	echo "what the publisher reports, every ${BENCH_DRAIN_INTERVAL_MS:-2} ms: the extension's shared-memory counter \`events_published\`"
 	echo "(\`outbox_counters()\`: counted when a settle commits; no table or view is read), the relay's status"
 	echo "file (rows marked by its committed batches).  No debug logging during any timed run.  events/s ="
 	echo "events / that time.  Raw: time from the first produce to the last ack.  $B_REPS interleaved"
