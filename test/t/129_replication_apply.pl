@@ -31,8 +31,6 @@ use OutboxTest;
 my $restarts = $ENV{OUTBOX_FAULT_RESTARTS} // 3;
 my $events = 3000;
 
-my $mk = mock_setup(brokers => 3);
-
 # The source: a plain table named like the extension's, published.
 my $source = PostgreSQL::Test::Cluster->new('apply_source');
 pinned_init($source, allows_streaming => 'logical');
@@ -58,7 +56,7 @@ BEGIN
 END $$;
 });
 
-my $node = outbox_node('apply', $mk, fault_conf());
+my ($node, $mk) = outbox_setup('apply', brokers => 3, fault_conf());
 $node->append_conf('postgresql.conf', q{
 wal_writer_delay = 10s
 wal_writer_flush_after = 128MB

@@ -19,9 +19,10 @@ use Test::More;
 use MockKafka;
 use OutboxTest;
 
-my $mk = mock_setup(name => 'reload_at_start');
-my $node = outbox_node('reload_at_start', $mk, brokers => '127.0.0.1:9',
-	enable_test_hooks => 'on', test_start_delay => '10s');
+# (the publisher starts pointed at no broker: outbox.brokers set last)
+my ($node, $mk) = outbox_setup('reload_at_start',
+	enable_test_hooks => 'on', test_start_delay => '10s',
+	server_conf => "outbox.brokers = '127.0.0.1:9'\n");
 
 my $delayed = qr/outbox: test hook: outbox publisher start delayed by 10000 ms/;
 ok(defined wait_until(sub { slurp_file($node->logfile) =~ $delayed }, 60),
