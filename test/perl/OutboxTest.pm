@@ -19,7 +19,7 @@ use Time::HiRes qw(time sleep);
 use MockKafka;
 
 our @EXPORT = qw(pinned_init outbox_node worker_role reload_with write_file_mode mock_setup outbox_setup q1 wait_until
-  poll_until wait_back wait_published expect_file events_file emit_load counter);
+  poll_until wait_back wait_published expect_file events_file emit_load counter order_clean);
 
 # The node outbox_node made last: the one q1() queries.
 my $last_node;
@@ -211,6 +211,25 @@ sub wait_back
 	return defined wait_until(sub {
 		eval { $node->safe_psql($db // 'postgres', 'SELECT 1') eq '1' };
 	}, 60);
+}
+
+# What Kafka holds on @$topics, read back by order_check against every
+# aggregate's last version in the node (written to $file): four results
+# (the checker's verdict, nothing lost, no gap or inversion, no
+# duplicate).  Returns the checker's result hash.
+sub order_clean
+{
+	my ($mk, $node, $topics, $file) = @_;
+	my $r = $mk->check(
+		topics => $topics,
+		expect => expect_file($node, $file),
+		opts => [ '--timeout-ms', '20000' ]);
+
+	is($r->{exit}, 0, 'order_check: ' . ($r->{output} =~ s/\s+$//r));
+	is($r->{lost}, 0, 'nothing lost');
+	is($r->{gaps} + $r->{inversions}, 0, 'no gap, no inversion');
+	is($r->{duplicates}, 0, 'no duplicate');
+	return $r;
 }
 
 # Wait until nothing is pending; returns seconds taken, or undef on timeout.
