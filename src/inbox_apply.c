@@ -39,7 +39,6 @@
 #include "access/htup_details.h"
 #include "access/xact.h"
 #include "catalog/pg_type.h"
-#include "common/hashfn.h"
 #include "common/jsonapi.h"
 #include "executor/spi.h"
 #include "fmgr.h"
@@ -230,22 +229,6 @@ message_datum(InboxSub *sub, const rd_kafka_message_t *m, MessageMeta *meta,
 }
 
 /* ---------- one batch ---------- */
-
-/* Hash of an InboxAggregate key (a char * to the aggregate id). */
-static uint32
-agg_hash(const void *key, Size keysize)
-{
-	const char *s = *(const char *const *) key;
-
-	return hash_bytes((const unsigned char *) s, strlen(s));
-}
-
-/* Key comparison of the aggregate-id-keyed tables. */
-static int
-agg_match(const void *key1, const void *key2, Size keysize)
-{
-	return strcmp(*(const char *const *) key1, *(const char *const *) key2);
-}
 
 /*
  * Release the session-level advisory locks a handler took: they would
@@ -732,18 +715,8 @@ apply_messages(InboxSub *sub, PartState *parts, int nparts, HTAB *aggs,
 	pending.n = 0;
 	pending.identities = NULL;
 	if (!careful)
-	{
-		HASHCTL		hctl;
-
-		memset(&hctl, 0, sizeof(hctl));
-		hctl.keysize = sizeof(char *);
-		hctl.entrysize = sizeof(char *);
-		hctl.hcxt = CurrentMemoryContext;
-		hctl.hash = agg_hash;
-		hctl.match = agg_match;
-		pending.identities = hash_create("inbox batch identities", Max(n, 16), &hctl,
-										 HASH_ELEM | HASH_FUNCTION | HASH_COMPARE | HASH_CONTEXT);
-	}
+		pending.identities = outbox_aggregate_table("inbox batch identities", sizeof(char *),
+													Max(n, 16), CurrentMemoryContext);
 	for (i = 0; i < n; i++)
 	{
 		rd_kafka_message_t *m = sub->msgs[i];
@@ -822,7 +795,6 @@ run_batch(InboxSub *sub, int n, bool careful, TimestampTz deadline)
 {
 	int			nparts;
 	PartState  *parts;
-	HASHCTL		hctl;
 	HTAB	   *aggs;
 	FmgrInfo	flinfo;
 	rd_kafka_topic_partition_list_t *commit;
@@ -833,14 +805,8 @@ run_batch(InboxSub *sub, int n, bool careful, TimestampTz deadline)
 	/* Until the messages are gone through, a failure covers them all. */
 	batch_reached = n;
 	parts = batch_partitions(sub->msgs, sub->nmsgs, &nparts);
-	memset(&hctl, 0, sizeof(hctl));
-	hctl.keysize = sizeof(char *);
-	hctl.entrysize = sizeof(InboxAggregate);
-	hctl.hcxt = CurrentMemoryContext;
-	hctl.hash = agg_hash;
-	hctl.match = agg_match;
-	aggs = hash_create("inbox aggregates", 256, &hctl,
-					   HASH_ELEM | HASH_FUNCTION | HASH_COMPARE | HASH_CONTEXT);
+	aggs = outbox_aggregate_table("inbox aggregates", sizeof(InboxAggregate), 256,
+								  CurrentMemoryContext);
 
 	metas = palloc(sizeof(MessageMeta) * Max(n, 1));
 	for (int i = 0; i < n; i++)

@@ -165,8 +165,6 @@ extern int	outbox_batch_bytes;
 extern bool publish_listed_changed;
 extern void publish_state_init(void);
 extern void publish_set_state(const char *state);
-extern HTAB *publish_aggregate_table(const char *name, Size entrysize, long nelem,
-									 MemoryContext cxt);
 extern void publish_process_reload(void);
 extern void publish_stop_setup(void);
 extern bool publish_stop_requested(void);

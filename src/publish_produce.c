@@ -189,7 +189,7 @@ publish_produce_start(void)
 {
 	flights_context = AllocSetContextCreate(TopMemoryContext, "outbox flights",
 											ALLOCSET_DEFAULT_SIZES);
-	busy_aggregates = publish_aggregate_table("outbox busy aggregates", sizeof(char *), 1024,
+	busy_aggregates = outbox_aggregate_table("outbox busy aggregates", sizeof(char *), 1024,
 											  flights_context);
 	tracker.result_slot = result_slot;
 	tracker.delivered = delivered;
@@ -404,7 +404,7 @@ publish_flight_begin(void)
 	f->cxt = cxt;
 	f->generation = next_generation++;
 	/* Small at first (it grows): every turn walks it, a bucket at a time. */
-	f->aggregates = publish_aggregate_table("outbox flight aggregates", sizeof(BatchAggregate),
+	f->aggregates = outbox_aggregate_table("outbox flight aggregates", sizeof(BatchAggregate),
 											32, cxt);
 	f->produced_at = GetCurrentTimestamp();
 	f->untimed = !producer_reported;

@@ -749,9 +749,9 @@ catch_up_candidates(int nshares, int share, HTAB *set, HTAB *listed_xmins)
 static void
 read_by_index(ReadState *rs, int nshares, int share)
 {
-	HTAB	   *set = publish_aggregate_table("outbox catch-up", sizeof(char *), 16,
+	HTAB	   *set = outbox_aggregate_table("outbox catch-up", sizeof(char *), 16,
 											  CurrentMemoryContext);
-	HTAB	   *listed = publish_aggregate_table("outbox listed", sizeof(char *) + sizeof(TransactionId),
+	HTAB	   *listed = outbox_aggregate_table("outbox listed", sizeof(char *) + sizeof(TransactionId),
 												 16, CurrentMemoryContext);
 	int			ncand = catch_up_candidates(nshares, share, set, listed);
 	char	  **cand;
@@ -1058,7 +1058,7 @@ fetch_progress(Chunk *c, MemoryContext cxt)
 	Progress   *prev = NULL;	/* the previous row's aggregate */
 	int			prev_len = 0;
 
-	c->progress = publish_aggregate_table("outbox progress", sizeof(Progress), c->n, cxt);
+	c->progress = outbox_aggregate_table("outbox progress", sizeof(Progress), c->n, cxt);
 	c->aggregate_ids = MemoryContextAlloc(cxt, sizeof(char *) * c->n);
 
 	for (int i = 0; i < c->n; i++)
@@ -1210,8 +1210,8 @@ publish_fetch(Flight *f, int nshares, int share, int max_events, int64 max_bytes
 	rs.max_events = max_events;
 	rs.max_bytes = max_bytes;
 	/* Small at first (they grow): a read of a steady load holds a few. */
-	rs.caught = publish_aggregate_table("outbox caught up", sizeof(char *), 16, CurrentMemoryContext);
-	rs.owed = publish_aggregate_table("outbox owed", sizeof(char *), 32, CurrentMemoryContext);
+	rs.caught = outbox_aggregate_table("outbox caught up", sizeof(char *), 16, CurrentMemoryContext);
+	rs.owed = outbox_aggregate_table("outbox owed", sizeof(char *), 32, CurrentMemoryContext);
 	f->events = MemoryContextAlloc(f->cxt, sizeof(BatchEvent) * rs.size);
 	f->nevents = 0;
 	f->bytes = 0;

@@ -198,9 +198,9 @@ apply_marks(PendingMarks *pm, TimestampTz now)
 	/* Empty for each attempt: a failed one's entries say nothing. */
 	if (hash_get_num_entries(pm->applied) > 0 || hash_get_num_entries(pm->busy) > 0)
 	{
-		pm->applied = publish_aggregate_table("outbox settled aggregates", sizeof(char *),
+		pm->applied = outbox_aggregate_table("outbox settled aggregates", sizeof(char *),
 											  Max(pm->nprogress, 16), marks_context);
-		pm->busy = publish_aggregate_table("outbox busy progress rows", sizeof(char *), 16,
+		pm->busy = outbox_aggregate_table("outbox busy progress rows", sizeof(char *), 16,
 										   marks_context);
 	}
 	/*
@@ -362,9 +362,9 @@ new_marks(int nevents, int naggregates, Oid extension)
 	pm->disposed_ids = palloc(sizeof(int64) * (nevents + 1));
 	pm->disposed_actions = palloc(sizeof(char *) * (nevents + 1));
 	pm->disposed_aggregates = palloc(sizeof(char *) * (nevents + 1));
-	pm->applied = publish_aggregate_table("outbox settled aggregates", sizeof(char *),
+	pm->applied = outbox_aggregate_table("outbox settled aggregates", sizeof(char *),
 										  Max(naggregates, 16), marks_context);
-	pm->busy = publish_aggregate_table("outbox busy progress rows", sizeof(char *), 16,
+	pm->busy = outbox_aggregate_table("outbox busy progress rows", sizeof(char *), 16,
 									   marks_context);
 	MemoryContextSwitchTo(oldcxt);
 	return pm;

@@ -23,7 +23,6 @@
 
 #include <signal.h>
 
-#include "common/hashfn.h"
 #include "miscadmin.h"
 #include "pgstat.h"
 #include "postmaster/interrupt.h"
@@ -112,38 +111,6 @@ publish_set_state(const char *state)
 
 	strlcpy(slot->state, state, sizeof(slot->state));
 	pgstat_report_activity(STATE_RUNNING, state);
-}
-
-/* Hash of an aggregate id key (a char *). */
-static uint32
-aggregate_hash(const void *key, Size keysize)
-{
-	const char *s = *(const char *const *) key;
-
-	return hash_bytes((const unsigned char *) s, strlen(s));
-}
-
-/* Compare two aggregate id keys. */
-static int
-aggregate_match(const void *key1, const void *key2, Size keysize)
-{
-	return strcmp(*(const char *const *) key1, *(const char *const *) key2);
-}
-
-/* A hash table keyed by aggregate id (a char * as the entry's first field). */
-HTAB *
-publish_aggregate_table(const char *name, Size entrysize, long nelem, MemoryContext cxt)
-{
-	HASHCTL		hctl;
-
-	memset(&hctl, 0, sizeof(hctl));
-	hctl.keysize = sizeof(char *);
-	hctl.entrysize = entrysize;
-	hctl.hash = aggregate_hash;
-	hctl.match = aggregate_match;
-	hctl.hcxt = cxt;
-	return hash_create(name, nelem, &hctl,
-					   HASH_ELEM | HASH_FUNCTION | HASH_COMPARE | HASH_CONTEXT);
 }
 
 /* Process a pending reload; the loop compares the producer settings next. */

@@ -135,7 +135,7 @@ publish_stream_start(void)
 {
 	stream_context = AllocSetContextCreate(TopMemoryContext, "outbox stream",
 										   ALLOCSET_DEFAULT_SIZES);
-	diverted = publish_aggregate_table("outbox diverted aggregates", sizeof(Diverted),
+	diverted = outbox_aggregate_table("outbox diverted aggregates", sizeof(Diverted),
 									   1024, stream_context);
 }
 
@@ -264,7 +264,7 @@ publish_stream_reset(void)
 			pfree(d->aggregate_id);
 	}
 	hash_destroy(diverted);
-	diverted = publish_aggregate_table("outbox diverted aggregates", sizeof(Diverted),
+	diverted = outbox_aggregate_table("outbox diverted aggregates", sizeof(Diverted),
 									   1024, stream_context);
 	MemoryContextSwitchTo(oldcxt);
 	if (read_from)

@@ -15,6 +15,7 @@
 #include "fmgr.h"
 #include "postmaster/bgworker.h"
 #include "storage/lock.h"
+#include "utils/hsearch.h"
 
 /*
  * Advisory lock key spaces of our own: the fourth field of an advisory
@@ -65,5 +66,8 @@ extern void outbox_test_start_delay(void);
 extern void outbox_reload_at_start(void);
 
 extern Datum outbox_call_catching(PGFunction fn, Datum arg, bool *failed);
+
+extern HTAB *outbox_aggregate_table(const char *name, Size entrysize, long nelem,
+									 MemoryContext cxt);
 
 #endif							/* OUTBOX_UTIL_H */
