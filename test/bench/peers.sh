@@ -418,7 +418,7 @@ peers_report() {
 	echo
 	echo "| publisher | what runs |"
 	echo "|---|---|"
-	echo "| outbox worker | the extension, \`outbox.workers = 1\` (defaults: \`batch_events = 20000\`, \`linger.ms = 1\`); emit = \`outbox_emit()\` |"
+	echo "| outbox worker | the extension, \`outbox.workers = 1\` (defaults: \`batch_events = 20000\`, \`linger.ms = 2\`); emit = \`outbox_emit()\` |"
 	echo "| classic polling relay | \`test/bench/relay\` as in (b), \`--batch 100\` or \`--batch 1000\`, \`--poll-ms 10\`; emit = plain INSERT into \`relay_outbox\` |"
 	echo "| PgQ relay | \`test/bench/peers pgq\`: PgQ ${R[pgq.version]:-(not installed)} from Debian's \`postgresql-15-pgq3\`; emit = \`pgq.insert_event(queue, 'OrderPaid', payload, aggregate_id, version, event_id, created_at µs)\`; the relay is the ticker: each loop \`pgq.ticker(queue)\` (queue_ticker_max_lag = 0: a tick whenever there are new events), \`pgq.next_batch\`, \`pgq.get_batch_events\`, produce all, \`rd_kafka_flush\`, \`pgq.finish_batch\`; 10 ms sleep when there is no batch |"
 	echo "| logical decoding, table | \`test/bench/peers logical\`: a \`pgoutput\` slot streamed with \`START_REPLICATION\` (protocol 1, publication on a plain \`peer_outbox\` table, INSERTs only); emit = plain INSERT; produces as it reads, confirms the flush LSN up to the end of the last transaction whose events (and all before) Kafka acknowledged, at most every 5 ms |"

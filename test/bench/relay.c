@@ -61,7 +61,7 @@
  *	Producer settings (both modes, make_producer() of bench_kafka.c):
  *	librdkafka defaults plus enable.idempotence=true and
  *	partitioner=murmur2_random (what the extension also uses; it
- *	additionally sets linger.ms=1 and message.timeout.ms=0), client.id;
+ *	additionally sets linger.ms=2 and message.timeout.ms=0), client.id;
  *	-X overrides.
  *
  * test/bench/relay.c

@@ -34,7 +34,7 @@ this disk takes ~0.13 ms), \`shared_buffers = 256MB\`, \`max_wal_size = 8GB\`,
 \`checkpoint_timeout = 30min\` (an explicit CHECKPOINT precedes every measurement) and
 \`max_locks_per_transaction = 512\` (the preload emits to 10,000 aggregates in one
 transaction and \`outbox_emit\` takes one lock per aggregate).  The publisher runs with
-its defaults (\`batch_events = 20000\`, librdkafka \`linger.ms = 1\`).
+its defaults (\`batch_events = 20000\`, librdkafka \`linger.ms = 2\`).
 
 **The baselines.** \`test/bench/relay.c\`: the classic polling relay over a plain table
 \`relay_outbox(id bigserial primary key, aggregate_id, aggregate_version, topic, headers
