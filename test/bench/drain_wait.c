@@ -5,7 +5,7 @@
  *		watching what the publisher itself reports, never its tables.
  *
  *	drain_wait --dsn DSN --counter --events N [--base B] [--exec SQL]
- *	           [--interval-ms 20] [--timeout-s 600]
+ *	           [--interval-ms 20] [--timeout-s 600] [--pids P,P,...]
  *	drain_wait --dsn DSN --status-file F --events N [--base B] [--exec SQL] ...
  *
  *	With --exec, first runs SQL (typically "BEGIN; <preload>; COMMIT") on
@@ -31,7 +31,7 @@
  *	publisher would otherwise race, or one that emitted under pgbench
  *	reads it before pgbench started).  Prints one line:
  *
- *	    drain: events=N seconds=S events_per_s=R table_seconds=TS first_ack_s=FA exec_s=E commit_epoch=C
+ *	    drain: events=N seconds=S events_per_s=R table_seconds=TS first_ack_s=FA exec_s=E commit_epoch=C busy_cores=B pids_cores=P
  *
  *	seconds is the polled wall-clock time from commit to "all N
  *	published" (resolution: the interval); exec_s is how long --exec took
@@ -43,7 +43,12 @@
  *	- commit over the aggregates settled since (each keeps only its latest
  *	settle time: an upper bound of the first acknowledgement).  With
  *	--status-file, table_seconds is the file's last_settle - commit and
- *	first_ack_s is not known (0).  Exit status 1 on timeout.
+ *	first_ack_s is not known (0).  busy_cores is the machine's CPU time
+ *	(every core's, /proc/stat) between the commit and the end, divided by
+ *	that time: how many of the cores the drain kept busy; pids_cores the
+ *	same for the processes --pids lists (all their threads), 0 without.
+ *	Clock ticks are coarse (10 ms): meaningful over rounds, not one short
+ *	drain.  Exit status 1 on timeout.
  *
  * test/bench/drain_wait.c
  *
@@ -56,6 +61,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "bench_kafka.h"
 
@@ -70,7 +76,62 @@ typedef struct Options
 	long		base;
 	long		interval_ms;
 	long		timeout_s;
+	const char *pids;			/* comma-separated, or NULL */
 } Options;
+
+/* Clock ticks every core spent busy (not idle or waiting on I/O) so far. */
+static double
+machine_busy_ticks(void)
+{
+	FILE	   *f = fopen("/proc/stat", "r");
+	unsigned long long v[8] = {0};
+
+	if (f == NULL)
+		return 0;
+	/* cpu user nice system idle iowait irq softirq steal */
+	if (fscanf(f, "cpu %llu %llu %llu %llu %llu %llu %llu %llu",
+			   &v[0], &v[1], &v[2], &v[3], &v[4], &v[5], &v[6], &v[7]) != 8)
+		memset(v, 0, sizeof(v));
+	fclose(f);
+	return (double) (v[0] + v[1] + v[2] + v[5] + v[6] + v[7]);
+}
+
+/* Clock ticks (user + system, every thread) of the processes in pids. */
+static double
+pids_ticks(const char *pids)
+{
+	double		t = 0;
+	const char *p = pids;
+
+	while (p != NULL && *p != '\0')
+	{
+		char		path[64];
+		char		line[1024];
+		FILE	   *f;
+		long		pid = strtol(p, NULL, 10);
+
+		snprintf(path, sizeof(path), "/proc/%ld/stat", pid);
+		f = fopen(path, "r");
+		if (f != NULL && fgets(line, sizeof(line), f) != NULL)
+		{
+			char	   *rest = strrchr(line, ')');
+			unsigned long utime = 0,
+						stime = 0;
+
+			/* after "pid (comm)": state, then fields 4-13, then utime stime */
+			if (rest != NULL &&
+				sscanf(rest + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu",
+					   &utime, &stime) == 2)
+				t += utime + stime;
+		}
+		if (f != NULL)
+			fclose(f);
+		p = strchr(p, ',');
+		if (p != NULL)
+			p++;
+	}
+	return t;
+}
 
 /* Read "settled=S last_settle=E" from a status file (0 if absent). */
 static long
@@ -122,6 +183,7 @@ read_options(int argc, char **argv, Options *o)
 		{"--exec", OPT_STRING, &o->exec, 0, 0},
 		{"--interval-ms", OPT_LONG, &o->interval_ms, 1, 3600000},
 		{"--timeout-s", OPT_LONG, &o->timeout_s, 1, 86400},
+		{"--pids", OPT_STRING, &o->pids, 0, 0},
 		{NULL, OPT_FLAG, NULL, 0, 0}
 	};
 
@@ -131,7 +193,7 @@ read_options(int argc, char **argv, Options *o)
 	o->timeout_s = 600;
 	parse_options(argc, argv, 1, opts, NULL);
 	if (o->dsn == NULL || (o->status_file != NULL) + o->counter != 1 || o->events < 1)
-		fatal("usage: drain_wait --dsn DSN {--counter | --status-file F} --events N [--base B] [--exec SQL] [--interval-ms 20] [--timeout-s 600]");
+		fatal("usage: drain_wait --dsn DSN {--counter | --status-file F} --events N [--base B] [--exec SQL] [--interval-ms 20] [--timeout-s 600] [--pids P,P,...]");
 }
 
 /* Sleep what is left of one interval that started at before. */
@@ -151,7 +213,7 @@ sleep_rest(long interval_ms, double before)
 /* Print the result line (see the header); reads tables only now, untimed. */
 static void
 print_result(const Options *o, PGconn *conn, double secs, double texec,
-			 double last_settle, const char *commit_epoch)
+			 double last_settle, const char *commit_epoch, double busy, double pids)
 {
 	double		table_s = 0,
 				first_s = 0;
@@ -173,9 +235,9 @@ print_result(const Options *o, PGconn *conn, double secs, double texec,
 	}
 	else
 		table_s = last_settle - atof(commit_epoch);
-	printf("drain: events=%ld seconds=%.3f events_per_s=%.0f table_seconds=%.3f first_ack_s=%.3f exec_s=%.3f commit_epoch=%s\n",
+	printf("drain: events=%ld seconds=%.3f events_per_s=%.0f table_seconds=%.3f first_ack_s=%.3f exec_s=%.3f commit_epoch=%s busy_cores=%.2f pids_cores=%.2f\n",
 		   o->events, secs, secs > 0 ? o->events / secs : 0, table_s, first_s,
-		   texec, commit_epoch);
+		   texec, commit_epoch, secs > 0 ? busy / secs : 0, secs > 0 ? pids / secs : 0);
 }
 
 int
@@ -186,6 +248,9 @@ main(int argc, char **argv)
 	PGresult   *res;
 	char		commit_epoch[64];
 	double		last_settle = 0,
+				hz = (double) sysconf(_SC_CLK_TCK),
+				busy0,
+				pids0,
 				texec,
 				t0,
 				t1;
@@ -206,6 +271,8 @@ main(int argc, char **argv)
 		PQclear(res);
 	}
 	t0 = now_s();
+	busy0 = machine_busy_ticks();
+	pids0 = pids_ticks(o.pids);
 	res = exec_ok(conn, "SELECT extract(epoch FROM clock_timestamp())", PGRES_TUPLES_OK);
 	snprintf(commit_epoch, sizeof(commit_epoch), "%s", PQgetvalue(res, 0, 0));
 	PQclear(res);
@@ -226,7 +293,8 @@ main(int argc, char **argv)
 		}
 		sleep_rest(o.interval_ms, before);
 	}
-	print_result(&o, conn, t1 - t0, t0 - texec, last_settle, commit_epoch);
+	print_result(&o, conn, t1 - t0, t0 - texec, last_settle, commit_epoch,
+				 (machine_busy_ticks() - busy0) / hz, (pids_ticks(o.pids) - pids0) / hz);
 	PQfinish(conn);
 	return 0;
 }

@@ -190,6 +190,7 @@ peer_stop() { # p
 # past its progress just before exec-sql), watching only what it reports:
 # the extension's events_published counter, the others' status file.
 peer_drain() { # p [exec-sql] -> DRAIN_LINE
+	DRAIN_PIDS=$(peer_pids "$1" | sed '/^$/d' | paste -sd, -)
 	case $1 in
 		ours | paced) drain ours "$PEER_EXPECT" "${2:-}" "$PEER_BASE" ;;
 		*) drain "$PEER_STATUS" "$PEER_EXPECT" "${2:-}" "$PEER_BASE" ;;
@@ -289,6 +290,9 @@ peer_throughput() {
 	fi
 	res "$key.eps" "$(kv "$DRAIN_LINE" events_per_s)"
 	res "$key.seconds" "$(kv "$DRAIN_LINE" seconds)"
+	# (the 1,000-transaction runs rebuild DRAIN_LINE: cores of one-transaction drains only)
+	res "$key.busy_cores" "$(kv "$DRAIN_LINE" busy_cores)"
+	res "$key.pids_cores" "$(kv "$DRAIN_LINE" pids_cores)"
 	peer_stop "$p"
 	res "$key.line" "${PEER_LINE#*: }"
 	peer_expect_file "$p" "$n" "$a"

@@ -51,7 +51,7 @@ headline_run() {
 		mk rtt all 0
 		for p in ours $HL_PEERS raw; do peer_rounds "h.rtt5.$p" "$HL_REPS" eps seconds; done
 	fi
-	for p in ours ours2 $HL_PEERS raw; do peer_rounds "h.tp.$p" "$HL_REPS" eps seconds; done
+	for p in ours ours2 $HL_PEERS raw; do peer_rounds "h.tp.$p" "$HL_REPS" eps seconds busy_cores pids_cores; done
 	for p in ours $HL_PEERS; do peer_rounds "h.tx.$p" "$HL_REPS" eps seconds; done
 	res machine.load_end "$(cut -d' ' -f1-3 /proc/loadavg)"
 	res total_s "$(($(date +%s) - started))"
@@ -122,6 +122,18 @@ headline_report() {
 	echo "2 workers / 1 worker: **$(ratio "${R[h.tp.ours2.eps]:-}" "${R[h.tp.ours.eps]:-}")**."
 	echo "Outbox / best peer per round: 1 transaction $(headline_round_ratios h.tp); 1,000 transactions"
 	echo "$(headline_round_ratios h.tx)$([ -n "$kafka" ] || echo "; 5 ms round trip $(headline_round_ratios h.rtt5)")."
+	echo
+	echo "Cores kept busy from the commit to the last acknowledgement of the one-transaction drains"
+	echo "(drain_wait: CPU time over that time, the median of the rounds, from /proc; the machine has"
+	echo "${R[machine.nproc]}): the whole machine, then the publisher's processes (all their threads; a"
+	echo "peer's with its server backend or walsender):"
+	echo
+	echo "| publisher | machine | publisher |"
+	echo "|---|---:|---:|"
+	for p in ours ours2 $HL_PEERS; do
+		[ -n "${R[h.tp.$p.busy_cores]:-}" ] || continue
+		echo "| $([ "$p" = ours2 ] && echo "outbox, 2 workers" || peer_name "$p") | ${R[h.tp.$p.busy_cores]} | ${R[h.tp.$p.pids_cores]} |"
+	done
 	echo
 	echo "Every round, events/s:"
 	echo

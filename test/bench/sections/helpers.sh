@@ -118,11 +118,14 @@ status_settled() { sed -n 's/^settled=\([0-9]*\) .*/\1/p' "$1" 2>/dev/null | gre
 # looks every BENCH_DRAIN_INTERVAL_MS (default 2): a drain of 100,000
 # events takes 0.2-0.3 s on the mock, which 20 ms steps would round by up
 # to a tenth.
+# DRAIN_PIDS: the publisher's processes (comma-separated), whose share of
+# the cores drain_wait reports (pids_cores) beside the machine's (busy_cores).
 drain() { # ours|status-file events [exec-sql [base]] -> $DRAIN_LINE
 	local rc=0 what=(--counter) extra=()
 	[ "$1" = ours ] || what=(--status-file "$1")
 	[ -n "${3:-}" ] && extra+=(--exec "$3")
 	[ -n "${4:-}" ] && extra+=(--base "$4")
+	[ -n "${DRAIN_PIDS:-}" ] && extra+=(--pids "$DRAIN_PIDS")
 	DRAIN_LINE=$("$bench/drain_wait" --dsn "$dsn" "${what[@]}" --events "$2" "${extra[@]}" \
 		--interval-ms "${BENCH_DRAIN_INTERVAL_MS:-2}" --timeout-s "$DRAIN_TIMEOUT") || rc=$?
 	[ "$rc" = 0 ] && return 0
