@@ -19,7 +19,8 @@
 # lat_stats, ...) and variables (N, dsn, brokers, work, bench, tools): run.sh
 # defines them all before it sources this file.
 
-PEERS="ours relay relay1000 pgq logical logmsg"  # raw: throughput only
+# BENCH_PEERS: a subset, e.g. "ours relay1000 pgq logical" (ours first).
+PEERS=${BENCH_PEERS:-ours relay relay1000 pgq logical logmsg}  # raw: throughput only
 # The extension again with reads spaced out (steady load only, not a peer):
 # the latency it trades for CPU, measured beside the peers.
 PACED_INTERVAL=100ms
