@@ -484,7 +484,8 @@ copy_payload(BatchEvent *ev, Datum *values, bool *nulls, const int *col, bool js
 /*
  * The event's names (event id, aggregate type and id, event type, topic:
  * text, never NULL in the table) as C strings in one allocation, rather
- * than one each: five per event were a tenth of copying it.
+ * than one each: five per event were a tenth of copying it.  Their lengths
+ * are kept too: the headers and the key need them.
  */
 static void
 copy_names(BatchEvent *ev, Datum *values, bool *nulls, const int *col)
@@ -493,6 +494,8 @@ copy_names(BatchEvent *ev, Datum *values, bool *nulls, const int *col)
 	EC_EVENT_TYPE, EC_TOPIC};
 	char	  **dest[lengthof(names)] = {&ev->event_id, &ev->aggregate_type, &ev->aggregate_id,
 	&ev->event_type, &ev->topic};
+	int		   *dest_len[lengthof(names)] = {&ev->event_id_len, &ev->aggregate_type_len,
+	&ev->aggregate_id_len, &ev->event_type_len, &ev->topic_len};
 	text	   *t[lengthof(names)];
 	Size		total = 0;
 	char	   *p;
@@ -508,12 +511,14 @@ copy_names(BatchEvent *ev, Datum *values, bool *nulls, const int *col)
 		int			len;
 
 		*dest[i] = NULL;
+		*dest_len[i] = 0;
 		if (t[i] == NULL)
 			continue;
 		len = VARSIZE_ANY_EXHDR(t[i]);
 		memcpy(p, VARDATA_ANY(t[i]), len);
 		p[len] = '\0';
 		*dest[i] = p;
+		*dest_len[i] = len;
 		p += len + 1;
 		if ((Pointer) t[i] != DatumGetPointer(values[col[names[i]]]))
 			pfree(t[i]);
@@ -575,8 +580,8 @@ copy_row(BatchEvent *ev, HeapTuple tup, TupleDesc desc, const int *col, bool pub
 static int64
 event_bytes(BatchEvent *ev)
 {
-	return sizeof(BatchEvent) + strlen(ev->event_id) + strlen(ev->aggregate_type) +
-		strlen(ev->aggregate_id) + strlen(ev->event_type) + strlen(ev->topic) +
+	return sizeof(BatchEvent) + ev->event_id_len + ev->aggregate_type_len +
+		ev->aggregate_id_len + ev->event_type_len + ev->topic_len +
 		(ev->headers ? VARSIZE(ev->headers) : 0) +
 		ev->payload_len +
 		(ev->last_error ? strlen(ev->last_error) : 0);

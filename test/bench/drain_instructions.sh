@@ -153,7 +153,7 @@ for b in $builds; do
 	measure "$b" "$M" $((A / 10))
 	measure "$b" "$N" "$A"
 	echo
-	echo "$b ($(bindir "$b")): **$((($(total "$work/cg.$b.$N") - $(total "$work/cg.$b.$M")) / (N - M))) instructions per event** (the publisher process, every thread)"
+	echo "$b ($(bindir "$b")): **$((($(total "$work/cg.$b.$N") - $(total "$work/cg.$b.$M")) / (N - M))) instructions per event** (the publisher process, every thread; librdkafka's threads vary by a few hundred from run to run)"
 	echo
 	echo "| inclusive instructions per event | function |"
 	echo "|---:|---|"
@@ -161,6 +161,6 @@ for b in $builds; do
 	join -t "$TAB" -a 1 -e 0 -o 0,1.2,2.2 <(inclusive "$work/cg.$b.$N") <(inclusive "$work/cg.$b.$M") |
 		awk -F "$TAB" -v n=$((N - M)) '$1 !~ /below main|libc_start|^\?\?\?:0x|PROGRAM TOTALS|events annotated/ {
 			printf "%d\t%s\n", ($2 - $3) / n, $1 }' |
-		sort -t "$TAB" -k 1,1nr | head -n 25 | awk -F "$TAB" '{ printf "| %d | %s |\n", $1, $2 }'
+		sort -t "$TAB" -k 1,1nr | awk -F "$TAB" 'NR <= 25 { printf "| %d | %s |\n", $1, $2 }'
 done
 echo "work directory: $work" >&2
