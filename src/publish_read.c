@@ -300,6 +300,35 @@ column_text(Datum *values, bool *nulls, const int *col, EventColumn c)
 }
 
 /*
+ * The bytes escape_json() escapes: the control characters, the double
+ * quote and the backslash.
+ */
+static const bool json_escaped[256] = {
+	[0x00] = true,[0x01] = true,[0x02] = true,[0x03] = true,[0x04] = true,
+	[0x05] = true,[0x06] = true,[0x07] = true,[0x08] = true,[0x09] = true,
+	[0x0a] = true,[0x0b] = true,[0x0c] = true,[0x0d] = true,[0x0e] = true,
+	[0x0f] = true,[0x10] = true,[0x11] = true,[0x12] = true,[0x13] = true,
+	[0x14] = true,[0x15] = true,[0x16] = true,[0x17] = true,[0x18] = true,
+	[0x19] = true,[0x1a] = true,[0x1b] = true,[0x1c] = true,[0x1d] = true,
+	[0x1e] = true,[0x1f] = true,['"'] = true,['\\'] = true
+};
+
+/*
+ * Append two bytes (a separator, an escape): appendBinaryStringInfo()'s
+ * call was a tenth of an event's JSON text.
+ */
+static inline void
+append_two(StringInfo out, char a, char b)
+{
+	if (out->len + 2 >= out->maxlen)
+		enlargeStringInfo(out, 2);
+	out->data[out->len] = a;
+	out->data[out->len + 1] = b;
+	out->len += 2;
+	out->data[out->len] = '\0';
+}
+
+/*
  * Append a JSON string of len bytes as escape_json() writes it (jsonb's own
  * text output), copying the runs that need no escape at once: escape_json()
  * appends byte by byte, on a copy (pnstrdup) of each string, and was a
@@ -315,34 +344,40 @@ append_json_string(StringInfo out, const char *s, int len)
 	{
 		const char *run = s;
 
-		while (s < end && (unsigned char) *s >= ' ' && *s != '"' && *s != '\\')
+		while (s < end && !json_escaped[(unsigned char) *s])
 			s++;
 		if (s > run)
-			appendBinaryStringInfo(out, run, s - run);
+		{
+			if (out->len + (s - run) >= out->maxlen)
+				enlargeStringInfo(out, s - run);
+			memcpy(out->data + out->len, run, s - run);
+			out->len += s - run;
+			out->data[out->len] = '\0';
+		}
 		if (s == end)
 			break;
 		switch (*s)
 		{
 			case '\b':
-				appendBinaryStringInfo(out, "\\b", 2);
+				append_two(out, '\\', 'b');
 				break;
 			case '\f':
-				appendBinaryStringInfo(out, "\\f", 2);
+				append_two(out, '\\', 'f');
 				break;
 			case '\n':
-				appendBinaryStringInfo(out, "\\n", 2);
+				append_two(out, '\\', 'n');
 				break;
 			case '\r':
-				appendBinaryStringInfo(out, "\\r", 2);
+				append_two(out, '\\', 'r');
 				break;
 			case '\t':
-				appendBinaryStringInfo(out, "\\t", 2);
+				append_two(out, '\\', 't');
 				break;
 			case '"':
-				appendBinaryStringInfo(out, "\\\"", 2);
+				append_two(out, '\\', '"');
 				break;
 			case '\\':
-				appendBinaryStringInfo(out, "\\\\", 2);
+				append_two(out, '\\', '\\');
 				break;
 			default:
 				appendStringInfo(out, "\\u%04x", (int) *s);
@@ -400,7 +435,7 @@ append_jsonb_text(StringInfo out, Jsonb *jb)
 		/* A key's value follows it at once: a scalar, or a container opening. */
 		if ((type == WJB_BEGIN_ARRAY || type == WJB_BEGIN_OBJECT || type == WJB_KEY ||
 			 type == WJB_ELEM) && !first)
-			appendBinaryStringInfo(out, ", ", 2);
+			append_two(out, ',', ' ');
 		switch (type)
 		{
 			case WJB_BEGIN_ARRAY:
@@ -415,7 +450,7 @@ append_jsonb_text(StringInfo out, Jsonb *jb)
 				break;
 			case WJB_KEY:
 				append_json_scalar(out, &v);
-				appendBinaryStringInfo(out, ": ", 2);
+				append_two(out, ':', ' ');
 				/* a container value opens with first set: no ", " before it */
 				first = true;
 				break;
@@ -437,6 +472,34 @@ append_jsonb_text(StringInfo out, Jsonb *jb)
 				elog(ERROR, "unknown jsonb iterator token type %d", (int) type);
 		}
 	}
+}
+
+/*
+ * The buffer a JSON payload's text is built in, emptied: one for the
+ * worker's life rather than one per event, given back when a large
+ * payload has grown it past PAYLOAD_SCRATCH_KEEP.
+ */
+#define PAYLOAD_SCRATCH_KEEP (64 * 1024)
+static StringInfo
+payload_scratch(void)
+{
+	static StringInfo scratch = NULL;
+
+	if (scratch != NULL && scratch->maxlen > PAYLOAD_SCRATCH_KEEP)
+	{
+		pfree(scratch->data);
+		pfree(scratch);
+		scratch = NULL;
+	}
+	if (scratch == NULL)
+	{
+		MemoryContext oldcxt = MemoryContextSwitchTo(TopMemoryContext);
+
+		scratch = makeStringInfo();
+		MemoryContextSwitchTo(oldcxt);
+	}
+	resetStringInfo(scratch);
+	return scratch;
 }
 
 /* A raw payload's exact bytes, else the JSON payload's text, into ev. */
@@ -462,15 +525,13 @@ copy_payload(BatchEvent *ev, Datum *values, bool *nulls, const int *col, bool js
 	else if (json)
 	{
 		Jsonb	   *jb = DatumGetJsonbP(values[col[EC_PAYLOAD]]);
-		StringInfoData buf;
+		StringInfo	buf = payload_scratch();
 
 		/* Its text built aside and copied: the builder over-allocates. */
-		initStringInfo(&buf);
-		append_jsonb_text(&buf, jb);
-		ev->payload_len = buf.len;
-		ev->payload = palloc(buf.len + 1);
-		memcpy(ev->payload, buf.data, buf.len + 1);
-		pfree(buf.data);
+		append_jsonb_text(buf, jb);
+		ev->payload_len = buf->len;
+		ev->payload = palloc(buf->len + 1);
+		memcpy(ev->payload, buf->data, buf->len + 1);
 		if ((Pointer) jb != DatumGetPointer(values[col[EC_PAYLOAD]]))
 			pfree(jb);
 	}
