@@ -388,6 +388,70 @@ append_json_string(StringInfo out, const char *s, int len)
 	appendStringInfoCharMacro(out, '"');
 }
 
+/*
+ * The stored form of a numeric (numeric.c, the same on disk in every
+ * version): a 16-bit header, then base-10,000 digits; the short header
+ * holds the sign, the display scale and the weight (of the first digit).
+ */
+#define NUMERIC_FORM_MASK		0xC000
+#define NUMERIC_FORM_SHORT		0x8000
+#define NUMERIC_SHORT_NEG		0x2000
+#define NUMERIC_SHORT_DSCALE	0x1F80
+#define NUMERIC_SHORT_WEIGHT_NEG 0x0040
+#define NUMERIC_SHORT_WEIGHT	0x003F
+
+/*
+ * Append a short-form numeric without a fraction (display scale 0) as
+ * numeric_out() writes it, from its digits; false for any other numeric,
+ * left to numeric_out().  Its call was a fifth of an event's JSON text.
+ */
+static bool
+append_integer_numeric(StringInfo out, Numeric num)
+{
+	const char *data = VARDATA_ANY(num);
+	Size		size = VARSIZE_ANY_EXHDR(num);
+	uint16		header;
+	int			ndigits;
+	int			weight;
+
+	if (size < sizeof(uint16))
+		return false;
+	memcpy(&header, data, sizeof(header));
+	if ((header & NUMERIC_FORM_MASK) != NUMERIC_FORM_SHORT ||
+		(header & NUMERIC_SHORT_DSCALE) != 0 || (header & NUMERIC_SHORT_WEIGHT_NEG) != 0)
+		return false;
+	weight = header & NUMERIC_SHORT_WEIGHT;
+	ndigits = (size - sizeof(uint16)) / sizeof(int16);
+	if (ndigits == 0)
+	{
+		appendStringInfoCharMacro(out, '0');
+		return true;
+	}
+	if (ndigits > weight + 1)
+		return false;
+	enlargeStringInfo(out, 1 + (weight + 1) * 4);
+	if (header & NUMERIC_SHORT_NEG)
+		out->data[out->len++] = '-';
+	for (int i = 0; i <= weight; i++)
+	{
+		int16		d = 0;
+		char		group[4];
+		int			from = 0;
+
+		if (i < ndigits)
+			memcpy(&d, data + sizeof(uint16) + i * sizeof(int16), sizeof(d));
+		for (int k = 3; k >= 0; k--, d /= 10)
+			group[k] = '0' + d % 10;
+		/* the first digit without its leading zeros, as numeric_out() */
+		while (i == 0 && from < 3 && group[from] == '0')
+			from++;
+		memcpy(out->data + out->len, group + from, 4 - from);
+		out->len += 4 - from;
+	}
+	out->data[out->len] = '\0';
+	return true;
+}
+
 /* Append a scalar of a jsonb as jsonb's text output writes it. */
 static void
 append_json_scalar(StringInfo out, JsonbValue *v)
@@ -401,8 +465,9 @@ append_json_scalar(StringInfo out, JsonbValue *v)
 			append_json_string(out, v->val.string.val, v->val.string.len);
 			break;
 		case jbvNumeric:
-			appendStringInfoString(out, DatumGetCString(DirectFunctionCall1(numeric_out,
-																			NumericGetDatum(v->val.numeric))));
+			if (!append_integer_numeric(out, v->val.numeric))
+				appendStringInfoString(out, DatumGetCString(DirectFunctionCall1(numeric_out,
+																				NumericGetDatum(v->val.numeric))));
 			break;
 		case jbvBool:
 			if (v->val.boolean)
