@@ -23,6 +23,7 @@
 #include "utils/snapmgr.h"
 #include "utils/timestamp.h"
 
+#include "compat.h"
 #include "emit.h"
 #include "shmem.h"
 #include "util.h"
@@ -350,7 +351,7 @@ static rd_kafka_headers_t *
 build_headers(BatchEvent *ev)
 {
 	rd_kafka_headers_t *hdrs;
-	char		version[MAXINT8LEN + 1];
+	char		version[32];
 	int			version_len;
 	int			n = 6;
 
@@ -379,7 +380,7 @@ build_headers(BatchEvent *ev)
 									v.val.string.len);
 		}
 	}
-	version_len = pg_lltoa(ev->version, version);
+	version_len = outbox_lltoa(ev->version, version);
 	/* "id" too: where Debezium's outbox event router puts the event id. */
 	ADD_HEADER(hdrs, OUTBOX_HEADER_ID, ev->event_id, ev->event_id_len);
 	ADD_HEADER(hdrs, OUTBOX_HEADER_EVENT_ID, ev->event_id, ev->event_id_len);
