@@ -1068,7 +1068,15 @@ publish_produce_flight(Flight *f, TimestampTz deadline)
 		BatchAggregate *agg;
 		bool		found;
 
-		agg = hash_search(f->aggregates, &ev->aggregate_id, HASH_ENTER, &found);
+		/* An aggregate's events are mostly read one after another. */
+		if (i > 0 && f->events[i - 1].aggregate_id_len == ev->aggregate_id_len &&
+			strcmp(f->events[i - 1].aggregate_id, ev->aggregate_id) == 0)
+		{
+			agg = f->events[i - 1].agg;
+			found = true;
+		}
+		else
+			agg = hash_search(f->aggregates, &ev->aggregate_id, HASH_ENTER, &found);
 		if (!found)
 		{
 			agg->head = agg->tail = i;
