@@ -69,6 +69,20 @@ InitMaterializedSRF(FunctionCallInfo fcinfo, int flags)
 #endif
 
 #if PG_VERSION_NUM < 140000
+/* pg_lltoa() returns the length from 14 on. */
+#include "utils/builtins.h"
+
+static inline int
+outbox_lltoa(int64 value, char *a)
+{
+	pg_lltoa(value, a);
+	return (int) strlen(a);
+}
+#else
+#define outbox_lltoa(value, a) pg_lltoa(value, a)
+#endif
+
+#if PG_VERSION_NUM < 140000
 /* Closing the relations a trigger's firing opened was split out in 14. */
 #define ExecCloseResultRelations(estate) ExecCleanUpTriggerState(estate)
 

@@ -46,6 +46,11 @@ typedef struct BatchEvent
 	int64		version;
 	char	   *event_type;
 	char	   *topic;
+	int			event_id_len;	/* strlen() of the names, read with them */
+	int			aggregate_type_len;
+	int			aggregate_id_len;
+	int			event_type_len;
+	int			topic_len;
 	Jsonb	   *headers;
 	char	   *payload;		/* the value's bytes, NULL for a null payload */
 	size_t		payload_len;

@@ -210,11 +210,13 @@ publish_is_size_error(rd_kafka_resp_err_t err)
 bool
 publish_last_error_is_size(BatchEvent *ev)
 {
-	const char *names[] = {rd_kafka_err2name(RD_KAFKA_RESP_ERR_MSG_SIZE_TOO_LARGE),
-	rd_kafka_err2name(RD_KAFKA_RESP_ERR_RECORD_LIST_TOO_LARGE)};
+	const char *names[2];
 
+	/* most events have no error: asked twice per event produced */
 	if (ev->last_error == NULL)
 		return false;
+	names[0] = rd_kafka_err2name(RD_KAFKA_RESP_ERR_MSG_SIZE_TOO_LARGE);
+	names[1] = rd_kafka_err2name(RD_KAFKA_RESP_ERR_RECORD_LIST_TOO_LARGE);
 	for (int i = 0; i < lengthof(names); i++)
 	{
 		size_t		len = strlen(names[i]);

@@ -23,6 +23,7 @@
 #include "utils/snapmgr.h"
 #include "utils/timestamp.h"
 
+#include "compat.h"
 #include "emit.h"
 #include "shmem.h"
 #include "util.h"
@@ -335,18 +336,30 @@ timestamptz_to_unix_ms(TimestampTz t)
 		(int64) (POSTGRES_EPOCH_JDATE - UNIX_EPOCH_JDATE) * SECS_PER_DAY * 1000;
 }
 
+/* A header whose name is a string literal, its length known. */
+#define ADD_HEADER(hdrs, name, value, len) \
+	rd_kafka_header_add((hdrs), (name), sizeof(name) - 1, (value), (len))
+
 /*
  * The record's headers: the caller's, then the publisher's own
  * (record_headers.h; outbox_emit() refuses those names), and on a
  * dead-lettered record why, with the error cut to what outbox_emit()
- * counted when it checked the record's size.
+ * counted when it checked the record's size.  Every length is passed:
+ * librdkafka would measure each name and value again.
  */
 static rd_kafka_headers_t *
 build_headers(BatchEvent *ev)
 {
-	rd_kafka_headers_t *hdrs = rd_kafka_headers_new(8);
+	rd_kafka_headers_t *hdrs;
 	char		version[32];
+	int			version_len;
+	int			n = 6;
 
+	if (ev->headers != NULL)
+		n += JB_ROOT_COUNT(ev->headers);
+	if (ev->action == EV_DEAD_LETTER)
+		n += 3;
+	hdrs = rd_kafka_headers_new(n);
 	if (ev->headers != NULL)
 	{
 		JsonbIterator *it = JsonbIteratorInit(&ev->headers->root);
@@ -367,24 +380,24 @@ build_headers(BatchEvent *ev)
 									v.val.string.len);
 		}
 	}
-	snprintf(version, sizeof(version), INT64_FORMAT, ev->version);
+	version_len = outbox_lltoa(ev->version, version);
 	/* "id" too: where Debezium's outbox event router puts the event id. */
-	rd_kafka_header_add(hdrs, OUTBOX_HEADER_ID, -1, ev->event_id, -1);
-	rd_kafka_header_add(hdrs, OUTBOX_HEADER_EVENT_ID, -1, ev->event_id, -1);
-	rd_kafka_header_add(hdrs, OUTBOX_HEADER_EVENT_TYPE, -1, ev->event_type, -1);
-	rd_kafka_header_add(hdrs, OUTBOX_HEADER_AGGREGATE_TYPE, -1, ev->aggregate_type, -1);
-	rd_kafka_header_add(hdrs, OUTBOX_HEADER_AGGREGATE_ID, -1, ev->aggregate_id, -1);
-	rd_kafka_header_add(hdrs, OUTBOX_HEADER_AGGREGATE_VERSION, -1, version, -1);
+	ADD_HEADER(hdrs, OUTBOX_HEADER_ID, ev->event_id, ev->event_id_len);
+	ADD_HEADER(hdrs, OUTBOX_HEADER_EVENT_ID, ev->event_id, ev->event_id_len);
+	ADD_HEADER(hdrs, OUTBOX_HEADER_EVENT_TYPE, ev->event_type, ev->event_type_len);
+	ADD_HEADER(hdrs, OUTBOX_HEADER_AGGREGATE_TYPE, ev->aggregate_type, ev->aggregate_type_len);
+	ADD_HEADER(hdrs, OUTBOX_HEADER_AGGREGATE_ID, ev->aggregate_id, ev->aggregate_id_len);
+	ADD_HEADER(hdrs, OUTBOX_HEADER_AGGREGATE_VERSION, version, version_len);
 	if (ev->action == EV_DEAD_LETTER)
 	{
 		char		attempts[16];
 		const char *error = ev->last_error ? ev->last_error : "dead-lettered by an operator";
 
 		snprintf(attempts, sizeof(attempts), "%d", ev->attempts);
-		rd_kafka_header_add(hdrs, OUTBOX_HEADER_DEAD_LETTER_ORIGINAL_TOPIC, -1, ev->topic, -1);
-		rd_kafka_header_add(hdrs, OUTBOX_HEADER_DEAD_LETTER_ERROR, -1, error,
-							pg_mbcliplen(error, strlen(error), OUTBOX_DEAD_LETTER_ERROR_MAX_BYTES));
-		rd_kafka_header_add(hdrs, OUTBOX_HEADER_DEAD_LETTER_ATTEMPTS, -1, attempts, -1);
+		ADD_HEADER(hdrs, OUTBOX_HEADER_DEAD_LETTER_ORIGINAL_TOPIC, ev->topic, ev->topic_len);
+		ADD_HEADER(hdrs, OUTBOX_HEADER_DEAD_LETTER_ERROR, error,
+				   pg_mbcliplen(error, strlen(error), OUTBOX_DEAD_LETTER_ERROR_MAX_BYTES));
+		ADD_HEADER(hdrs, OUTBOX_HEADER_DEAD_LETTER_ATTEMPTS, attempts, -1);
 	}
 	return hdrs;
 }
@@ -789,7 +802,7 @@ produce_event(Flight *f, BatchAggregate *agg, int index, TimestampTz deadline)
 
 		err = rd_kafka_producev(publish_producer,
 								RD_KAFKA_V_TOPIC(publish_event_destination(ev)),
-								RD_KAFKA_V_KEY(ev->aggregate_id, strlen(ev->aggregate_id)),
+								RD_KAFKA_V_KEY(ev->aggregate_id, ev->aggregate_id_len),
 								RD_KAFKA_V_VALUE(ev->payload, ev->payload_len),
 								RD_KAFKA_V_TIMESTAMP(timestamptz_to_unix_ms(ev->created_at)),
 								RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY),
@@ -1055,7 +1068,15 @@ publish_produce_flight(Flight *f, TimestampTz deadline)
 		BatchAggregate *agg;
 		bool		found;
 
-		agg = hash_search(f->aggregates, &ev->aggregate_id, HASH_ENTER, &found);
+		/* An aggregate's events are mostly read one after another. */
+		if (i > 0 && f->events[i - 1].aggregate_id_len == ev->aggregate_id_len &&
+			strcmp(f->events[i - 1].aggregate_id, ev->aggregate_id) == 0)
+		{
+			agg = f->events[i - 1].agg;
+			found = true;
+		}
+		else
+			agg = hash_search(f->aggregates, &ev->aggregate_id, HASH_ENTER, &found);
 		if (!found)
 		{
 			agg->head = agg->tail = i;

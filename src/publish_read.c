@@ -300,6 +300,35 @@ column_text(Datum *values, bool *nulls, const int *col, EventColumn c)
 }
 
 /*
+ * The bytes escape_json() escapes: the control characters, the double
+ * quote and the backslash.
+ */
+static const bool json_escaped[256] = {
+	[0x00] = true,[0x01] = true,[0x02] = true,[0x03] = true,[0x04] = true,
+	[0x05] = true,[0x06] = true,[0x07] = true,[0x08] = true,[0x09] = true,
+	[0x0a] = true,[0x0b] = true,[0x0c] = true,[0x0d] = true,[0x0e] = true,
+	[0x0f] = true,[0x10] = true,[0x11] = true,[0x12] = true,[0x13] = true,
+	[0x14] = true,[0x15] = true,[0x16] = true,[0x17] = true,[0x18] = true,
+	[0x19] = true,[0x1a] = true,[0x1b] = true,[0x1c] = true,[0x1d] = true,
+	[0x1e] = true,[0x1f] = true,['"'] = true,['\\'] = true
+};
+
+/*
+ * Append two bytes (a separator, an escape): appendBinaryStringInfo()'s
+ * call was a tenth of an event's JSON text.
+ */
+static inline void
+append_two(StringInfo out, char a, char b)
+{
+	if (out->len + 2 >= out->maxlen)
+		enlargeStringInfo(out, 2);
+	out->data[out->len] = a;
+	out->data[out->len + 1] = b;
+	out->len += 2;
+	out->data[out->len] = '\0';
+}
+
+/*
  * Append a JSON string of len bytes as escape_json() writes it (jsonb's own
  * text output), copying the runs that need no escape at once: escape_json()
  * appends byte by byte, on a copy (pnstrdup) of each string, and was a
@@ -315,34 +344,40 @@ append_json_string(StringInfo out, const char *s, int len)
 	{
 		const char *run = s;
 
-		while (s < end && (unsigned char) *s >= ' ' && *s != '"' && *s != '\\')
+		while (s < end && !json_escaped[(unsigned char) *s])
 			s++;
 		if (s > run)
-			appendBinaryStringInfo(out, run, s - run);
+		{
+			if (out->len + (s - run) >= out->maxlen)
+				enlargeStringInfo(out, s - run);
+			memcpy(out->data + out->len, run, s - run);
+			out->len += s - run;
+			out->data[out->len] = '\0';
+		}
 		if (s == end)
 			break;
 		switch (*s)
 		{
 			case '\b':
-				appendBinaryStringInfo(out, "\\b", 2);
+				append_two(out, '\\', 'b');
 				break;
 			case '\f':
-				appendBinaryStringInfo(out, "\\f", 2);
+				append_two(out, '\\', 'f');
 				break;
 			case '\n':
-				appendBinaryStringInfo(out, "\\n", 2);
+				append_two(out, '\\', 'n');
 				break;
 			case '\r':
-				appendBinaryStringInfo(out, "\\r", 2);
+				append_two(out, '\\', 'r');
 				break;
 			case '\t':
-				appendBinaryStringInfo(out, "\\t", 2);
+				append_two(out, '\\', 't');
 				break;
 			case '"':
-				appendBinaryStringInfo(out, "\\\"", 2);
+				append_two(out, '\\', '"');
 				break;
 			case '\\':
-				appendBinaryStringInfo(out, "\\\\", 2);
+				append_two(out, '\\', '\\');
 				break;
 			default:
 				appendStringInfo(out, "\\u%04x", (int) *s);
@@ -351,6 +386,70 @@ append_json_string(StringInfo out, const char *s, int len)
 		s++;
 	}
 	appendStringInfoCharMacro(out, '"');
+}
+
+/*
+ * The stored form of a numeric (numeric.c, the same on disk in every
+ * version): a 16-bit header, then base-10,000 digits; the short header
+ * holds the sign, the display scale and the weight (of the first digit).
+ */
+#define NUMERIC_FORM_MASK		0xC000
+#define NUMERIC_FORM_SHORT		0x8000
+#define NUMERIC_SHORT_NEG		0x2000
+#define NUMERIC_SHORT_DSCALE	0x1F80
+#define NUMERIC_SHORT_WEIGHT_NEG 0x0040
+#define NUMERIC_SHORT_WEIGHT	0x003F
+
+/*
+ * Append a short-form numeric without a fraction (display scale 0) as
+ * numeric_out() writes it, from its digits; false for any other numeric,
+ * left to numeric_out().  Its call was a fifth of an event's JSON text.
+ */
+static bool
+append_integer_numeric(StringInfo out, Numeric num)
+{
+	const char *data = VARDATA_ANY(num);
+	Size		size = VARSIZE_ANY_EXHDR(num);
+	uint16		header;
+	int			ndigits;
+	int			weight;
+
+	if (size < sizeof(uint16))
+		return false;
+	memcpy(&header, data, sizeof(header));
+	if ((header & NUMERIC_FORM_MASK) != NUMERIC_FORM_SHORT ||
+		(header & NUMERIC_SHORT_DSCALE) != 0 || (header & NUMERIC_SHORT_WEIGHT_NEG) != 0)
+		return false;
+	weight = header & NUMERIC_SHORT_WEIGHT;
+	ndigits = (size - sizeof(uint16)) / sizeof(int16);
+	if (ndigits == 0)
+	{
+		appendStringInfoCharMacro(out, '0');
+		return true;
+	}
+	if (ndigits > weight + 1)
+		return false;
+	enlargeStringInfo(out, 1 + (weight + 1) * 4);
+	if (header & NUMERIC_SHORT_NEG)
+		out->data[out->len++] = '-';
+	for (int i = 0; i <= weight; i++)
+	{
+		int16		d = 0;
+		char		group[4];
+		int			from = 0;
+
+		if (i < ndigits)
+			memcpy(&d, data + sizeof(uint16) + i * sizeof(int16), sizeof(d));
+		for (int k = 3; k >= 0; k--, d /= 10)
+			group[k] = '0' + d % 10;
+		/* the first digit without its leading zeros, as numeric_out() */
+		while (i == 0 && from < 3 && group[from] == '0')
+			from++;
+		memcpy(out->data + out->len, group + from, 4 - from);
+		out->len += 4 - from;
+	}
+	out->data[out->len] = '\0';
+	return true;
 }
 
 /* Append a scalar of a jsonb as jsonb's text output writes it. */
@@ -366,8 +465,9 @@ append_json_scalar(StringInfo out, JsonbValue *v)
 			append_json_string(out, v->val.string.val, v->val.string.len);
 			break;
 		case jbvNumeric:
-			appendStringInfoString(out, DatumGetCString(DirectFunctionCall1(numeric_out,
-																			NumericGetDatum(v->val.numeric))));
+			if (!append_integer_numeric(out, v->val.numeric))
+				appendStringInfoString(out, DatumGetCString(DirectFunctionCall1(numeric_out,
+																				NumericGetDatum(v->val.numeric))));
 			break;
 		case jbvBool:
 			if (v->val.boolean)
@@ -400,7 +500,7 @@ append_jsonb_text(StringInfo out, Jsonb *jb)
 		/* A key's value follows it at once: a scalar, or a container opening. */
 		if ((type == WJB_BEGIN_ARRAY || type == WJB_BEGIN_OBJECT || type == WJB_KEY ||
 			 type == WJB_ELEM) && !first)
-			appendBinaryStringInfo(out, ", ", 2);
+			append_two(out, ',', ' ');
 		switch (type)
 		{
 			case WJB_BEGIN_ARRAY:
@@ -415,7 +515,7 @@ append_jsonb_text(StringInfo out, Jsonb *jb)
 				break;
 			case WJB_KEY:
 				append_json_scalar(out, &v);
-				appendBinaryStringInfo(out, ": ", 2);
+				append_two(out, ':', ' ');
 				/* a container value opens with first set: no ", " before it */
 				first = true;
 				break;
@@ -437,6 +537,34 @@ append_jsonb_text(StringInfo out, Jsonb *jb)
 				elog(ERROR, "unknown jsonb iterator token type %d", (int) type);
 		}
 	}
+}
+
+/*
+ * The buffer a JSON payload's text is built in, emptied: one for the
+ * worker's life rather than one per event, given back when a large
+ * payload has grown it past PAYLOAD_SCRATCH_KEEP.
+ */
+#define PAYLOAD_SCRATCH_KEEP (64 * 1024)
+static StringInfo
+payload_scratch(void)
+{
+	static StringInfo scratch = NULL;
+
+	if (scratch != NULL && scratch->maxlen > PAYLOAD_SCRATCH_KEEP)
+	{
+		pfree(scratch->data);
+		pfree(scratch);
+		scratch = NULL;
+	}
+	if (scratch == NULL)
+	{
+		MemoryContext oldcxt = MemoryContextSwitchTo(TopMemoryContext);
+
+		scratch = makeStringInfo();
+		MemoryContextSwitchTo(oldcxt);
+	}
+	resetStringInfo(scratch);
+	return scratch;
 }
 
 /* A raw payload's exact bytes, else the JSON payload's text, into ev. */
@@ -462,15 +590,13 @@ copy_payload(BatchEvent *ev, Datum *values, bool *nulls, const int *col, bool js
 	else if (json)
 	{
 		Jsonb	   *jb = DatumGetJsonbP(values[col[EC_PAYLOAD]]);
-		StringInfoData buf;
+		StringInfo	buf = payload_scratch();
 
 		/* Its text built aside and copied: the builder over-allocates. */
-		initStringInfo(&buf);
-		append_jsonb_text(&buf, jb);
-		ev->payload_len = buf.len;
-		ev->payload = palloc(buf.len + 1);
-		memcpy(ev->payload, buf.data, buf.len + 1);
-		pfree(buf.data);
+		append_jsonb_text(buf, jb);
+		ev->payload_len = buf->len;
+		ev->payload = palloc(buf->len + 1);
+		memcpy(ev->payload, buf->data, buf->len + 1);
 		if ((Pointer) jb != DatumGetPointer(values[col[EC_PAYLOAD]]))
 			pfree(jb);
 	}
@@ -484,7 +610,8 @@ copy_payload(BatchEvent *ev, Datum *values, bool *nulls, const int *col, bool js
 /*
  * The event's names (event id, aggregate type and id, event type, topic:
  * text, never NULL in the table) as C strings in one allocation, rather
- * than one each: five per event were a tenth of copying it.
+ * than one each: five per event were a tenth of copying it.  Their lengths
+ * are kept too: the headers and the key need them.
  */
 static void
 copy_names(BatchEvent *ev, Datum *values, bool *nulls, const int *col)
@@ -493,6 +620,8 @@ copy_names(BatchEvent *ev, Datum *values, bool *nulls, const int *col)
 	EC_EVENT_TYPE, EC_TOPIC};
 	char	  **dest[lengthof(names)] = {&ev->event_id, &ev->aggregate_type, &ev->aggregate_id,
 	&ev->event_type, &ev->topic};
+	int		   *dest_len[lengthof(names)] = {&ev->event_id_len, &ev->aggregate_type_len,
+	&ev->aggregate_id_len, &ev->event_type_len, &ev->topic_len};
 	text	   *t[lengthof(names)];
 	Size		total = 0;
 	char	   *p;
@@ -508,12 +637,14 @@ copy_names(BatchEvent *ev, Datum *values, bool *nulls, const int *col)
 		int			len;
 
 		*dest[i] = NULL;
+		*dest_len[i] = 0;
 		if (t[i] == NULL)
 			continue;
 		len = VARSIZE_ANY_EXHDR(t[i]);
 		memcpy(p, VARDATA_ANY(t[i]), len);
 		p[len] = '\0';
 		*dest[i] = p;
+		*dest_len[i] = len;
 		p += len + 1;
 		if ((Pointer) t[i] != DatumGetPointer(values[col[names[i]]]))
 			pfree(t[i]);
@@ -575,8 +706,8 @@ copy_row(BatchEvent *ev, HeapTuple tup, TupleDesc desc, const int *col, bool pub
 static int64
 event_bytes(BatchEvent *ev)
 {
-	return sizeof(BatchEvent) + strlen(ev->event_id) + strlen(ev->aggregate_type) +
-		strlen(ev->aggregate_id) + strlen(ev->event_type) + strlen(ev->topic) +
+	return sizeof(BatchEvent) + ev->event_id_len + ev->aggregate_type_len +
+		ev->aggregate_id_len + ev->event_type_len + ev->topic_len +
 		(ev->headers ? VARSIZE(ev->headers) : 0) +
 		ev->payload_len +
 		(ev->last_error ? strlen(ev->last_error) : 0);

@@ -38,7 +38,8 @@ kill_named() { # cont(0|1) var...
 
 # As root: copy test/ into a new /tmp/outbox-<name>.XXXXXX that postgres
 # owns, run test/<script> of the copy there as postgres with the copy's path
-# in environment variable <var>, remove the copy and exit with its status.
+# in environment variable <var>, remove the copy and exit with its status;
+# killed after $RERUN_LIMIT seconds if that is set.
 rerun_as_postgres() { # name var script [args]
 	local name=$1 var=$2 script=$3 dir rc=0
 	shift 3
@@ -46,7 +47,7 @@ rerun_as_postgres() { # name var script [args]
 	cp -r "$src/test" "$dir/"
 	chown -R postgres: "$dir"
 	# From a directory postgres may enter (the tree may be under /root).
-	(cd "$dir" && runuser -u postgres -- env "$var=$dir" bash "$dir/test/$script" "$@") || rc=$?
+	(cd "$dir" && ${RERUN_LIMIT:+timeout -k 30 "$RERUN_LIMIT"} runuser -u postgres -- env "$var=$dir" bash "$dir/test/$script" "$@") || rc=$?
 	rm -rf "$dir"
 	exit "$rc"
 }
