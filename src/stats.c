@@ -42,6 +42,7 @@ const char *const outbox_counter_names[OC_NUM_COUNTERS] = {
 	[OC_ORDER_VIOLATIONS] = "order_violations",
 	[OC_STALE_REPORTS] = "stale_reports",
 	[OC_HEAP_ROWS_READ] = "heap_rows_read",
+	[OC_PROGRESS_KEY_LOOKUPS] = "progress_key_lookups",
 	[OC_WORKER_ERRORS] = "worker_errors",
 	[OC_RETENTION_DELETED] = "retention_deleted",
 	[OC_INBOX_RETENTION_DELETED] = "inbox_retention_deleted",
