@@ -82,6 +82,8 @@
 # BENCH_COMMAND (the command the headline report names, lane.sh's), BENCH_MOCK_NAGLE=1 (run a-e
 # against the mock as shipped too, i.e. without the TCP_NODELAY shim),
 # BENCH_PEERS="ours pgq ..." (the publishers of section p, ours first),
+# BENCH_OUTBOX_CONF (postgresql.conf lines added for the run, e.g.
+# "outbox.batch_events = 50000"),
 # BENCH_PEERS_ONLY=1 (section p alone, then (e) for its 2- and 4-worker
 # figures; writes peers.md into BENCH_OUT or
 # /tmp/outbox-bench-peers/).  As root, installs Debian's postgresql-15-pgq3
@@ -157,6 +159,7 @@ if [ "$(id -u)" = 0 ]; then
 		BENCH_GIT="$git_rev (src/ and sql/: $git_dirty uncommitted changes)" \
 		BENCH_SO="$so_info" BENCH_MOCK_NAGLE="${BENCH_MOCK_NAGLE:-0}" \
 		BENCH_PEERS_ONLY="${BENCH_PEERS_ONLY:-0}" BENCH_PEERS="${BENCH_PEERS:-}" \
+		BENCH_OUTBOX_CONF="${BENCH_OUTBOX_CONF:-}" \
 		BENCH_STARTED="$started" BENCH_LIMIT="$limit" \
 		BENCH_ROUNDS="${BENCH_ROUNDS:-}" BENCH_COMMAND="${BENCH_COMMAND:-}" \
 		bash "$bench/run.sh" $([ "$real" = 1 ] && echo real) $([ "$headline" = 1 ] && echo headline) "$mode" || rc=$?

@@ -137,6 +137,8 @@ checkpoint_timeout = '30min'
 log_line_prefix = '%m [%p] '
 log_checkpoints = on
 EOF
+# BENCH_OUTBOX_CONF: more postgresql.conf lines (e.g. "outbox.batch_events = 50000")
+[ -z "${BENCH_OUTBOX_CONF:-}" ] || printf '%s\n' "$BENCH_OUTBOX_CONF" >>"$work/data/postgresql.conf"
 for _ in 1 2 3 4 5; do
 	PGPORT=$((20000 + RANDOM % 20000))
 	cat >"$work/data/postgresql.auto.conf" <<EOF
