@@ -258,7 +258,7 @@ same_aggregate(TupleTableSlot *slot, const char *aggregate_id)
 /*
  * The aggregate's row visible to snapshot into slot, if any: looked for
  * where it was last seen (if the table still reaches there: nblocks), then
- * by the key.
+ * by the key, and where the key found it remembered.
  */
 static bool
 find_visible_row(Relation rel, IndexScanDesc scan, Relation pkey, BlockNumber nblocks,
@@ -271,7 +271,10 @@ find_visible_row(Relation rel, IndexScanDesc scan, Relation pkey, BlockNumber nb
 		same_aggregate(slot, aggregate_id))
 		return true;
 	outbox_count(OC_PROGRESS_KEY_LOOKUPS, 1);
-	return find_row(scan, pkey, aggregate_id, slot);
+	if (!find_row(scan, pkey, aggregate_id, slot))
+		return false;
+	remember_row(aggregate_id, &slot->tts_tid);
+	return true;
 }
 
 /* The row of the aggregate the scan's key names into slot, if any. */
@@ -315,7 +318,6 @@ publish_progress_read(char **ids, int n, PublishProgress *out)
 			continue;
 		}
 		out[i].tid = slot->tts_tid;
-		remember_row(ids[i], &slot->tts_tid);
 		slot_getallattrs(slot);
 		out[i].last_published_version = DatumGetInt64(slot->tts_values[c[PC_LAST_PUBLISHED_VERSION]]);
 		out[i].listed = DatumGetBool(slot->tts_values[c[PC_PAUSED]]) ||
