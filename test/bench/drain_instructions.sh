@@ -80,14 +80,8 @@ start_cluster() { # build log
 	bin=$(bindir "$1")
 	"$bin/initdb" -D "$work/data" -A trust --no-sync -E UTF8 --locale=C >/dev/null
 	pg_conf_local "$work/data"
+	pg_conf_publisher "$work/data"
 	cat >>"$work/data/postgresql.conf" <<EOF
-outbox.database = 'postgres'
-outbox.brokers = '$(cat "$work/bootstrap")'
-outbox.workers = 1
-shared_buffers = '256MB'
-max_wal_size = '8GB'
-checkpoint_timeout = '30min'
-autovacuum = off
 outbox.retention = -1
 outbox.inbox_retention = -1
 EOF

@@ -63,6 +63,21 @@ shared_preload_libraries = 'outbox'
 EOF
 }
 
+# One publisher of database postgres against the mock started by
+# start_mock_kafka, with room for a backlog's WAL and no autovacuum worker
+# in the way of the figures.
+pg_conf_publisher() { # datadir
+	cat >>"$1/postgresql.conf" <<EOF
+outbox.database = 'postgres'
+outbox.brokers = '$(cat "$work/bootstrap")'
+outbox.workers = 1
+shared_buffers = '256MB'
+max_wal_size = '8GB'
+checkpoint_timeout = '30min'
+autovacuum = off
+EOF
+}
+
 # Wait up to 10 s until nothing is pending (psql options: the database).
 wait_nothing_pending() {
 	local _

@@ -53,16 +53,7 @@ fi
 
 pg_init "$work/data"
 pg_conf_local "$work/data"
-cat >>"$work/data/postgresql.conf" <<EOF
-outbox.database = 'postgres'
-outbox.brokers = '$(cat "$work/bootstrap")'
-outbox.workers = 1
-shared_buffers = '256MB'
-max_wal_size = '8GB'
-checkpoint_timeout = '30min'
-# no autovacuum worker in the way of the figures
-autovacuum = off
-EOF
+pg_conf_publisher "$work/data"
 if [ -n "${PUBLISHER_KAFKA_PROPERTIES:-}" ]; then
 	echo "outbox.kafka_properties = '$PUBLISHER_KAFKA_PROPERTIES'" >>"$work/data/postgresql.conf"
 fi
