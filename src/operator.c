@@ -56,10 +56,11 @@ outbox_lock_aggregate(PG_FUNCTION_ARGS)
 	PG_RETURN_VOID();
 }
 
+/* Wake every publisher when this transaction commits (outbox_resume()). */
 Datum
 outbox_wake_on_commit(PG_FUNCTION_ARGS)
 {
-	outbox_note_emit();
+	outbox_note_control();
 	PG_RETURN_VOID();
 }
 

@@ -212,6 +212,7 @@ publish_keep_plan(const char *query, int nargs, Oid *argtypes)
 /* publish_read.c: plans, and reading pending events */
 extern int	outbox_read_interval_ms;
 extern int	outbox_read_commits;
+extern bool publish_read_paused;
 extern void publish_read_init(void);
 extern long publish_read_gap_ms(void);
 extern void publish_read_prepare(const char *s);

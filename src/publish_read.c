@@ -33,6 +33,9 @@ int			outbox_read_commits = 4;
 static TimestampTz last_read_at = 0;
 static bool last_read_full = false;
 
+/* The last read found publishing paused as a whole (outbox_pause()). */
+bool		publish_read_paused = false;
+
 /*
  * Whether the stream's manifest came from the statement without a horizon
  * (not from publish_delta_read, which finds what its commits need flushed),
@@ -1331,7 +1334,8 @@ publish_fetch(Flight *f, int nshares, int share, int max_events, int64 max_bytes
 
 	last_read_at = GetCurrentTimestamp();
 	last_read_full = false;
-	if (publishing_paused())
+	publish_read_paused = publishing_paused();
+	if (publish_read_paused)
 		return 0;
 	snapshot = read_snapshot_text();
 

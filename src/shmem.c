@@ -28,6 +28,8 @@
 OutboxShared *outbox_shared = NULL;
 
 static bool emitted_in_xact = false;
+/* An operator's change (e.g. outbox_resume()): wake every publisher at commit. */
+static bool control_in_xact = false;
 static bool xact_callback_registered = false;
 /* This transaction is counted in async_emits_committing. */
 static bool async_counted = false;
@@ -201,15 +203,19 @@ outbox_xact_callback(XactEvent event, void *arg)
 	{
 		case XACT_EVENT_COMMIT:
 		case XACT_EVENT_PARALLEL_COMMIT:
-			if (emitted_in_xact && outbox_shared != NULL)
+			if (control_in_xact && outbox_shared != NULL)
+				wake_publishers(false);
+			else if (emitted_in_xact && outbox_shared != NULL)
 				wake_publishers(true);
 			emitted_in_xact = false;
+			control_in_xact = false;
 			break;
 		case XACT_EVENT_ABORT:
 		case XACT_EVENT_PARALLEL_ABORT:
 		case XACT_EVENT_PREPARE:
 			/* A prepared emit is found by the fallback poll once committed. */
 			emitted_in_xact = false;
+			control_in_xact = false;
 			break;
 		default:
 			break;
@@ -252,6 +258,18 @@ outbox_note_emit(void)
 		xact_callback_registered = true;
 	}
 	emitted_in_xact = true;
+}
+
+/*
+ * This transaction changed what publishers may read (an operator's
+ * function): wake every publisher when it commits, also one that said
+ * commits need not wake it (a paused one, one about to read anyway).
+ */
+void
+outbox_note_control(void)
+{
+	outbox_note_emit();
+	control_in_xact = true;
 }
 
 /* ---------- look-ups ---------- */

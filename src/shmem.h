@@ -182,6 +182,7 @@ extern OutboxStats *outbox_database_stats(Oid dboid);
 extern void outbox_wake_launcher(void);
 extern void outbox_launcher_probe_at_commit(void);
 extern void outbox_note_emit(void);
+extern void outbox_note_control(void);
 extern void outbox_wake_workers(void);
 
 #endif							/* OUTBOX_SHMEM_H */

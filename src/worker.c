@@ -370,6 +370,15 @@ pipeline_step(void)
 				n = -1;
 			else if (r > 0)
 				n += r;
+			/*
+			 * Paused as a whole: no commit need wake the worker, as none
+			 * can resume it (outbox_resume() wakes it unconditionally, a
+			 * poll sees a hand-made change).  At 10,000 emits/s a paused
+			 * worker woken every outbox.read_commits-th commit read 2,500
+			 * times a second, and the emitters ran 15-20% slower.
+			 */
+			if (r == 0 && publish_read_paused)
+				(void) pg_atomic_exchange_u32(&publish_slot->read_scheduled, OUTBOX_READ_HELD);
 		}
 	}
 	else
@@ -804,6 +813,8 @@ show_waiting_state(bool failed)
 	}
 	else if (publish_flights != NULL)
 		publish_set_state("awaiting acknowledgements");
+	else if (publish_read_paused)
+		publish_set_state("paused (outbox_pause())");
 	else
 		publish_set_state("idle");
 	pgstat_report_activity(STATE_IDLE, NULL);
