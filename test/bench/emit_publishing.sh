@@ -34,10 +34,7 @@ if [ "$(id -u)" = 0 ]; then
 	rerun_as_postgres emit-publishing OUTBOX_EMIT_PUBLISHING_WORK bench/emit_publishing.sh "$rounds" "$secs"
 fi
 
-work=${OUTBOX_EMIT_PUBLISHING_WORK:-$(mktemp -d /tmp/outbox-emit-publishing.XXXXXX)}
-tools=$src/test/tools
-export PATH="$(pg_config --bindir):$PATH"
-export PGHOST=$work PGPORT=$((20000 + RANDOM % 20000)) PGDATABASE=postgres
+bench_cluster_env "${OUTBOX_EMIT_PUBLISHING_WORK:-}" outbox-emit-publishing.XXXXXX
 
 mock_pid=
 bench_pid=

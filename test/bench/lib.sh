@@ -11,7 +11,8 @@
 #   pg_stop_mode pg_ctl's stop mode, default immediate
 #   kafka        a real Kafka cluster's directory (test/tools/kafka_cluster)
 #
-# $tools must name test/tools where kafka is set.
+# $tools must name test/tools where kafka is set; bench_cluster_env sets
+# both $work and $tools for a script's throwaway cluster.
 
 # psql for scripts: no psqlrc, quiet, stop at the first error, bare values.
 q() { psql -X -q -At -v ON_ERROR_STOP=1 "$@"; }
@@ -50,6 +51,16 @@ rerun_as_postgres() { # name var script [args]
 	(cd "$dir" && ${RERUN_LIMIT:+timeout -k 30 "$RERUN_LIMIT"} runuser -u postgres -- env "$var=$dir" bash "$dir/test/$script" "$@") || rc=$?
 	rm -rf "$dir"
 	exit "$rc"
+}
+
+# A script's throwaway cluster on the PostgreSQL of pg_config, in work
+# directory $1 (made under /tmp from template $2 if $1 is empty): sets work,
+# tools and the libpq environment (a Unix socket there, a random port).
+bench_cluster_env() { # dir template
+	work=${1:-$(mktemp -d "/tmp/$2")}
+	tools=$src/test/tools
+	export PATH="$(pg_config --bindir):$PATH"
+	export PGHOST=$work PGPORT=$((20000 + RANDOM % 20000)) PGDATABASE=postgres
 }
 
 # A throwaway cluster's connection settings (Unix socket in $work, port

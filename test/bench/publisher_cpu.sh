@@ -47,10 +47,7 @@ if [ "$(id -u)" = 0 ]; then
 	rerun_as_postgres publisher-cpu OUTBOX_PUBLISHER_CPU_WORK bench/publisher_cpu.sh "$secs" $rates
 fi
 
-work=${OUTBOX_PUBLISHER_CPU_WORK:-$(mktemp -d /tmp/outbox-publisher-cpu.XXXXXX)}
-tools=$src/test/tools
-export PATH="$(pg_config --bindir):$PATH"
-export PGHOST=$work PGPORT=$((20000 + RANDOM % 20000)) PGDATABASE=postgres
+bench_cluster_env "${OUTBOX_PUBLISHER_CPU_WORK:-}" outbox-publisher-cpu.XXXXXX
 
 mock_pid=
 bench_pid=

@@ -26,10 +26,7 @@ if [ "$(id -u)" = 0 ]; then
 	rerun_as_postgres soak OUTBOX_SOAK_WORK bench/soak.sh "$total"
 fi
 
-work=${OUTBOX_SOAK_WORK:-$(mktemp -d /tmp/outbox-soak.XXXXXX)}
-tools=$src/test/tools
-export PATH="$(pg_config --bindir):$PATH"
-export PGHOST=$work PGPORT=$((20000 + RANDOM % 20000)) PGDATABASE=postgres
+bench_cluster_env "${OUTBOX_SOAK_WORK:-}" outbox-soak.XXXXXX
 
 mock_pid=
 bench_pid=
