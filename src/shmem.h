@@ -69,7 +69,7 @@
 /* OutboxWorkerSlot.read_scheduled: which commits wake the worker. */
 #define OUTBOX_READ_NOT_SCHEDULED	0	/* every commit */
 #define OUTBOX_READ_SCHEDULED		1	/* the outbox.read_commits-th */
-#define OUTBOX_READ_HELD			2	/* none */
+#define OUTBOX_READ_HELD			2	/* none (held, or paused) */
 
 /* Per-worker state published in shared memory for the status views. */
 typedef struct OutboxWorkerSlot
@@ -80,7 +80,9 @@ typedef struct OutboxWorkerSlot
 	 * OUTBOX_READ_SCHEDULED while the worker is sure to read soon (it waits
 	 * out outbox.read_interval): only the outbox.read_commits-th commit
 	 * sets its latch.  OUTBOX_READ_HELD while it holds reading for its
-	 * newest flight's reports: no commit does, as none could end the hold.
+	 * newest flight's reports, or publishing is paused as a whole: no
+	 * commit does, as none could end the hold (outbox_resume() wakes it
+	 * whatever this says).
 	 * Cleared (OUTBOX_READ_NOT_SCHEDULED), with a full barrier, before the
 	 * read takes its snapshot.
 	 */
