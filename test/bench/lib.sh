@@ -74,9 +74,10 @@ shared_preload_libraries = 'outbox'
 EOF
 }
 
-# One publisher of database postgres against the mock started by
-# start_mock_kafka, with room for a backlog's WAL and no autovacuum worker
-# in the way of the figures.
+# One publisher of database postgres against the brokers in $work/bootstrap
+# (start_mock_kafka writes it; publisher_cpu.sh's real cluster too), with
+# room for a backlog's WAL and no autovacuum worker in the way of the
+# figures.
 pg_conf_publisher() { # datadir
 	cat >>"$1/postgresql.conf" <<EOF
 outbox.database = 'postgres'
